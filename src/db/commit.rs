@@ -1,0 +1,368 @@
+//! The committer: group commit, sequence numbers, WAL writes, memtable application, freezing.
+
+use super::{read_memtable, write_memtable, Inner, Request, WriteReceipt, WriteRows};
+use crate::memtable::Memtable;
+use crate::settings::Durability;
+use crate::wal::{decode, decode_header, encode, WalEntry, WalKind};
+use crate::{Error, Result};
+use arrow::array::RecordBatch;
+use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, RwLock};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+pub(crate) struct Committer {
+    inner: Arc<Inner>,
+    rx: mpsc::Receiver<Request>,
+    next_seq: u64,
+    next_wal_id: u64,
+    next_memtable_id: u64,
+    /// Buffered writes applied to the memtable but not yet in a WAL object.
+    pending: Vec<RecordBatch>,
+    pending_since: Option<Instant>,
+}
+
+struct Prepared {
+    stored: RecordBatch,
+    durability: Durability,
+    ack: oneshot::Sender<Result<WriteReceipt>>,
+}
+
+impl Committer {
+    pub(crate) fn new(
+        inner: Arc<Inner>,
+        rx: mpsc::Receiver<Request>,
+        next_seq: u64,
+        next_wal_id: u64,
+    ) -> Self {
+        Committer {
+            inner,
+            rx,
+            next_seq,
+            next_wal_id,
+            next_memtable_id: 2,
+            pending: Vec::new(),
+            pending_since: None,
+        }
+    }
+
+    pub(crate) async fn run(mut self) {
+        loop {
+            let deadline = self
+                .pending_since
+                .map(|t| t + self.inner.settings.wal_buffer_interval());
+            let req = tokio::select! {
+                r = self.rx.recv() => r,
+                _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
+                    if let Err(e) = self.write_pending().await {
+                        tracing::warn!("background WAL write failed (will retry): {e}");
+                        // Retry after another interval.
+                        self.pending_since = Some(Instant::now());
+                    }
+                    continue;
+                }
+            };
+            let Some(first) = req else {
+                // Every handle is gone: make buffered writes durable, then stop.
+                if let Err(e) = self.write_pending().await {
+                    tracing::warn!("buffered writes lost at shutdown: {e}");
+                }
+                return;
+            };
+            let mut rows = request_rows(&first);
+            let mut group = vec![first];
+            while rows < self.inner.settings.max_commit_rows {
+                match self.rx.try_recv() {
+                    Ok(r) => {
+                        rows += request_rows(&r);
+                        group.push(r);
+                    }
+                    Err(_) => break,
+                }
+            }
+            if self.process(group).await {
+                return;
+            }
+        }
+    }
+
+    /// Handle one group; true when the committer must stop.
+    async fn process(&mut self, group: Vec<Request>) -> bool {
+        let mut writes = Vec::new();
+        let mut freezes = Vec::new();
+        let mut close = None;
+        for r in group {
+            match r {
+                Request::Write { rows, options, ack } => writes.push((rows, options, ack)),
+                Request::Freeze { ack } => freezes.push(ack),
+                Request::Close { ack } => close = Some(ack),
+            }
+        }
+        if !writes.is_empty() {
+            self.commit(writes).await;
+        }
+        let full = {
+            let st = self.inner.read_state();
+            let m = read_memtable(&st.active);
+            m.rows() >= self.inner.settings.memtable_max_rows
+                || m.bytes() >= self.inner.settings.memtable_max_bytes
+        };
+        if full || !freezes.is_empty() {
+            let r = self.freeze().await;
+            if let Err(e) = &r {
+                tracing::warn!("freeze failed: {e}");
+            }
+            for ack in freezes {
+                let _ = ack.send(r.clone());
+            }
+        }
+        if let Some(ack) = close {
+            if let Err(e) = self.write_pending().await {
+                tracing::warn!("buffered writes not written at close: {e}");
+            }
+            let _ = ack.send(());
+            return true;
+        }
+        false
+    }
+
+    async fn commit(&mut self, writes: Vec<(WriteRows, crate::WriteOptions, oneshot::Sender<Result<WriteReceipt>>)>) {
+        if self.inner.fenced.load(Ordering::SeqCst) {
+            for (_, _, ack) in writes {
+                let _ = ack.send(Err(self.inner.fenced_error()));
+            }
+            return;
+        }
+        let mut prepared = Vec::with_capacity(writes.len());
+        for (rows, options, ack) in writes {
+            let first = self.next_seq;
+            let stored = match &rows {
+                WriteRows::Append(b) => self.inner.schema.to_stored(b, first),
+                WriteRows::Delete(k) => self.inner.schema.tombstones(k, first),
+            };
+            match stored {
+                Ok(stored) => {
+                    self.next_seq += rows.len() as u64;
+                    prepared.push(Prepared {
+                        stored,
+                        durability: options.durability,
+                        ack,
+                    });
+                }
+                Err(e) => {
+                    let _ = ack.send(Err(e));
+                }
+            }
+        }
+        let any_durable = prepared
+            .iter()
+            .any(|p| p.durability == Durability::Durable);
+        if !any_durable {
+            for p in prepared {
+                let receipt = self.apply(&p.stored);
+                self.pending.push(p.stored);
+                self.pending_since.get_or_insert_with(Instant::now);
+                let _ = p.ack.send(receipt);
+            }
+            return;
+        }
+        let mut batches = self.pending.clone();
+        batches.extend(prepared.iter().map(|p| p.stored.clone()));
+        match self.write_wal(&batches).await {
+            Ok(id) => {
+                self.pending.clear();
+                self.pending_since = None;
+                let active = self.inner.read_state().active.clone();
+                for p in prepared {
+                    let receipt = self.apply(&p.stored);
+                    let _ = p.ack.send(receipt);
+                }
+                write_memtable(&active).set_last_wal_id(id);
+            }
+            Err(e) => {
+                for p in prepared {
+                    if p.durability == Durability::Buffered {
+                        let receipt = self.apply(&p.stored);
+                        self.pending.push(p.stored);
+                        self.pending_since.get_or_insert_with(Instant::now);
+                        let _ = p.ack.send(receipt);
+                    } else {
+                        let _ = p.ack.send(Err(e.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Apply stored rows to the active memtable (they are visible when this returns).
+    fn apply(&self, stored: &RecordBatch) -> Result<WriteReceipt> {
+        let active = self.inner.read_state().active.clone();
+        write_memtable(&active).apply(stored.clone())?;
+        let n = stored.num_rows();
+        let last_seq = self.next_seq - 1;
+        self.inner.last_seq.fetch_max(last_seq, Ordering::SeqCst);
+        Ok(WriteReceipt {
+            last_seq: seq_of_last(stored).unwrap_or(last_seq),
+            rows: n,
+        })
+    }
+
+    /// Write buffered rows to the WAL.
+    async fn write_pending(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            self.pending_since = None;
+            return Ok(());
+        }
+        let batches = std::mem::take(&mut self.pending);
+        match self.write_wal(&batches).await {
+            Ok(id) => {
+                self.pending_since = None;
+                let active = self.inner.read_state().active.clone();
+                write_memtable(&active).set_last_wal_id(id);
+                Ok(())
+            }
+            Err(e) => {
+                self.pending = batches;
+                Err(e)
+            }
+        }
+    }
+
+    /// Write one WAL object holding `batches`; returns its id.
+    async fn write_wal(&mut self, batches: &[RecordBatch]) -> Result<u64> {
+        let schema = self.inner.stored_schema.clone();
+        let rows = arrow::compute::concat_batches(&schema, batches)?;
+        let (first_seq, last_seq) = seq_range(&rows);
+        let entry = WalEntry {
+            kind: WalKind::Rows,
+            epoch: self.inner.epoch,
+            first_seq,
+            last_seq,
+            rows: Some(rows),
+        };
+        let bytes = bytes::Bytes::from(encode(&entry, &schema)?);
+        loop {
+            let id = self.next_wal_id;
+            let p = self.inner.paths.wal(id);
+            let opts = PutOptions {
+                mode: PutMode::Create,
+                ..Default::default()
+            };
+            match self
+                .inner
+                .loc
+                .store
+                .put_opts(&p, PutPayload::from(bytes.clone()), opts)
+                .await
+            {
+                Ok(_) => {
+                    self.next_wal_id = id + 1;
+                    self.inner.next_wal_id.store(id + 1, Ordering::SeqCst);
+                    return Ok(id);
+                }
+                Err(object_store::Error::AlreadyExists { .. }) => {
+                    // Either a newer writer's fence (or rows), or our own earlier attempt whose
+                    // PUT succeeded although we saw an error.
+                    let existing = self
+                        .inner
+                        .loc
+                        .store
+                        .get(&p)
+                        .await
+                        .map_err(|e| Error::store(&p, e))?
+                        .bytes()
+                        .await
+                        .map_err(|e| Error::store(&p, e))?;
+                    let header = decode_header(&existing, &p);
+                    match header {
+                        Ok(h) if h.epoch == self.inner.epoch && h.kind == WalKind::Rows => {
+                            let orphan = decode(existing, &schema, &p)?;
+                            if let Some(r) = orphan.rows {
+                                let active = self.inner.read_state().active.clone();
+                                let mut m = write_memtable(&active);
+                                m.apply(r)?;
+                                m.set_last_wal_id(id);
+                            }
+                            self.next_wal_id = id + 1;
+                        }
+                        _ => {
+                            self.inner.mark_fenced();
+                            return Err(self.inner.fenced_error());
+                        }
+                    }
+                }
+                Err(e) => return Err(Error::store(&p, e)),
+            }
+        }
+    }
+
+    /// Freeze the active memtable (after writing buffered rows) and wake the flusher. Returns the
+    /// id of the newest frozen memtable, which `flush()` waits for.
+    async fn freeze(&mut self) -> Result<Option<u64>> {
+        if self.inner.fenced.load(Ordering::SeqCst) {
+            return Err(self.inner.fenced_error());
+        }
+        self.write_pending().await?;
+        let empty = read_memtable(&self.inner.read_state().active).is_empty();
+        if empty {
+            let st = self.inner.read_state();
+            return Ok(st.frozen.back().map(|m| read_memtable(m).id()));
+        }
+        // Backpressure: wait while too many frozen memtables await their flush.
+        loop {
+            let notified = self.inner.backpressure.notified();
+            if self.inner.read_state().frozen.len() < self.inner.settings.max_frozen_memtables {
+                break;
+            }
+            if self.inner.fenced.load(Ordering::SeqCst) {
+                return Err(self.inner.fenced_error());
+            }
+            if self.inner.closed.load(Ordering::SeqCst) {
+                return Err(Error::closed());
+            }
+            notified.await;
+        }
+        let id = self.next_memtable_id;
+        self.next_memtable_id += 1;
+        let fresh = Arc::new(RwLock::new(Memtable::new(
+            id,
+            self.inner.stored_schema.clone(),
+        )));
+        let frozen_id = {
+            let mut st = self.inner.write_state();
+            let old = std::mem::replace(&mut st.active, fresh);
+            let fid = read_memtable(&old).id();
+            st.frozen.push_back(old);
+            fid
+        };
+        self.inner.flush_wake.notify_one();
+        Ok(Some(frozen_id))
+    }
+}
+
+fn request_rows(r: &Request) -> usize {
+    match r {
+        Request::Write { rows, .. } => rows.len(),
+        _ => 0,
+    }
+}
+
+fn seq_range(rows: &RecordBatch) -> (u64, u64) {
+    use arrow::array::AsArray;
+    let s = rows
+        .column_by_name(crate::schema::SEQ_COLUMN)
+        .map(|c| c.as_primitive::<arrow::datatypes::UInt64Type>().clone());
+    match s {
+        Some(s) if !s.is_empty() => (
+            s.iter().flatten().min().unwrap_or(0),
+            s.iter().flatten().max().unwrap_or(0),
+        ),
+        _ => (0, 0),
+    }
+}
+
+fn seq_of_last(rows: &RecordBatch) -> Option<u64> {
+    let (_, last) = seq_range(rows);
+    (rows.num_rows() > 0).then_some(last)
+}

@@ -1,0 +1,124 @@
+//! The flusher: frozen memtable → generation object → manifest version → WAL cleanup.
+
+use super::{is_fenced, read_memtable, Inner, SharedMemtable};
+use crate::generation::Generation;
+use crate::manifest::{delete_all, WriteOutcome};
+use crate::{Error, Result};
+use object_store::ObjectStoreExt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub(crate) async fn run_flusher(inner: Arc<Inner>) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let notified = inner.flush_wake.notified();
+        if inner.fenced.load(Ordering::SeqCst) || inner.closed.load(Ordering::SeqCst) {
+            return;
+        }
+        let next = inner.read_state().frozen.front().cloned();
+        let Some(m) = next else {
+            notified.await;
+            continue;
+        };
+        match flush_one(&inner, &m).await {
+            Ok(()) => backoff = Duration::from_millis(50),
+            Err(e) => {
+                let id = read_memtable(&m).id();
+                tracing::warn!("flush of memtable {id} failed: {e}");
+                if is_fenced(&e) {
+                    inner.mark_fenced();
+                }
+                inner.flush_status.send_modify(|s| s.error = Some(e.clone()));
+                if is_fenced(&e) {
+                    return;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = notified => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+async fn flush_one(inner: &Arc<Inner>, m: &SharedMemtable) -> Result<()> {
+    let (rows, last_wal_id, max_seq, mid) = {
+        let g = read_memtable(m);
+        (g.newest_rows()?, g.last_wal_id(), g.max_seq(), g.id())
+    };
+    let base = inner.read_state().manifest.clone();
+    let gen_id = base.next_generation_id;
+    let epoch = inner.epoch;
+    let schema = inner.stored_schema.clone();
+    let (generation, bytes) =
+        tokio::task::spawn_blocking(move || Generation::build(gen_id, epoch, rows, &schema))
+            .await??;
+    let path = inner.paths.generation(gen_id, epoch);
+    inner
+        .loc
+        .store
+        .put(&path, bytes.into())
+        .await
+        .map_err(|e| Error::store(&path, e))?;
+
+    let mut next = base.clone();
+    next.version += 1;
+    next.generations.push(generation.meta().clone());
+    next.next_generation_id = gen_id + 1;
+    if let Some(w) = last_wal_id {
+        next.wal_replay_from = next.wal_replay_from.max(w + 1);
+    }
+    next.last_seq = next.last_seq.max(max_seq);
+    match inner.manifests.write(&next).await? {
+        WriteOutcome::Written => {}
+        WriteOutcome::Conflict => {
+            let latest = inner.manifests.load_latest().await?;
+            return Err(match latest {
+                Some(l) if l.epoch > epoch => inner.fenced_error(),
+                _ => Error::internal(format!(
+                    "manifest version {} was created by another handle of epoch {epoch}",
+                    next.version
+                )),
+            });
+        }
+    }
+    // The visibility point: swap the frozen memtable for its generation in one step.
+    {
+        let mut st = inner.write_state();
+        st.manifest = next.clone();
+        st.generations.push(Arc::new(generation));
+        match st.frozen.front() {
+            Some(f) if read_memtable(f).id() == mid => {
+                st.frozen.pop_front();
+            }
+            _ => return Err(Error::internal("frozen memtable queue changed during a flush")),
+        }
+    }
+    inner.backpressure.notify_waiters();
+    inner.flush_status.send_modify(|s| {
+        s.flushed_upto = mid;
+        s.error = None;
+    });
+    tracing::debug!(
+        "flushed memtable {mid} as generation {gen_id} (manifest {})",
+        next.version
+    );
+    // Cleanup, best effort: WAL objects now covered, old manifests.
+    let wal: Vec<_> = (base.wal_replay_from..next.wal_replay_from)
+        .map(|id| inner.paths.wal(id))
+        .collect();
+    let conc = inner.settings.io_concurrency;
+    let manifests = inner.manifests.clone();
+    tokio::join!(
+        delete_all(&inner.loc.store, wal, conc),
+        manifests.publish_hint(next.version),
+    );
+    if next.version > inner.settings.manifest_retention {
+        manifests
+            .prune(next.version, inner.settings.manifest_retention, conc)
+            .await;
+    }
+    Ok(())
+}

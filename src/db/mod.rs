@@ -1,0 +1,552 @@
+//! The index handles: [`Index`] (the one writer) and [`ReadOnlyIndex`].
+//!
+//! Writes flow through one *committer* task: it drains every request waiting in its queue into
+//! one group, assigns sequence numbers, writes one WAL object for the group (group commit),
+//! applies the rows to the memtable and acknowledges. When the memtable is full it is frozen and
+//! handed to the *flusher* task, which writes the generation, publishes a manifest and deletes
+//! the WAL objects the generation covers. The frozen memtable stays searchable until the manifest
+//! naming its generation is published; both swaps happen under one lock, so a reader never sees a
+//! row twice or not at all.
+
+mod commit;
+mod flush;
+mod readonly;
+
+pub use readonly::ReadOnlyIndex;
+
+use crate::generation::{Generation, GenerationMeta};
+use crate::key::Key;
+use crate::manifest::{Manifest, ManifestStore, WriteOutcome};
+use crate::memtable::Memtable;
+use crate::read::{filter_rows, Snapshot};
+use crate::schema::IndexSchema;
+use crate::settings::{Settings, WriteOptions};
+use crate::storage::paths::Paths;
+use crate::storage::Location;
+use crate::wal::replay::{replay, Mode};
+use crate::{Error, ErrorKind, Result};
+use arrow::array::{ArrayRef, RecordBatch};
+use arrow::datatypes::SchemaRef;
+use futures::{StreamExt, TryStreamExt};
+use object_store::ObjectStoreExt;
+use serde::Serialize;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
+
+/// Options of a scan.
+#[derive(Debug, Clone, Default)]
+pub struct ScanOptions {
+    /// A SQL predicate over the index's columns, e.g. `year >= 2020 AND lang = 'en'`.
+    pub filter: Option<String>,
+}
+
+/// What a write call returns once it is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct WriteReceipt {
+    /// Sequence number of the last row written by the call.
+    pub last_seq: u64,
+    /// Rows written (appended rows or tombstones).
+    pub rows: usize,
+}
+
+/// A point-in-time description of an index handle.
+#[derive(Debug, Clone, Serialize)]
+pub struct IndexStats {
+    /// The index location.
+    pub location: String,
+    /// The epoch of the newest manifest this handle knows.
+    pub epoch: u64,
+    /// The newest manifest version this handle knows.
+    pub manifest_version: u64,
+    /// Flushed generations, oldest first.
+    pub generations: Vec<GenerationMeta>,
+    /// Rows (versions and tombstones) in the active memtable.
+    pub memtable_rows: usize,
+    /// Rows in frozen memtables waiting for their flush.
+    pub frozen_rows: usize,
+    /// Frozen memtables waiting for their flush.
+    pub frozen_memtables: usize,
+    /// WAL objects not yet covered by a generation.
+    pub wal_objects_pending: u64,
+    /// Highest sequence number assigned.
+    pub last_seq: u64,
+}
+
+pub(crate) type SharedMemtable = Arc<RwLock<Memtable>>;
+
+#[derive(Debug)]
+pub(crate) struct State {
+    pub manifest: Manifest,
+    pub active: SharedMemtable,
+    /// Oldest first.
+    pub frozen: VecDeque<SharedMemtable>,
+    /// Oldest first, parallel to `manifest.generations`.
+    pub generations: Vec<Arc<Generation>>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct FlushStatus {
+    pub flushed_upto: u64,
+    pub error: Option<Error>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub loc: Location,
+    pub paths: Paths,
+    pub manifests: ManifestStore,
+    pub schema: IndexSchema,
+    pub user_schema: SchemaRef,
+    pub stored_schema: SchemaRef,
+    pub settings: Settings,
+    pub epoch: u64,
+    pub state: RwLock<State>,
+    pub fenced: AtomicBool,
+    pub closed: AtomicBool,
+    pub next_wal_id: AtomicU64,
+    pub last_seq: AtomicU64,
+    pub flush_status: watch::Sender<FlushStatus>,
+    pub flush_wake: Notify,
+    pub backpressure: Notify,
+}
+
+impl Inner {
+    pub(crate) fn read_state(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn write_state(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn mark_fenced(&self) {
+        if !self.fenced.swap(true, Ordering::SeqCst) {
+            tracing::warn!(
+                "writer of epoch {} on {} was fenced by a newer writer",
+                self.epoch,
+                self.loc.display
+            );
+        }
+        self.flush_wake.notify_waiters();
+        self.backpressure.notify_waiters();
+    }
+
+    pub(crate) fn fenced_error(&self) -> Error {
+        Error::fenced(format!(
+            "a newer writer claimed the index at {}; this writer (epoch {}) acknowledges nothing more",
+            self.loc.display, self.epoch
+        ))
+    }
+}
+
+pub(crate) fn read_memtable(m: &SharedMemtable) -> std::sync::RwLockReadGuard<'_, Memtable> {
+    m.read().unwrap_or_else(|e| e.into_inner())
+}
+
+pub(crate) fn write_memtable(m: &SharedMemtable) -> std::sync::RwLockWriteGuard<'_, Memtable> {
+    m.write().unwrap_or_else(|e| e.into_inner())
+}
+
+pub(crate) enum WriteRows {
+    Append(RecordBatch),
+    Delete(ArrayRef),
+}
+
+impl WriteRows {
+    fn len(&self) -> usize {
+        match self {
+            WriteRows::Append(b) => b.num_rows(),
+            WriteRows::Delete(k) => k.len(),
+        }
+    }
+}
+
+pub(crate) enum Request {
+    Write {
+        rows: WriteRows,
+        options: WriteOptions,
+        ack: oneshot::Sender<Result<WriteReceipt>>,
+    },
+    /// Freeze the active memtable; answers the id of the newest memtable to wait for.
+    Freeze {
+        ack: oneshot::Sender<Result<Option<u64>>>,
+    },
+    Close {
+        ack: oneshot::Sender<()>,
+    },
+}
+
+/// The writer of an index. Cheap to share behind an `Arc`; every method takes `&self`.
+#[derive(Debug)]
+pub struct Index {
+    inner: Arc<Inner>,
+    tx: mpsc::Sender<Request>,
+    tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+/// Load generations concurrently (bounded), reusing already loaded ones from `cache`.
+pub(crate) async fn load_generations(
+    loc: &Location,
+    paths: &Paths,
+    schema: &SchemaRef,
+    metas: &[GenerationMeta],
+    cache: &HashMap<u64, Arc<Generation>>,
+    concurrency: usize,
+) -> Result<Vec<Arc<Generation>>> {
+    futures::stream::iter(metas.iter().cloned())
+        .map(|meta| async move {
+            if let Some(g) = cache.get(&meta.id) {
+                return Ok(g.clone());
+            }
+            let p = paths.generation(meta.id, meta.epoch);
+            let bytes = loc
+                .store
+                .get(&p)
+                .await
+                .map_err(|e| Error::store(&p, e))?
+                .bytes()
+                .await
+                .map_err(|e| Error::store(&p, e))?;
+            let schema = schema.clone();
+            let p2 = p.clone();
+            let g = tokio::task::spawn_blocking(move || Generation::decode(bytes, &schema, &p2))
+                .await??;
+            if g.meta() != &meta {
+                return Err(Error::data(
+                    &p,
+                    "generation statistics differ from the manifest's record of it",
+                ));
+            }
+            Ok(Arc::new(g))
+        })
+        .buffered(concurrency.max(1))
+        .try_collect()
+        .await
+}
+
+impl Index {
+    /// Create a new index at `loc` and open it as its writer. Fails with `Invalid` if an index
+    /// already exists there.
+    pub async fn create(loc: Location, schema: IndexSchema, settings: Settings) -> Result<Index> {
+        schema.check()?;
+        settings.validate()?;
+        let paths = Paths::new(loc.root.clone());
+        let manifests = ManifestStore::new(loc.store.clone(), paths.clone());
+        if manifests.latest_version().await?.is_some() {
+            return Err(Error::invalid(format!(
+                "an index already exists at {}",
+                loc.display
+            )));
+        }
+        let m = Manifest {
+            version: 1,
+            epoch: 0,
+            schema,
+            generations: vec![],
+            wal_replay_from: 1,
+            last_seq: 0,
+            next_generation_id: 1,
+        };
+        match manifests.write(&m).await? {
+            WriteOutcome::Written => {}
+            WriteOutcome::Conflict => {
+                return Err(Error::invalid(format!(
+                    "an index already exists at {}",
+                    loc.display
+                )))
+            }
+        }
+        manifests.publish_hint(1).await;
+        Self::open(loc, settings).await
+    }
+
+    /// Open the index at `loc` as its writer: claims a new epoch (fencing any previous writer),
+    /// loads the generations and replays the WAL into the memtable.
+    pub async fn open(loc: Location, settings: Settings) -> Result<Index> {
+        settings.validate()?;
+        let paths = Paths::new(loc.root.clone());
+        let manifests = ManifestStore::new(loc.store.clone(), paths.clone());
+        // Claim epoch + 1 with a conditional PUT of the next manifest version.
+        let manifest = loop {
+            let cur = manifests.load_latest().await?.ok_or_else(|| {
+                Error::invalid(format!("no index at {} (create it first)", loc.display))
+            })?;
+            let mut next = cur.clone();
+            next.version += 1;
+            next.epoch += 1;
+            if let WriteOutcome::Written = manifests.write(&next).await? {
+                break next;
+            }
+        };
+        manifests.publish_hint(manifest.version).await;
+        let schema = manifest.schema.clone();
+        let user_schema = schema.arrow_schema();
+        let stored_schema = schema.stored_schema();
+        let epoch = manifest.epoch;
+        let no_cache = HashMap::new();
+        let (generations, replayed) = futures::try_join!(
+            load_generations(
+                &loc,
+                &paths,
+                &stored_schema,
+                &manifest.generations,
+                &no_cache,
+                settings.io_concurrency
+            ),
+            replay(
+                &loc.store,
+                &paths,
+                &stored_schema,
+                manifest.wal_replay_from,
+                Mode::Writer { epoch },
+                settings.io_concurrency
+            )
+        )?;
+        let mut mem = Memtable::new(1, stored_schema.clone());
+        let mut last_seq = manifest.last_seq;
+        for (id, e) in replayed.entries {
+            last_seq = last_seq.max(e.last_seq);
+            if let Some(rows) = e.rows {
+                mem.apply(rows)?;
+            }
+            mem.set_last_wal_id(id);
+        }
+        tracing::info!(
+            "opened {} as writer: epoch {epoch}, {} generations, {} rows replayed from the WAL",
+            loc.display,
+            generations.len(),
+            mem.rows()
+        );
+        let (status_tx, _) = watch::channel(FlushStatus::default());
+        let inner = Arc::new(Inner {
+            paths,
+            manifests,
+            user_schema,
+            stored_schema,
+            schema,
+            settings: settings.clone(),
+            epoch,
+            state: RwLock::new(State {
+                manifest,
+                active: Arc::new(RwLock::new(mem)),
+                frozen: VecDeque::new(),
+                generations,
+            }),
+            fenced: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            next_wal_id: AtomicU64::new(replayed.next_id),
+            last_seq: AtomicU64::new(last_seq),
+            flush_status: status_tx,
+            flush_wake: Notify::new(),
+            backpressure: Notify::new(),
+            loc,
+        });
+        let (tx, rx) = mpsc::channel(1024);
+        let committer = commit::Committer::new(inner.clone(), rx, last_seq + 1, replayed.next_id);
+        let tasks = vec![
+            tokio::spawn(committer.run()),
+            tokio::spawn(flush::run_flusher(inner.clone())),
+        ];
+        Ok(Index {
+            inner,
+            tx,
+            tasks: std::sync::Mutex::new(tasks),
+        })
+    }
+
+    /// Open the index at `loc` read-only (see [`ReadOnlyIndex`]).
+    pub async fn open_read_only(loc: Location, settings: Settings) -> Result<ReadOnlyIndex> {
+        ReadOnlyIndex::open(loc, settings).await
+    }
+
+    /// The index schema.
+    pub fn schema(&self) -> &IndexSchema {
+        &self.inner.schema
+    }
+
+    /// The Arrow schema of appended and returned rows.
+    pub fn arrow_schema(&self) -> SchemaRef {
+        self.inner.user_schema.clone()
+    }
+
+    /// The epoch this writer claimed.
+    pub fn epoch(&self) -> u64 {
+        self.inner.epoch
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.inner.fenced.load(Ordering::SeqCst) {
+            return Err(self.inner.fenced_error());
+        }
+        if self.inner.closed.load(Ordering::SeqCst) {
+            return Err(Error::closed());
+        }
+        Ok(())
+    }
+
+    async fn submit<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Request) -> Result<T> {
+        let (ack, rx) = oneshot::channel();
+        self.tx.send(make(ack)).await.map_err(|_| self.gone())?;
+        rx.await.map_err(|_| self.gone())
+    }
+
+    fn gone(&self) -> Error {
+        if self.inner.fenced.load(Ordering::SeqCst) {
+            self.inner.fenced_error()
+        } else {
+            Error::closed()
+        }
+    }
+
+    /// Upsert rows by primary key, durably (see [`Index::append_with`]).
+    pub async fn append(&self, batch: &RecordBatch) -> Result<WriteReceipt> {
+        self.append_with(batch, WriteOptions::default()).await
+    }
+
+    /// Upsert rows by primary key. The newest version of a key wins; within one batch the last
+    /// row for a key wins. When the call returns the rows are visible to every search that
+    /// starts afterwards and, with `Durable`, in the WAL. A rejected batch changes nothing.
+    pub async fn append_with(
+        &self,
+        batch: &RecordBatch,
+        options: WriteOptions,
+    ) -> Result<WriteReceipt> {
+        self.check_open()?;
+        let batch = self.inner.schema.validate_batch(batch)?;
+        self.submit(|ack| Request::Write {
+            rows: WriteRows::Append(batch),
+            options,
+            ack,
+        })
+        .await?
+    }
+
+    /// Delete keys durably (see [`Index::delete_with`]).
+    pub async fn delete(&self, keys: &[Key]) -> Result<WriteReceipt> {
+        self.delete_with(keys, WriteOptions::default()).await
+    }
+
+    /// Write tombstones for `keys`: older versions are hidden from every later search.
+    pub async fn delete_with(&self, keys: &[Key], options: WriteOptions) -> Result<WriteReceipt> {
+        self.check_open()?;
+        let keys = self.inner.schema.key_column(keys)?;
+        self.submit(|ack| Request::Write {
+            rows: WriteRows::Delete(keys),
+            options,
+            ack,
+        })
+        .await?
+    }
+
+    /// Freeze the memtable and wait until it (and every memtable frozen before it) is published
+    /// as a generation.
+    pub async fn flush(&self) -> Result<()> {
+        self.check_open()?;
+        let target = self.submit(|ack| Request::Freeze { ack }).await??;
+        let Some(target) = target else {
+            return Ok(());
+        };
+        let mut rx = self.inner.flush_status.subscribe();
+        loop {
+            {
+                let s = rx.borrow_and_update();
+                if s.flushed_upto >= target {
+                    return Ok(());
+                }
+                if let Some(e) = &s.error {
+                    return Err(e.clone());
+                }
+            }
+            if self.inner.fenced.load(Ordering::SeqCst) {
+                return Err(self.inner.fenced_error());
+            }
+            if rx.changed().await.is_err() {
+                return Err(self.gone());
+            }
+        }
+    }
+
+    /// Write any buffered WAL data, stop the background tasks and refuse further calls. Frozen
+    /// memtables not yet flushed stay in the WAL and are replayed by the next open.
+    pub async fn close(&self) -> Result<()> {
+        if self.inner.closed.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let _ = self.submit(|ack| Request::Close { ack }).await;
+        self.inner.closed.store(true, Ordering::SeqCst);
+        self.inner.flush_wake.notify_waiters();
+        self.inner.backpressure.notify_waiters();
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in tasks {
+            t.await?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn snapshot(&self) -> Result<Snapshot> {
+        let st = self.inner.read_state();
+        let mut memtables = vec![read_memtable(&st.active).newest_rows()?];
+        for m in st.frozen.iter().rev() {
+            memtables.push(read_memtable(m).newest_rows()?);
+        }
+        Ok(Snapshot {
+            memtables,
+            generations: st.generations.iter().rev().cloned().collect(),
+        })
+    }
+
+    /// Every live row (newest version of each key, deleted keys excluded), optionally filtered.
+    pub async fn scan(&self, options: ScanOptions) -> Result<Vec<RecordBatch>> {
+        if self.inner.closed.load(Ordering::SeqCst) {
+            return Err(Error::closed());
+        }
+        let rows = self.snapshot()?.live_rows(&self.inner.user_schema)?;
+        match &options.filter {
+            Some(f) => filter_rows(rows, &self.inner.user_schema, f).await,
+            None => Ok(rows),
+        }
+    }
+
+    /// Generations, memtable and WAL figures.
+    pub fn stats(&self) -> IndexStats {
+        let st = self.inner.read_state();
+        let frozen_rows = st.frozen.iter().map(|m| read_memtable(m).rows()).sum();
+        let memtable_rows = read_memtable(&st.active).rows();
+        IndexStats {
+            location: self.inner.loc.display.clone(),
+            epoch: st.manifest.epoch,
+            manifest_version: st.manifest.version,
+            generations: st.manifest.generations.clone(),
+            memtable_rows,
+            frozen_rows,
+            frozen_memtables: st.frozen.len(),
+            wal_objects_pending: self
+                .inner
+                .next_wal_id
+                .load(Ordering::SeqCst)
+                .saturating_sub(st.manifest.wal_replay_from),
+            last_seq: self.inner.last_seq.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Whether a newer writer has fenced this one.
+    pub fn is_fenced(&self) -> bool {
+        self.inner.fenced.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Index {
+    fn drop(&mut self) {
+        // The committer stops when its queue closes (dropping `tx`); stop the flusher too.
+        self.inner.closed.store(true, Ordering::SeqCst);
+        self.inner.flush_wake.notify_waiters();
+        self.inner.backpressure.notify_waiters();
+    }
+}
+
+/// Map an error kind for a whole group of callers.
+pub(crate) fn is_fenced(e: &Error) -> bool {
+    e.kind() == ErrorKind::Fenced
+}

@@ -1,0 +1,202 @@
+//! Read-only handles: any number of them, in any process, beside the one writer.
+
+use super::{load_generations, IndexStats, ScanOptions};
+use crate::generation::Generation;
+use crate::manifest::{Manifest, ManifestStore};
+use crate::memtable::Memtable;
+use crate::read::{filter_rows, Snapshot};
+use crate::schema::IndexSchema;
+use crate::settings::Settings;
+use crate::storage::paths::Paths;
+use crate::storage::Location;
+use crate::wal::replay::{replay, Mode};
+use crate::{Error, ErrorKind, Result};
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+#[derive(Debug)]
+struct View {
+    manifest: Manifest,
+    generations: Vec<Arc<Generation>>,
+    /// Rows of the WAL objects not yet covered by a generation.
+    wal: Memtable,
+    wal_objects: u64,
+}
+
+/// A read-only view of an index: the flushed generations of the newest manifest plus the rows
+/// of the WAL objects written since. It never writes; [`ReadOnlyIndex::refresh`] moves it to the
+/// newest manifest and WAL.
+#[derive(Debug)]
+pub struct ReadOnlyIndex {
+    loc: Location,
+    paths: Paths,
+    manifests: ManifestStore,
+    settings: Settings,
+    schema: IndexSchema,
+    user_schema: SchemaRef,
+    stored_schema: SchemaRef,
+    view: tokio::sync::RwLock<View>,
+}
+
+impl ReadOnlyIndex {
+    pub(crate) async fn open(loc: Location, settings: Settings) -> Result<Self> {
+        settings.validate()?;
+        let paths = Paths::new(loc.root.clone());
+        let manifests = ManifestStore::new(loc.store.clone(), paths.clone());
+        let m = manifests
+            .load_latest()
+            .await?
+            .ok_or_else(|| Error::invalid(format!("no index at {}", loc.display)))?;
+        let schema = m.schema.clone();
+        let stored_schema = schema.stored_schema();
+        let view = Self::load_view(
+            &loc,
+            &paths,
+            &manifests,
+            &stored_schema,
+            &settings,
+            Some(m),
+            &HashMap::new(),
+        )
+        .await?;
+        Ok(ReadOnlyIndex {
+            user_schema: schema.arrow_schema(),
+            stored_schema,
+            schema,
+            loc,
+            paths,
+            manifests,
+            settings,
+            view: tokio::sync::RwLock::new(view),
+        })
+    }
+
+    async fn load_view(
+        loc: &Location,
+        paths: &Paths,
+        manifests: &ManifestStore,
+        stored_schema: &SchemaRef,
+        settings: &Settings,
+        mut manifest: Option<Manifest>,
+        cache: &HashMap<u64, Arc<Generation>>,
+    ) -> Result<View> {
+        let mut attempts = 0;
+        loop {
+            let m = match manifest.take() {
+                Some(m) => m,
+                None => manifests
+                    .load_latest()
+                    .await?
+                    .ok_or_else(|| Error::invalid(format!("no index at {}", loc.display)))?,
+            };
+            let r = futures::try_join!(
+                load_generations(
+                    loc,
+                    paths,
+                    stored_schema,
+                    &m.generations,
+                    cache,
+                    settings.io_concurrency
+                ),
+                replay(
+                    &loc.store,
+                    paths,
+                    stored_schema,
+                    m.wal_replay_from,
+                    Mode::ReadOnly,
+                    settings.io_concurrency
+                )
+            );
+            match r {
+                Ok((generations, replayed)) => {
+                    let mut wal = Memtable::new(0, stored_schema.clone());
+                    for (id, e) in replayed.entries {
+                        if let Some(rows) = e.rows {
+                            wal.apply(rows)?;
+                        }
+                        wal.set_last_wal_id(id);
+                    }
+                    return Ok(View {
+                        wal_objects: replayed.next_id.saturating_sub(m.wal_replay_from),
+                        manifest: m,
+                        generations,
+                        wal,
+                    });
+                }
+                // A flush published a new manifest and deleted WAL objects (or the writer
+                // pruned what we were reading) between our LIST and GET: start over.
+                Err(e) if e.kind() == ErrorKind::Data && is_not_found(&e) && attempts < 5 => {
+                    attempts += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Move to the newest manifest and WAL. Already loaded generations are reused.
+    pub async fn refresh(&self) -> Result<()> {
+        let cache: HashMap<u64, Arc<Generation>> = {
+            let v = self.view.read().await;
+            v.generations
+                .iter()
+                .map(|g| (g.meta().id, g.clone()))
+                .collect()
+        };
+        let view = Self::load_view(
+            &self.loc,
+            &self.paths,
+            &self.manifests,
+            &self.stored_schema,
+            &self.settings,
+            None,
+            &cache,
+        )
+        .await?;
+        *self.view.write().await = view;
+        Ok(())
+    }
+
+    /// The index schema.
+    pub fn schema(&self) -> &IndexSchema {
+        &self.schema
+    }
+
+    /// Every live row of the view, optionally filtered.
+    pub async fn scan(&self, options: ScanOptions) -> Result<Vec<RecordBatch>> {
+        let snapshot = {
+            let v = self.view.read().await;
+            Snapshot {
+                memtables: vec![v.wal.newest_rows()?],
+                generations: v.generations.iter().rev().cloned().collect(),
+            }
+        };
+        let rows = snapshot.live_rows(&self.user_schema)?;
+        match &options.filter {
+            Some(f) => filter_rows(rows, &self.user_schema, f).await,
+            None => Ok(rows),
+        }
+    }
+
+    /// Figures of the view.
+    pub async fn stats(&self) -> IndexStats {
+        let v = self.view.read().await;
+        IndexStats {
+            location: self.loc.display.clone(),
+            epoch: v.manifest.epoch,
+            manifest_version: v.manifest.version,
+            generations: v.manifest.generations.clone(),
+            memtable_rows: v.wal.rows(),
+            frozen_rows: 0,
+            frozen_memtables: 0,
+            wal_objects_pending: v.wal_objects,
+            last_seq: v.manifest.last_seq.max(v.wal.max_seq()),
+        }
+    }
+}
+
+fn is_not_found(e: &Error) -> bool {
+    let m = e.message();
+    m.contains("not found") || m.contains("NotFound") || m.contains("No such file")
+}

@@ -1,0 +1,301 @@
+//! Generations: immutable, flushed memtables, one bundle object each.
+//!
+//! A generation holds the newest version of every key of one memtable (tombstones included) and
+//! the set of their 64-bit key hashes, so that newer sources can hide older rows cheaply. The
+//! search issues add their sections (a tantivy index, an HNSW graph) to the same bundle.
+//!
+//! Layout of `generations/{id:020}-{epoch:010}.gen` (little-endian):
+//!
+//! ```text
+//! "LSMG"                          4-byte magic
+//! section bytes ...               each section at the offset the directory gives
+//! directory                       JSON: {"sections": [{"name", "offset", "len", "crc32"}], "stats": {...}}
+//! footer (32 bytes):
+//!   dir_offset  u64
+//!   dir_len     u64
+//!   version     u32               format version (1)
+//!   body_crc    u32               CRC32 of bytes [0, dir_offset + dir_len)
+//!   magic       "LSMG"
+//!   footer_crc  u32               CRC32 of the 28 footer bytes before it
+//! ```
+//!
+//! Sections of version 1: `rows` (Arrow IPC stream of stored rows: index columns, `_seq`,
+//! `_deleted`), `pk_hashes` (sorted, distinct u64 xxh3 hashes of the keys, see
+//! [`crate::key::PK_HASH_SEED`]). Every section also has its own CRC so it can be read by range.
+
+use crate::codec::{ipc_decode, ipc_encode, Reader};
+use crate::key::Key;
+use crate::memtable::deleted_flags;
+use crate::schema::SEQ_COLUMN;
+use crate::{Error, Result};
+use arrow::array::{AsArray, RecordBatch};
+use arrow::datatypes::{SchemaRef, UInt64Type};
+use serde::{Deserialize, Serialize};
+use std::fmt::Display;
+
+/// Magic bytes of a generation bundle (start and footer).
+pub const GENERATION_MAGIC: &[u8; 4] = b"LSMG";
+/// Current generation format version.
+pub const GENERATION_FORMAT_VERSION: u32 = 1;
+const FOOTER_LEN: usize = 32;
+
+/// What the manifest records about a generation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GenerationMeta {
+    /// Generation id (increasing; newer generations have larger ids).
+    pub id: u64,
+    /// Epoch of the writer that wrote it (part of the object name).
+    pub epoch: u64,
+    /// Rows stored (live and tombstones).
+    pub rows: u64,
+    /// Tombstones among them.
+    pub tombstones: u64,
+    /// Size of the object in bytes.
+    pub bytes: u64,
+    /// Smallest sequence number stored.
+    pub min_seq: u64,
+    /// Largest sequence number stored.
+    pub max_seq: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Section {
+    name: String,
+    offset: u64,
+    len: u64,
+    crc32: u32,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Directory {
+    sections: Vec<Section>,
+    stats: GenerationMeta,
+}
+
+/// A generation loaded in memory.
+#[derive(Debug)]
+pub struct Generation {
+    meta: GenerationMeta,
+    rows: RecordBatch,
+    pk_hashes: Vec<u64>,
+}
+
+impl Generation {
+    /// Build a generation (and its encoded bundle) from stored rows holding one version per key.
+    pub fn build(
+        id: u64,
+        epoch: u64,
+        rows: RecordBatch,
+        schema: &SchemaRef,
+    ) -> Result<(Generation, Vec<u8>)> {
+        let seqs = rows
+            .column_by_name(SEQ_COLUMN)
+            .ok_or_else(|| Error::internal("stored rows without _seq"))?
+            .as_primitive::<UInt64Type>();
+        let min_seq = seqs.iter().flatten().min().unwrap_or(0);
+        let max_seq = seqs.iter().flatten().max().unwrap_or(0);
+        let tombstones = deleted_flags(&rows).true_count() as u64;
+        let mut pk_hashes: Vec<u64> = (0..rows.num_rows())
+            .filter_map(|r| Key::from_array(rows.column(0).as_ref(), r).map(|k| k.hash64()))
+            .collect();
+        pk_hashes.sort_unstable();
+        pk_hashes.dedup();
+
+        let mut out = Vec::new();
+        out.extend_from_slice(GENERATION_MAGIC);
+        let mut sections = Vec::new();
+        let mut add = |out: &mut Vec<u8>, name: &str, bytes: &[u8]| {
+            sections.push(Section {
+                name: name.to_string(),
+                offset: out.len() as u64,
+                len: bytes.len() as u64,
+                crc32: crc32fast::hash(bytes),
+            });
+            out.extend_from_slice(bytes);
+        };
+        add(&mut out, "rows", &ipc_encode(schema, std::slice::from_ref(&rows))?);
+        let hashes: Vec<u8> = pk_hashes.iter().flat_map(|h| h.to_le_bytes()).collect();
+        add(&mut out, "pk_hashes", &hashes);
+
+        let mut meta = GenerationMeta {
+            id,
+            epoch,
+            rows: rows.num_rows() as u64,
+            tombstones,
+            bytes: 0,
+            min_seq,
+            max_seq,
+        };
+        let dir_offset = out.len() as u64;
+        // The object size is known once the directory is serialized; its own digits may change
+        // the size, so iterate to a fixed point (at most a couple of rounds).
+        let mut dir_json;
+        let mut total = out.len() as u64 + FOOTER_LEN as u64;
+        loop {
+            meta.bytes = total;
+            dir_json = serde_json::to_vec(&Directory {
+                sections: std::mem::take(&mut sections),
+                stats: meta.clone(),
+            })
+            .map_err(|e| Error::internal(format!("generation directory: {e}")))?;
+            let d: Directory = serde_json::from_slice(&dir_json).expect("just written");
+            sections = d.sections;
+            let t = dir_offset + dir_json.len() as u64 + FOOTER_LEN as u64;
+            if t == total {
+                break;
+            }
+            total = t;
+        }
+        out.extend_from_slice(&dir_json);
+        let body_crc = crc32fast::hash(&out);
+        let mut footer = Vec::with_capacity(FOOTER_LEN);
+        footer.extend_from_slice(&dir_offset.to_le_bytes());
+        footer.extend_from_slice(&(dir_json.len() as u64).to_le_bytes());
+        footer.extend_from_slice(&GENERATION_FORMAT_VERSION.to_le_bytes());
+        footer.extend_from_slice(&body_crc.to_le_bytes());
+        footer.extend_from_slice(GENERATION_MAGIC);
+        let fcrc = crc32fast::hash(&footer);
+        footer.extend_from_slice(&fcrc.to_le_bytes());
+        out.extend_from_slice(&footer);
+        debug_assert_eq!(out.len() as u64, meta.bytes);
+        Ok((
+            Generation {
+                meta,
+                rows,
+                pk_hashes,
+            },
+            out,
+        ))
+    }
+
+    /// Decode and verify a whole bundle. Any defect is an error of kind `Data` naming `object`.
+    pub fn decode(bytes: bytes::Bytes, schema: &SchemaRef, object: &dyn Display) -> Result<Self> {
+        let bad = |m: String| Error::data(object, format!("generation {m}"));
+        if bytes.len() < FOOTER_LEN + 4 || &bytes[0..4] != GENERATION_MAGIC {
+            return Err(bad(format!(
+                "is truncated or not a generation ({} bytes)",
+                bytes.len()
+            )));
+        }
+        let footer = &bytes[bytes.len() - FOOTER_LEN..];
+        let fcrc = u32::from_le_bytes(footer[28..32].try_into().expect("4"));
+        if crc32fast::hash(&footer[..28]) != fcrc || &footer[24..28] != GENERATION_MAGIC {
+            return Err(bad("footer is corrupt (CRC or magic mismatch)".into()));
+        }
+        let mut r = Reader::new(footer);
+        let dir_offset = r.u64().expect("footer") as usize;
+        let dir_len = r.u64().expect("footer") as usize;
+        let version = r.u32().expect("footer");
+        let body_crc = r.u32().expect("footer");
+        debug_assert_eq!(r.position(), 24);
+        if version != GENERATION_FORMAT_VERSION {
+            return Err(bad(format!(
+                "has format version {version}; this build reads version {GENERATION_FORMAT_VERSION}"
+            )));
+        }
+        if dir_offset.checked_add(dir_len) != Some(bytes.len() - FOOTER_LEN) {
+            return Err(bad("footer points outside the object".into()));
+        }
+        if crc32fast::hash(&bytes[..dir_offset + dir_len]) != body_crc {
+            return Err(bad("fails its CRC32 check".into()));
+        }
+        let dir: Directory = serde_json::from_slice(&bytes[dir_offset..dir_offset + dir_len])
+            .map_err(|e| bad(format!("directory is not valid: {e}")))?;
+        let section = |name: &str| -> Result<bytes::Bytes> {
+            let s = dir
+                .sections
+                .iter()
+                .find(|s| s.name == name)
+                .ok_or_else(|| bad(format!("has no '{name}' section")))?;
+            let (o, l) = (s.offset as usize, s.len as usize);
+            if o.checked_add(l).is_none_or(|e| e > dir_offset) {
+                return Err(bad(format!("section '{name}' lies outside the object")));
+            }
+            let b = bytes.slice(o..o + l);
+            if crc32fast::hash(&b) != s.crc32 {
+                return Err(bad(format!("section '{name}' fails its CRC32 check")));
+            }
+            Ok(b)
+        };
+        let batches = ipc_decode(section("rows")?, schema, object)?;
+        let rows = arrow::compute::concat_batches(schema, &batches)?;
+        let h = section("pk_hashes")?;
+        if h.len() % 8 != 0 {
+            return Err(bad("section 'pk_hashes' has a partial hash".into()));
+        }
+        let pk_hashes = h
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8")))
+            .collect();
+        if rows.num_rows() as u64 != dir.stats.rows {
+            return Err(bad(format!(
+                "holds {} rows, its directory says {}",
+                rows.num_rows(),
+                dir.stats.rows
+            )));
+        }
+        Ok(Generation {
+            meta: dir.stats,
+            rows,
+            pk_hashes,
+        })
+    }
+
+    /// What the manifest records about it.
+    pub fn meta(&self) -> &GenerationMeta {
+        &self.meta
+    }
+
+    /// Stored rows: one version per key, tombstones included.
+    pub fn rows(&self) -> &RecordBatch {
+        &self.rows
+    }
+
+    /// Whether the key set may contain `key` (exact for absent keys; confirm hits on the rows).
+    pub fn may_contain(&self, key: &Key) -> bool {
+        self.pk_hashes.binary_search(&key.hash64()).is_ok()
+    }
+
+    /// The sorted, distinct key hashes.
+    pub fn pk_hashes(&self) -> &[u64] {
+        &self.pk_hashes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::IndexSchema;
+    use arrow::array::StringArray;
+    use std::sync::Arc;
+
+    #[test]
+    fn bundle_round_trip_and_corruption() {
+        let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t"]}"#).unwrap();
+        let user = RecordBatch::try_new(
+            s.arrow_schema(),
+            vec![
+                Arc::new(StringArray::from(vec!["a", "b", "c"])),
+                Arc::new(StringArray::from(vec!["x", "y", "z"])),
+            ],
+        )
+        .unwrap();
+        let stored = s.to_stored(&user, 5).unwrap();
+        let (g, bytes) = Generation::build(1, 2, stored.clone(), &s.stored_schema()).unwrap();
+        assert_eq!(g.meta().bytes as usize, bytes.len());
+        let d = Generation::decode(bytes.clone().into(), &s.stored_schema(), &"g").unwrap();
+        assert_eq!(d.rows(), &stored);
+        assert_eq!(d.meta(), g.meta());
+        assert!(d.may_contain(&Key::from("b")));
+        assert!(!d.may_contain(&Key::from("q")));
+        for i in (0..bytes.len()).step_by(5) {
+            let mut b = bytes.clone();
+            b[i] ^= 1;
+            let e = Generation::decode(b.into(), &s.stored_schema(), &"g").unwrap_err();
+            assert_eq!(e.kind(), crate::ErrorKind::Data, "flip at {i}");
+        }
+        let e = Generation::decode(bytes[..bytes.len() - 3].to_vec().into(), &s.stored_schema(), &"g")
+            .unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Data);
+    }
+}

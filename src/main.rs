@@ -1,0 +1,417 @@
+//! The `lsmsearch` command line: create, fill, inspect and demo an index.
+
+use arrow::array::{Array, ArrayRef, RecordBatch};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use clap::{Parser, Subcommand};
+use lsmsearch::{
+    Durability, Error, Index, IndexSchema, IndexStats, Key, Location, ScanOptions, Settings,
+    WriteOptions,
+};
+use std::io::{BufReader, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+mod demo;
+
+/// A real-time search index built as an LSM tree on object storage.
+#[derive(Parser, Debug)]
+#[command(name = "lsmsearch", version, about)]
+struct Cli {
+    /// Print machine-readable JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create an index at LOCATION (a local path, memory:// or s3://bucket/prefix).
+    Init {
+        /// Where the index lives.
+        location: String,
+        /// The schema file (JSON): {"primary_key": "id", "text": [...], "vector": {...}, "payload": [...]}.
+        #[arg(long)]
+        schema: PathBuf,
+    },
+    /// Append the rows of FILE (JSON lines, Parquet or Arrow IPC), upserting by primary key.
+    Ingest {
+        /// Where the index lives.
+        location: String,
+        /// JSON lines (.jsonl, .json, .ndjson), Parquet (.parquet) or Arrow IPC (.arrow, .arrows, .ipc).
+        file: PathBuf,
+        /// Rows per append call.
+        #[arg(long, default_value_t = 1000)]
+        batch_size: usize,
+        /// Flush the memtable to a generation after every N rows appended.
+        #[arg(long)]
+        flush_every: Option<usize>,
+        /// durable (the WAL object is written before each append returns) or buffered.
+        #[arg(long, default_value = "durable")]
+        durability: String,
+    },
+    /// Delete rows by primary key.
+    Delete {
+        /// Where the index lives.
+        location: String,
+        /// Keys to delete.
+        #[arg(required = true)]
+        keys: Vec<String>,
+    },
+    /// Flush the memtable (the rows replayed from the WAL) into a generation.
+    Flush {
+        /// Where the index lives.
+        location: String,
+    },
+    /// Print every live row as JSON lines.
+    Scan {
+        /// Where the index lives.
+        location: String,
+        /// A SQL predicate over the index's columns, e.g. "year >= 2020 AND lang = 'en'".
+        #[arg(long)]
+        filter: Option<String>,
+    },
+    /// Print generations, memtable rows, pending WAL objects and the writer epoch.
+    Stats {
+        /// Where the index lives.
+        location: String,
+    },
+    /// Create an index in a local directory from generated data, append across several flushes,
+    /// scan it and print its stats.
+    Demo {
+        /// Directory of the demo index (default: a new directory under the system temp dir).
+        dir: Option<PathBuf>,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let json = cli.json;
+    match rt.block_on(run(cli)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"error": e.message(), "kind": format!("{:?}", e.kind())})
+                );
+            } else {
+                eprintln!("error: {e}");
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> lsmsearch::Result<()> {
+    let json = cli.json;
+    match cli.command {
+        Command::Init { location, schema } => {
+            let text = std::fs::read_to_string(&schema).map_err(|e| {
+                Error::invalid(format!("cannot read schema file '{}': {e}", schema.display()))
+            })?;
+            let schema = IndexSchema::from_json(&text)?;
+            let index = Index::create(Location::parse(&location)?, schema, Settings::default())
+                .await?;
+            index.close().await?;
+            if json {
+                println!("{}", serde_json::json!({"created": location}));
+            } else {
+                println!("created index at {location}");
+            }
+        }
+        Command::Ingest {
+            location,
+            file,
+            batch_size,
+            flush_every,
+            durability,
+        } => {
+            let durability: Durability = durability.parse()?;
+            let index = Index::open(Location::parse(&location)?, Settings::default()).await?;
+            let r = ingest(&index, &file, batch_size, flush_every, durability, json).await;
+            index.close().await?;
+            let n = r?;
+            if !json {
+                println!("appended {n} rows to {location}");
+            }
+        }
+        Command::Delete { location, keys } => {
+            let index = Index::open(Location::parse(&location)?, Settings::default()).await?;
+            let kt = index.schema().primary_key_type;
+            let keys = keys
+                .iter()
+                .map(|k| Key::parse(k, kt))
+                .collect::<lsmsearch::Result<Vec<_>>>()?;
+            let r = index.delete(&keys).await;
+            index.close().await?;
+            let r = r?;
+            if json {
+                println!("{}", serde_json::json!({"deleted": r.rows, "last_seq": r.last_seq}));
+            } else {
+                println!("deleted {} keys", r.rows);
+            }
+        }
+        Command::Flush { location } => {
+            let index = Index::open(Location::parse(&location)?, Settings::default()).await?;
+            let r = index.flush().await;
+            let stats = index.stats();
+            index.close().await?;
+            r?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"generations": stats.generations.len(), "manifest_version": stats.manifest_version})
+                );
+            } else {
+                println!(
+                    "flushed: {} generations, manifest version {}",
+                    stats.generations.len(),
+                    stats.manifest_version
+                );
+            }
+        }
+        Command::Scan { location, filter } => {
+            let index =
+                Index::open_read_only(Location::parse(&location)?, Settings::default()).await?;
+            let rows = index.scan(ScanOptions { filter }).await?;
+            print_json_lines(&rows)?;
+        }
+        Command::Stats { location } => {
+            let index =
+                Index::open_read_only(Location::parse(&location)?, Settings::default()).await?;
+            print_stats(&index.stats().await, json);
+        }
+        Command::Demo { dir } => demo::run(dir, json).await?,
+    }
+    Ok(())
+}
+
+/// Append the file's rows in batches; returns the number of rows appended.
+async fn ingest(
+    index: &Index,
+    file: &Path,
+    batch_size: usize,
+    flush_every: Option<usize>,
+    durability: Durability,
+    json: bool,
+) -> lsmsearch::Result<usize> {
+    if batch_size == 0 {
+        return Err(Error::invalid("--batch-size must be at least 1"));
+    }
+    let reader = open_rows(file, &index.arrow_schema(), batch_size)?;
+    let bar = (!json && std::io::stderr().is_terminal()).then(|| {
+        let b = indicatif::ProgressBar::new_spinner();
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} {human_pos} rows appended ({per_sec}) {elapsed}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+        );
+        b
+    });
+    let mut acked = 0usize;
+    let mut since_flush = 0usize;
+    let opts = WriteOptions::with_durability(durability);
+    let mut stdout = std::io::stdout().lock();
+    for batch in reader {
+        let batch = batch.map_err(|e| {
+            Error::invalid(format!("reading '{}': {e}", file.display()))
+        })?;
+        if batch.num_rows() == 0 {
+            continue;
+        }
+        index.append_with(&batch, opts).await.map_err(|e| {
+            e.context(format!("rows {}..{} of '{}'", acked, acked + batch.num_rows(), file.display()))
+        })?;
+        acked += batch.num_rows();
+        since_flush += batch.num_rows();
+        if json {
+            let last = batch.column(0);
+            let key = json_value(last.as_ref(), last.len() - 1);
+            let _ = writeln!(
+                stdout,
+                "{}",
+                serde_json::json!({"acked_rows": acked, "last_key": key})
+            );
+        }
+        if let Some(b) = &bar {
+            b.set_position(acked as u64);
+        }
+        if let Some(n) = flush_every {
+            if since_flush >= n {
+                index.flush().await?;
+                since_flush = 0;
+            }
+        }
+    }
+    if let Some(b) = bar {
+        b.finish();
+    }
+    Ok(acked)
+}
+
+type RowReader = Box<dyn Iterator<Item = Result<RecordBatch, arrow::error::ArrowError>>>;
+
+/// Open JSON lines, Parquet or Arrow IPC as a stream of batches.
+fn open_rows(file: &Path, schema: &SchemaRef, batch_size: usize) -> lsmsearch::Result<RowReader> {
+    let open = || {
+        std::fs::File::open(file).map_err(|e| {
+            Error::invalid(format!("cannot open '{}': {e}", file.display()))
+        })
+    };
+    let ext = file
+        .extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    let bad = |e: &dyn std::fmt::Display| {
+        Error::invalid(format!("cannot read '{}': {e}", file.display()))
+    };
+    match ext.as_str() {
+        "jsonl" | "json" | "ndjson" => {
+            // Vectors arrive as JSON arrays: read them as lists (validation checks the dimension)
+            // and every column as nullable (validation names a missing key or vector).
+            let fields: Vec<Field> = schema
+                .fields()
+                .iter()
+                .map(|f| {
+                    let t = match f.data_type() {
+                        DataType::FixedSizeList(inner, _) => DataType::List(inner.clone()),
+                        t => t.clone(),
+                    };
+                    Field::new(f.name(), t, true)
+                })
+                .collect();
+            let r = arrow::json::ReaderBuilder::new(Arc::new(Schema::new(fields)))
+                .with_batch_size(batch_size)
+                .with_strict_mode(true)
+                .build(BufReader::new(open()?))
+                .map_err(|e| bad(&e))?;
+            Ok(Box::new(r))
+        }
+        "parquet" => {
+            let r = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(open()?)
+                .map_err(|e| bad(&e))?
+                .with_batch_size(batch_size)
+                .build()
+                .map_err(|e| bad(&e))?;
+            Ok(Box::new(r))
+        }
+        "arrow" | "arrows" | "ipc" | "feather" => {
+            let batches: Vec<Result<RecordBatch, arrow::error::ArrowError>> =
+                match arrow::ipc::reader::FileReader::try_new(open()?, None) {
+                    Ok(r) => r.collect(),
+                    Err(_) => arrow::ipc::reader::StreamReader::try_new(open()?, None)
+                        .map_err(|e| bad(&e))?
+                        .collect(),
+                };
+            Ok(Box::new(rebatch(batches, batch_size).into_iter()))
+        }
+        _ => Err(Error::invalid(format!(
+            "'{}': unknown file type (use .jsonl, .parquet or .arrow)",
+            file.display()
+        ))),
+    }
+}
+
+fn rebatch(
+    batches: Vec<Result<RecordBatch, arrow::error::ArrowError>>,
+    size: usize,
+) -> Vec<Result<RecordBatch, arrow::error::ArrowError>> {
+    let mut out = Vec::new();
+    for b in batches {
+        match b {
+            Ok(b) => {
+                let mut off = 0;
+                while off < b.num_rows() {
+                    let n = size.min(b.num_rows() - off);
+                    out.push(Ok(b.slice(off, n)));
+                    off += n;
+                }
+            }
+            Err(e) => out.push(Err(e)),
+        }
+    }
+    out
+}
+
+/// A JSON value for one cell of a key column.
+fn json_value(a: &dyn Array, row: usize) -> serde_json::Value {
+    match Key::from_array(a, row) {
+        Some(Key::Str(s)) => serde_json::Value::String(s),
+        Some(Key::I64(v)) => v.into(),
+        Some(Key::U64(v)) => v.into(),
+        None => serde_json::Value::Null,
+    }
+}
+
+/// Print batches as JSON lines on stdout (vectors as arrays).
+pub(crate) fn print_json_lines(rows: &[RecordBatch]) -> lsmsearch::Result<()> {
+    let mut out = std::io::stdout().lock();
+    let mut w = arrow::json::LineDelimitedWriter::new(&mut out);
+    for b in rows {
+        w.write(&lists_for_json(b)?)?;
+    }
+    w.finish()?;
+    Ok(())
+}
+
+/// The JSON writer prints `FixedSizeList` poorly in some versions: turn vectors into lists.
+fn lists_for_json(b: &RecordBatch) -> lsmsearch::Result<RecordBatch> {
+    let mut fields = Vec::new();
+    let mut cols: Vec<ArrayRef> = Vec::new();
+    for (f, c) in b.schema().fields().iter().zip(b.columns()) {
+        if let DataType::FixedSizeList(inner, _) = f.data_type() {
+            let t = DataType::List(inner.clone());
+            cols.push(arrow::compute::cast(c, &t)?);
+            fields.push(Field::new(f.name(), t, f.is_nullable()));
+        } else {
+            cols.push(c.clone());
+            fields.push(f.as_ref().clone());
+        }
+    }
+    Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)?)
+}
+
+pub(crate) fn print_stats(s: &IndexStats, json: bool) {
+    if json {
+        println!("{}", serde_json::to_string(s).unwrap_or_default());
+        return;
+    }
+    println!("location:            {}", s.location);
+    println!("writer epoch:        {}", s.epoch);
+    println!("manifest version:    {}", s.manifest_version);
+    println!("last sequence:       {}", s.last_seq);
+    println!("memtable rows:       {}", s.memtable_rows);
+    if s.frozen_memtables > 0 {
+        println!(
+            "frozen memtables:    {} ({} rows)",
+            s.frozen_memtables, s.frozen_rows
+        );
+    }
+    println!("WAL objects pending: {}", s.wal_objects_pending);
+    println!("generations:         {}", s.generations.len());
+    if !s.generations.is_empty() {
+        println!("  {:>6} {:>10} {:>10} {:>12} {:>12}", "id", "rows", "deleted", "bytes", "max seq");
+        for g in &s.generations {
+            println!(
+                "  {:>6} {:>10} {:>10} {:>12} {:>12}",
+                g.id, g.rows, g.tombstones, g.bytes, g.max_seq
+            );
+        }
+    }
+}
+

@@ -1,0 +1,108 @@
+//! Settings (plain data with documented defaults) and per-call options.
+
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// Tuning knobs of an index handle. Every field has a default; see each field for its cost.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Settings {
+    /// Freeze and flush the memtable once it holds this many rows (every version and tombstone
+    /// counts). Larger memtables mean fewer generations but more memory and a longer replay after a
+    /// crash. Default 100,000.
+    pub memtable_max_rows: usize,
+    /// Freeze and flush the memtable once its Arrow buffers reach this many bytes. Default 64 MiB.
+    pub memtable_max_bytes: usize,
+    /// How many frozen memtables may wait for their flush before appends wait (backpressure).
+    /// Each costs up to one memtable of memory. Default 2.
+    pub max_frozen_memtables: usize,
+    /// Upper bound, in milliseconds, on how long a `Buffered` write stays only in memory before
+    /// its WAL object is written. Default 100 ms.
+    pub wal_buffer_interval_ms: u64,
+    /// A group commit stops collecting further requests once it holds this many rows, so one WAL
+    /// object stays bounded. Default 100,000.
+    pub max_commit_rows: usize,
+    /// How many old manifest versions are kept behind the latest one. Default 10.
+    pub manifest_retention: u64,
+    /// How many object-store requests a handle issues concurrently when it loads generations or
+    /// deletes WAL objects. Default 16.
+    pub io_concurrency: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            memtable_max_rows: 100_000,
+            memtable_max_bytes: 64 << 20,
+            max_frozen_memtables: 2,
+            wal_buffer_interval_ms: 100,
+            max_commit_rows: 100_000,
+            manifest_retention: 10,
+            io_concurrency: 16,
+        }
+    }
+}
+
+impl Settings {
+    pub(crate) fn wal_buffer_interval(&self) -> Duration {
+        Duration::from_millis(self.wal_buffer_interval_ms.max(1))
+    }
+
+    pub(crate) fn validate(&self) -> crate::Result<()> {
+        let check = |ok: bool, name: &str| {
+            if ok {
+                Ok(())
+            } else {
+                Err(crate::Error::invalid(format!(
+                    "setting '{name}' must be greater than zero"
+                )))
+            }
+        };
+        check(self.memtable_max_rows > 0, "memtable_max_rows")?;
+        check(self.memtable_max_bytes > 0, "memtable_max_bytes")?;
+        check(self.max_frozen_memtables > 0, "max_frozen_memtables")?;
+        check(self.max_commit_rows > 0, "max_commit_rows")?;
+        check(self.io_concurrency > 0, "io_concurrency")?;
+        Ok(())
+    }
+}
+
+/// How durable a write must be before the call returns.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// Return once the WAL object holding the write is on the object store (on local disk: the
+    /// file and its directory are fsynced). Survives a crash of the process and of the machine.
+    #[default]
+    Durable,
+    /// Return once the write is in the memtable (visible to searches); its WAL object is written
+    /// in the background within [`Settings::wal_buffer_interval_ms`]. A crash may lose it.
+    Buffered,
+}
+
+impl std::str::FromStr for Durability {
+    type Err = crate::Error;
+    fn from_str(s: &str) -> crate::Result<Self> {
+        match s {
+            "durable" => Ok(Durability::Durable),
+            "buffered" => Ok(Durability::Buffered),
+            other => Err(crate::Error::invalid(format!(
+                "unknown durability '{other}' (expected 'durable' or 'buffered')"
+            ))),
+        }
+    }
+}
+
+/// Options of one `append` or `delete` call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteOptions {
+    /// See [`Durability`]. Default [`Durability::Durable`].
+    pub durability: Durability,
+}
+
+impl WriteOptions {
+    /// Options with the given durability.
+    pub fn with_durability(durability: Durability) -> Self {
+        WriteOptions { durability }
+    }
+}

@@ -1,0 +1,141 @@
+//! Recovery: list, fetch and verify the WAL objects after a manifest's replay point.
+
+use super::{decode, encode, WalEntry, WalKind};
+use crate::storage::paths::{parse_wal, Paths};
+use crate::{Error, ErrorKind, Result};
+use arrow::datatypes::SchemaRef;
+use futures::{StreamExt, TryStreamExt};
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use std::sync::Arc;
+
+/// The WAL objects found after a replay point.
+#[derive(Debug)]
+pub struct Replayed {
+    /// `(id, entry)` in id order, torn tail and fences removed.
+    pub entries: Vec<(u64, WalEntry)>,
+    /// The id after the last object seen (for a writer: after its fence).
+    pub next_id: u64,
+}
+
+/// How recovery treats the WAL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// A writer of `epoch`: deletes a torn last object, then claims the next id with a fence.
+    Writer {
+        /// The epoch the writer claimed.
+        epoch: u64,
+    },
+    /// A read-only handle: ignores a torn last object, writes nothing.
+    ReadOnly,
+}
+
+/// Read every WAL object from `from` on. A torn last object (short or failing its CRC) is
+/// discarded with a warning; a defect anywhere else, or a gap in the ids, is an error of kind
+/// `Data` naming the object. A listed object that vanished before it was read (a concurrent flush
+/// deleted it) is reported as `Data`/not found so the caller can reload the manifest and retry.
+pub async fn replay(
+    store: &Arc<dyn ObjectStore>,
+    paths: &Paths,
+    schema: &SchemaRef,
+    from: u64,
+    mode: Mode,
+    concurrency: usize,
+) -> Result<Replayed> {
+    loop {
+        let dir = paths.wal_dir();
+        let offset = paths.wal(from.saturating_sub(1));
+        let mut ids: Vec<u64> = store
+            .list_with_offset(Some(&dir), &offset)
+            .map_ok(|m| parse_wal(&m.location))
+            .try_collect::<Vec<_>>()
+            .await
+            .map_err(|e| Error::store(&dir, e))?
+            .into_iter()
+            .flatten()
+            .filter(|id| *id >= from)
+            .collect();
+        ids.sort_unstable();
+        for (i, id) in ids.iter().enumerate() {
+            let expect = from + i as u64;
+            if *id != expect {
+                return Err(Error::data(
+                    paths.wal(expect),
+                    format!(
+                        "WAL object is missing: the WAL jumps from id {} to id {id}",
+                        expect.saturating_sub(1)
+                    ),
+                ));
+            }
+        }
+        let fetched: Vec<(u64, bytes::Bytes)> = futures::stream::iter(ids.iter().copied())
+            .map(|id| async move {
+                let p = paths.wal(id);
+                let b = store
+                    .get(&p)
+                    .await
+                    .map_err(|e| Error::store(&p, e))?
+                    .bytes()
+                    .await
+                    .map_err(|e| Error::store(&p, e))?;
+                Ok::<_, Error>((id, b))
+            })
+            .buffered(concurrency.max(1))
+            .try_collect()
+            .await?;
+        let mut entries = Vec::with_capacity(fetched.len());
+        let last = fetched.len().saturating_sub(1);
+        let mut next_id = from;
+        for (i, (id, bytes)) in fetched.into_iter().enumerate() {
+            let p = paths.wal(id);
+            match decode(bytes, schema, &p) {
+                Ok(e) => {
+                    next_id = id + 1;
+                    if e.kind == WalKind::Rows {
+                        entries.push((id, e));
+                    }
+                }
+                Err(e) if i == last && e.kind() == ErrorKind::Data => {
+                    tracing::warn!("discarding torn WAL tail {p}: {e}");
+                    if let Mode::Writer { .. } = mode {
+                        match store.delete(&p).await {
+                            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                            Err(e) => return Err(Error::store(&p, e)),
+                        }
+                    }
+                    next_id = id;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let Mode::Writer { epoch } = mode else {
+            return Ok(Replayed { entries, next_id });
+        };
+        // Claim the next id: an older writer's next WAL write collides with this fence.
+        let fence = encode(
+            &WalEntry {
+                kind: WalKind::Fence,
+                epoch,
+                first_seq: 0,
+                last_seq: 0,
+                rows: None,
+            },
+            schema,
+        )?;
+        let p = paths.wal(next_id);
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        match store.put_opts(&p, PutPayload::from(fence), opts).await {
+            Ok(_) => {
+                return Ok(Replayed {
+                    entries,
+                    next_id: next_id + 1,
+                })
+            }
+            // The previous writer appended meanwhile: read again and retry.
+            Err(object_store::Error::AlreadyExists { .. }) => continue,
+            Err(e) => return Err(Error::store(&p, e)),
+        }
+    }
+}
