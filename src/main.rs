@@ -362,11 +362,19 @@ fn json_value(a: &dyn Array, row: usize) -> serde_json::Value {
 pub(crate) fn print_json_lines(rows: &[RecordBatch]) -> lsmsearch::Result<()> {
     let mut out = std::io::stdout().lock();
     let mut w = arrow::json::LineDelimitedWriter::new(&mut out);
+    let broken_pipe = |e: &arrow::error::ArrowError| {
+        matches!(e, arrow::error::ArrowError::IoError(_, io) if io.kind() == std::io::ErrorKind::BrokenPipe)
+    };
     for b in rows {
-        w.write(&lists_for_json(b)?)?;
+        match w.write(&lists_for_json(b)?) {
+            Err(e) if broken_pipe(&e) => return Ok(()),
+            r => r?,
+        }
     }
-    w.finish()?;
-    Ok(())
+    match w.finish() {
+        Err(e) if broken_pipe(&e) => Ok(()),
+        r => Ok(r?),
+    }
 }
 
 /// The JSON writer prints `FixedSizeList` poorly in some versions: turn vectors into lists.

@@ -1,0 +1,161 @@
+//! Append many batches with updates and deletes, flush some, reopen (in a new process for the
+//! local store): the live rows equal an in-memory "newest wins" model.
+
+mod common;
+
+use common::*;
+use lsmsearch::{Durability, Index, Key, Location, ScanOptions, Settings, WriteOptions};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Apply a random workload to `index` and to the model.
+async fn workload(index: &Index, model: &mut Model, seed: u64, steps: usize) {
+    let s = schema();
+    let mut rng = StdRng::seed_from_u64(seed);
+    for step in 0..steps {
+        match rng.random_range(0..10) {
+            0..=6 => {
+                let n = rng.random_range(1..40);
+                let rows: Vec<Row> = (0..n)
+                    .map(|_| Row::new(format!("k{:03}", rng.random_range(0..300)), step as i64))
+                    .collect();
+                let durability = if rng.random_bool(0.3) {
+                    Durability::Buffered
+                } else {
+                    Durability::Durable
+                };
+                index
+                    .append_with(&batch(&s, &rows), WriteOptions::with_durability(durability))
+                    .await
+                    .unwrap();
+                for r in rows {
+                    model.insert(r.id.clone(), r); // last row of the batch wins
+                }
+            }
+            7..=8 => {
+                let keys: Vec<String> = (0..rng.random_range(1..10))
+                    .map(|_| format!("k{:03}", rng.random_range(0..300)))
+                    .collect();
+                let k: Vec<Key> = keys.iter().map(|k| Key::from(k.as_str())).collect();
+                index.delete(&k).await.unwrap();
+                for k in keys {
+                    model.remove(&k);
+                }
+            }
+            _ => index.flush().await.unwrap(),
+        }
+        if step % 25 == 0 {
+            assert_eq!(&live(index).await, model, "live rows differ at step {step}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn round_trip_memory_same_process() {
+    let loc = memory();
+    let mut model = Model::new();
+    let index = Index::create(loc.clone(), schema(), small_settings()).await.unwrap();
+    workload(&index, &mut model, 1, 200).await;
+    assert_eq!(live(&index).await, model);
+    assert!(!index.stats().generations.is_empty(), "the workload flushed");
+    index.close().await.unwrap();
+
+    let reopened = Index::open(loc.clone(), small_settings()).await.unwrap();
+    assert_eq!(live(&reopened).await, model, "after reopen");
+    workload(&reopened, &mut model, 2, 100).await;
+    reopened.close().await.unwrap();
+    let ro = Index::open_read_only(loc, Settings::default()).await.unwrap();
+    assert_eq!(to_model(&ro.scan(ScanOptions::default()).await.unwrap()), model);
+}
+
+#[tokio::test]
+async fn round_trip_local_new_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idx");
+    let location = path.display().to_string();
+    let mut model = Model::new();
+    {
+        let index = Index::create(Location::parse(&location).unwrap(), schema(), small_settings())
+            .await
+            .unwrap();
+        workload(&index, &mut model, 3, 250).await;
+        index.close().await.unwrap();
+    }
+    // A new process reads it back.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lsmsearch"))
+        .args(["scan", &location])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut seen = Model::new();
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let emb: Vec<f32> = v["emb"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect();
+        let row = Row {
+            id: v["id"].as_str().unwrap().to_string(),
+            body: v["body"].as_str().unwrap().to_string(),
+            year: v["year"].as_i64().unwrap(),
+            emb: [emb[0], emb[1], emb[2], emb[3]],
+        };
+        assert!(seen.insert(row.id.clone(), row).is_none(), "duplicate key");
+    }
+    assert_eq!(seen, model);
+
+    // And a writer reopening it in this process continues from there.
+    let index = Index::open(Location::parse(&location).unwrap(), small_settings())
+        .await
+        .unwrap();
+    assert_eq!(live(&index).await, model);
+    workload(&index, &mut model, 4, 50).await;
+    index.close().await.unwrap();
+    let ro = Index::open_read_only(Location::parse(&location).unwrap(), Settings::default())
+        .await
+        .unwrap();
+    assert_eq!(to_model(&ro.scan(ScanOptions::default()).await.unwrap()), model);
+}
+
+#[tokio::test]
+async fn read_only_handle_refreshes() {
+    let loc = memory();
+    let index = Index::create(loc.clone(), schema(), small_settings()).await.unwrap();
+    let s = schema();
+    index.append(&batch(&s, &[Row::new("a", 1)])).await.unwrap();
+    index.flush().await.unwrap();
+    let ro = Index::open_read_only(loc.clone(), Settings::default()).await.unwrap();
+    assert_eq!(ro.stats().await.generations.len(), 1);
+    index.append(&batch(&s, &[Row::new("b", 1)])).await.unwrap();
+    index.flush().await.unwrap();
+    index.append(&batch(&s, &[Row::new("c", 1)])).await.unwrap();
+    assert_eq!(to_model(&ro.scan(ScanOptions::default()).await.unwrap()).len(), 1);
+    ro.refresh().await.unwrap();
+    let m = to_model(&ro.scan(ScanOptions::default()).await.unwrap());
+    assert_eq!(m.keys().cloned().collect::<Vec<_>>(), vec!["a", "b", "c"]);
+    assert_eq!(ro.stats().await.generations.len(), 2);
+}
+
+#[tokio::test]
+async fn scan_filter_equals_filtering_the_live_rows() {
+    let loc = memory();
+    let index = Index::create(loc, schema(), small_settings()).await.unwrap();
+    let mut model = Model::new();
+    workload(&index, &mut model, 9, 120).await;
+    let got = to_model(
+        &index
+            .scan(ScanOptions {
+                filter: Some("year >= 40 AND body LIKE '%k1%'".into()),
+            })
+            .await
+            .unwrap(),
+    );
+    let want: Model = model
+        .into_iter()
+        .filter(|(_, r)| r.year >= 40 && r.body.contains("k1"))
+        .collect();
+    assert!(!want.is_empty());
+    assert_eq!(got, want);
+}
