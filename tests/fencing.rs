@@ -3,52 +3,9 @@
 
 mod common;
 
+use common::scenarios::fencing_scenario;
 use common::*;
-use lsmsearch::{Durability, ErrorKind, Index, Location, Settings, WriteOptions};
-
-pub async fn fencing_scenario(loc: Location) {
-    let s = schema();
-    let a = Index::create(loc.clone(), s.clone(), small_settings()).await.unwrap();
-    a.append(&batch(&s, &[Row::new("a1", 1)])).await.unwrap();
-    a.append_with(
-        &batch(&s, &[Row::new("a2", 1)]),
-        WriteOptions::with_durability(Durability::Buffered),
-    )
-    .await
-    .unwrap();
-    a.flush().await.unwrap();
-    a.append(&batch(&s, &[Row::new("a3", 1)])).await.unwrap();
-
-    let b = Index::open(loc.clone(), small_settings()).await.unwrap();
-    assert!(b.epoch() > a.epoch());
-    assert_eq!(
-        live(&b).await.keys().cloned().collect::<Vec<_>>(),
-        vec!["a1", "a2", "a3"],
-        "the new writer sees every row the old one acknowledged"
-    );
-
-    // The old writer's next append fails as fenced and is never visible.
-    let e = a.append(&batch(&s, &[Row::new("zombie", 1)])).await.unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::Fenced, "{e}");
-    assert!(a.is_fenced());
-    let e = a.append(&batch(&s, &[Row::new("zombie2", 1)])).await.unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::Fenced);
-    let e = a.delete(&["a1".into()]).await.unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::Fenced);
-    let e = a.flush().await.unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::Fenced);
-
-    b.append(&batch(&s, &[Row::new("b1", 2)])).await.unwrap();
-    b.flush().await.unwrap();
-    b.append(&batch(&s, &[Row::new("b2", 2)])).await.unwrap();
-    b.close().await.unwrap();
-
-    let c = Index::open_read_only(loc.clone(), Settings::default()).await.unwrap();
-    let keys: Vec<String> = to_model(&c.scan(Default::default()).await.unwrap())
-        .into_keys()
-        .collect();
-    assert_eq!(keys, vec!["a1", "a2", "a3", "b1", "b2"]);
-}
+use lsmsearch::{ErrorKind, Index, Location};
 
 #[tokio::test]
 async fn second_writer_fences_the_first_memory() {

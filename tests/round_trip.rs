@@ -3,52 +3,9 @@
 
 mod common;
 
+use common::scenarios::workload;
 use common::*;
-use lsmsearch::{Durability, Index, Key, Location, ScanOptions, Settings, WriteOptions};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-
-/// Apply a random workload to `index` and to the model.
-async fn workload(index: &Index, model: &mut Model, seed: u64, steps: usize) {
-    let s = schema();
-    let mut rng = StdRng::seed_from_u64(seed);
-    for step in 0..steps {
-        match rng.random_range(0..10) {
-            0..=6 => {
-                let n = rng.random_range(1..40);
-                let rows: Vec<Row> = (0..n)
-                    .map(|_| Row::new(format!("k{:03}", rng.random_range(0..300)), step as i64))
-                    .collect();
-                let durability = if rng.random_bool(0.3) {
-                    Durability::Buffered
-                } else {
-                    Durability::Durable
-                };
-                index
-                    .append_with(&batch(&s, &rows), WriteOptions::with_durability(durability))
-                    .await
-                    .unwrap();
-                for r in rows {
-                    model.insert(r.id.clone(), r); // last row of the batch wins
-                }
-            }
-            7..=8 => {
-                let keys: Vec<String> = (0..rng.random_range(1..10))
-                    .map(|_| format!("k{:03}", rng.random_range(0..300)))
-                    .collect();
-                let k: Vec<Key> = keys.iter().map(|k| Key::from(k.as_str())).collect();
-                index.delete(&k).await.unwrap();
-                for k in keys {
-                    model.remove(&k);
-                }
-            }
-            _ => index.flush().await.unwrap(),
-        }
-        if step % 25 == 0 {
-            assert_eq!(&live(index).await, model, "live rows differ at step {step}");
-        }
-    }
-}
+use lsmsearch::{Index, Location, ScanOptions, Settings};
 
 #[tokio::test]
 async fn round_trip_memory_same_process() {

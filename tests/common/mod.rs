@@ -9,6 +9,8 @@ use lsmsearch::{Index, IndexSchema, Location, ScanOptions, Settings};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+pub mod scenarios;
+
 pub const DIM: usize = 4;
 
 pub fn schema() -> IndexSchema {
