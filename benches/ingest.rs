@@ -35,7 +35,10 @@ struct Corpus {
 }
 
 fn corpus() -> Corpus {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/data/cranfield/docs.jsonl");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../shared/data/cranfield/docs.jsonl"
+    );
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
     let mut words = Vec::new();
     let mut titles = Vec::new();
@@ -60,7 +63,9 @@ fn make_batch(
     first_key: usize,
     n: usize,
 ) -> RecordBatch {
-    let ids: Vec<String> = (first_key..first_key + n).map(|i| format!("doc-{i:09}")).collect();
+    let ids: Vec<String> = (first_key..first_key + n)
+        .map(|i| format!("doc-{i:09}"))
+        .collect();
     let titles: Vec<&str> = (0..n)
         .map(|_| corpus.titles[rng.random_range(0..corpus.titles.len())].as_str())
         .collect();
@@ -85,8 +90,16 @@ fn make_batch(
             Arc::new(StringArray::from(titles)),
             Arc::new(StringArray::from(bodies)),
             Arc::new(emb),
-            Arc::new(Int64Array::from_iter_values((0..n).map(|i| 1950 + (i % 70) as i64))),
-            Arc::new(StringArray::from_iter_values((0..n).map(|i| if i % 3 == 0 { "fr" } else { "en" }))),
+            Arc::new(Int64Array::from_iter_values(
+                (0..n).map(|i| 1950 + (i % 70) as i64),
+            )),
+            Arc::new(StringArray::from_iter_values((0..n).map(|i| {
+                if i % 3 == 0 {
+                    "fr"
+                } else {
+                    "en"
+                }
+            }))),
         ],
     )
     .expect("batch matches schema")
@@ -119,7 +132,10 @@ fn fsync_latency(dir: &std::path::Path, n: usize) -> (Duration, Duration, Durati
         f.write_all(&payload).expect("write");
         f.sync_all().expect("fsync");
         file_only.push(t.elapsed());
-        std::fs::File::open(&d).expect("dir").sync_all().expect("dir fsync");
+        std::fs::File::open(&d)
+            .expect("dir")
+            .sync_all()
+            .expect("dir fsync");
         file_and_dir.push(t.elapsed());
     }
     file_only.sort();
@@ -149,7 +165,9 @@ async fn sequential(
 ) -> Run {
     let loc = Location::parse(&dir.display().to_string()).expect("location");
     let s = schema();
-    let index = Index::create(loc, s.clone(), Settings::default()).await.expect("create");
+    let index = Index::create(loc, s.clone(), Settings::default())
+        .await
+        .expect("create");
     let mut rng = StdRng::seed_from_u64(1);
     let batches: Vec<RecordBatch> = (0..appends)
         .map(|i| make_batch(&s, corpus, &mut rng, i * batch_rows, batch_rows))
@@ -174,10 +192,19 @@ async fn sequential(
     }
 }
 
-async fn concurrent(dir: &std::path::Path, corpus: &Corpus, writers: usize, per_writer: usize) -> Run {
+async fn concurrent(
+    dir: &std::path::Path,
+    corpus: &Corpus,
+    writers: usize,
+    per_writer: usize,
+) -> Run {
     let loc = Location::parse(&dir.display().to_string()).expect("location");
     let s = schema();
-    let index = Arc::new(Index::create(loc, s.clone(), Settings::default()).await.expect("create"));
+    let index = Arc::new(
+        Index::create(loc, s.clone(), Settings::default())
+            .await
+            .expect("create"),
+    );
     let mut rng = StdRng::seed_from_u64(2);
     let work: Vec<Vec<RecordBatch>> = (0..writers)
         .map(|w| {
@@ -219,7 +246,11 @@ async fn concurrent(dir: &std::path::Path, corpus: &Corpus, writers: usize, per_
     }
 }
 
-async fn flush_speed(dir: &std::path::Path, corpus: &Corpus, rows: usize) -> (usize, u64, Duration) {
+async fn flush_speed(
+    dir: &std::path::Path,
+    corpus: &Corpus,
+    rows: usize,
+) -> (usize, u64, Duration) {
     let loc = Location::parse(&dir.display().to_string()).expect("location");
     let s = schema();
     let settings = Settings {
@@ -227,7 +258,9 @@ async fn flush_speed(dir: &std::path::Path, corpus: &Corpus, rows: usize) -> (us
         memtable_max_bytes: 1 << 34,
         ..Settings::default()
     };
-    let index = Index::create(loc, s.clone(), settings).await.expect("create");
+    let index = Index::create(loc, s.clone(), settings)
+        .await
+        .expect("create");
     let mut rng = StdRng::seed_from_u64(3);
     for i in 0..rows / 1000 {
         let b = make_batch(&s, corpus, &mut rng, i * 1000, 1000);
@@ -248,7 +281,9 @@ fn main() {
     // `cargo bench` passes `--bench`; ignore arguments.
     let base = std::env::var("LSMSEARCH_BENCH_DIR")
         .map(std::path::PathBuf::from)
-        .unwrap_or_else(|_| std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/target/bench-ingest")));
+        .unwrap_or_else(|_| {
+            std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/target/bench-ingest"))
+        });
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(&base).expect("bench dir");
     let corpus = corpus();

@@ -1,8 +1,6 @@
 //! `lsmsearch demo`: a guided tour on a local directory.
 
-use arrow::array::{
-    FixedSizeListArray, Float32Array, Int64Array, RecordBatch, StringArray,
-};
+use arrow::array::{FixedSizeListArray, Float32Array, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field};
 use lsmsearch::{Index, IndexSchema, Key, Location, ScanOptions, Settings};
 use rand::rngs::StdRng;
@@ -12,9 +10,32 @@ use std::sync::Arc;
 use std::time::Instant;
 
 const WORDS: &[&str] = &[
-    "wing", "flow", "boundary", "layer", "shock", "pressure", "supersonic", "heat", "transfer",
-    "turbulent", "laminar", "nozzle", "jet", "plate", "cylinder", "mach", "number", "drag",
-    "lift", "vortex", "wake", "buckling", "shell", "panel", "flutter", "temperature",
+    "wing",
+    "flow",
+    "boundary",
+    "layer",
+    "shock",
+    "pressure",
+    "supersonic",
+    "heat",
+    "transfer",
+    "turbulent",
+    "laminar",
+    "nozzle",
+    "jet",
+    "plate",
+    "cylinder",
+    "mach",
+    "number",
+    "drag",
+    "lift",
+    "vortex",
+    "wake",
+    "buckling",
+    "shell",
+    "panel",
+    "flutter",
+    "temperature",
 ];
 const DIM: usize = 16;
 
@@ -41,8 +62,13 @@ fn batch(index: &Index, rng: &mut StdRng, ids: &[usize], version: usize) -> Reco
         .map(|_| format!("{} (version {version})", sentence(rng, 40)))
         .collect();
     let years: Vec<i64> = ids.iter().map(|i| 1950 + (*i as i64 % 70)).collect();
-    let langs: Vec<&str> = ids.iter().map(|i| if i % 5 == 0 { "fr" } else { "en" }).collect();
-    let values: Vec<f32> = (0..ids.len() * DIM).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let langs: Vec<&str> = ids
+        .iter()
+        .map(|i| if i % 5 == 0 { "fr" } else { "en" })
+        .collect();
+    let values: Vec<f32> = (0..ids.len() * DIM)
+        .map(|_| rng.random_range(-1.0..1.0))
+        .collect();
     let emb = FixedSizeListArray::try_new(
         Arc::new(Field::new("item", DataType::Float32, true)),
         DIM as i32,
@@ -80,7 +106,10 @@ pub async fn run(dir: Option<PathBuf>, json: bool) -> lsmsearch::Result<()> {
     let loc = Location::parse(&location)?;
     let index = match Index::create(loc.clone(), schema(), settings.clone()).await {
         Ok(i) => i,
-        Err(e) if e.kind() == lsmsearch::ErrorKind::Invalid && e.message().contains("already exists") => {
+        Err(e)
+            if e.kind() == lsmsearch::ErrorKind::Invalid
+                && e.message().contains("already exists") =>
+        {
             Index::open(loc, settings).await?
         }
         Err(e) => return Err(e),
@@ -90,7 +119,10 @@ pub async fn run(dir: Option<PathBuf>, json: bool) -> lsmsearch::Result<()> {
             println!("{s}");
         }
     };
-    say(format!("lsmsearch demo: index at {location} (writer epoch {})", index.epoch()));
+    say(format!(
+        "lsmsearch demo: index at {location} (writer epoch {})",
+        index.epoch()
+    ));
     let mut rng = StdRng::seed_from_u64(42);
     let total = 6_000;
     let started = Instant::now();
@@ -119,8 +151,16 @@ pub async fn run(dir: Option<PathBuf>, json: bool) -> lsmsearch::Result<()> {
     index.flush().await?;
 
     let all = index.scan(ScanOptions::default()).await?;
-    say(format!("scan: {} live rows (expected {})", count(&all), total - deletes.len()));
-    for filter in ["year >= 2000 AND lang = 'fr'", "body LIKE '%version 2%'", "title LIKE 'shock%'"] {
+    say(format!(
+        "scan: {} live rows (expected {})",
+        count(&all),
+        total - deletes.len()
+    ));
+    for filter in [
+        "year >= 2000 AND lang = 'fr'",
+        "body LIKE '%version 2%'",
+        "title LIKE 'shock%'",
+    ] {
         let rows = index
             .scan(ScanOptions {
                 filter: Some(filter.to_string()),

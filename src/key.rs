@@ -157,7 +157,10 @@ mod tests {
     #[test]
     fn hashes_are_stable_across_releases() {
         // These values are persisted in every generation; they must never change.
-        assert_eq!(Key::Str("a".into()).hash64(), xxh3_64_with_seed(b"a", PK_HASH_SEED));
+        assert_eq!(
+            Key::Str("a".into()).hash64(),
+            xxh3_64_with_seed(b"a", PK_HASH_SEED)
+        );
         assert_eq!(Key::I64(7).hash64(), Key::U64(7).hash64());
         assert_ne!(Key::Str("a".into()).hash64(), Key::Str("b".into()).hash64());
     }

@@ -87,8 +87,7 @@ enum Command {
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -122,11 +121,14 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
     match cli.command {
         Command::Init { location, schema } => {
             let text = std::fs::read_to_string(&schema).map_err(|e| {
-                Error::invalid(format!("cannot read schema file '{}': {e}", schema.display()))
+                Error::invalid(format!(
+                    "cannot read schema file '{}': {e}",
+                    schema.display()
+                ))
             })?;
             let schema = IndexSchema::from_json(&text)?;
-            let index = Index::create(Location::parse(&location)?, schema, Settings::default())
-                .await?;
+            let index =
+                Index::create(Location::parse(&location)?, schema, Settings::default()).await?;
             index.close().await?;
             if json {
                 println!("{}", serde_json::json!({"created": location}));
@@ -161,7 +163,10 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
             index.close().await?;
             let r = r?;
             if json {
-                println!("{}", serde_json::json!({"deleted": r.rows, "last_seq": r.last_seq}));
+                println!(
+                    "{}",
+                    serde_json::json!({"deleted": r.rows, "last_seq": r.last_seq})
+                );
             } else {
                 println!("deleted {} keys", r.rows);
             }
@@ -217,8 +222,10 @@ async fn ingest(
     let bar = (!json && std::io::stderr().is_terminal()).then(|| {
         let b = indicatif::ProgressBar::new_spinner();
         b.set_style(
-            indicatif::ProgressStyle::with_template("{spinner} {human_pos} rows appended ({per_sec}) {elapsed}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+            indicatif::ProgressStyle::with_template(
+                "{spinner} {human_pos} rows appended ({per_sec}) {elapsed}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
         );
         b
     });
@@ -227,14 +234,18 @@ async fn ingest(
     let opts = WriteOptions::with_durability(durability);
     let mut stdout = std::io::stdout().lock();
     for batch in reader {
-        let batch = batch.map_err(|e| {
-            Error::invalid(format!("reading '{}': {e}", file.display()))
-        })?;
+        let batch =
+            batch.map_err(|e| Error::invalid(format!("reading '{}': {e}", file.display())))?;
         if batch.num_rows() == 0 {
             continue;
         }
         index.append_with(&batch, opts).await.map_err(|e| {
-            e.context(format!("rows {}..{} of '{}'", acked, acked + batch.num_rows(), file.display()))
+            e.context(format!(
+                "rows {}..{} of '{}'",
+                acked,
+                acked + batch.num_rows(),
+                file.display()
+            ))
         })?;
         acked += batch.num_rows();
         since_flush += batch.num_rows();
@@ -268,9 +279,8 @@ type RowReader = Box<dyn Iterator<Item = Result<RecordBatch, arrow::error::Arrow
 /// Open JSON lines, Parquet or Arrow IPC as a stream of batches.
 fn open_rows(file: &Path, schema: &SchemaRef, batch_size: usize) -> lsmsearch::Result<RowReader> {
     let open = || {
-        std::fs::File::open(file).map_err(|e| {
-            Error::invalid(format!("cannot open '{}': {e}", file.display()))
-        })
+        std::fs::File::open(file)
+            .map_err(|e| Error::invalid(format!("cannot open '{}': {e}", file.display())))
     };
     let ext = file
         .extension()
@@ -362,9 +372,7 @@ fn json_value(a: &dyn Array, row: usize) -> serde_json::Value {
 pub(crate) fn print_json_lines(rows: &[RecordBatch]) -> lsmsearch::Result<()> {
     let mut out = std::io::stdout().lock();
     let mut w = arrow::json::LineDelimitedWriter::new(&mut out);
-    let broken_pipe = |e: &arrow::error::ArrowError| {
-        matches!(e, arrow::error::ArrowError::IoError(_, io) if io.kind() == std::io::ErrorKind::BrokenPipe)
-    };
+    let broken_pipe = |e: &arrow::error::ArrowError| matches!(e, arrow::error::ArrowError::IoError(_, io) if io.kind() == std::io::ErrorKind::BrokenPipe);
     for b in rows {
         match w.write(&lists_for_json(b)?) {
             Err(e) if broken_pipe(&e) => return Ok(()),
@@ -413,7 +421,10 @@ pub(crate) fn print_stats(s: &IndexStats, json: bool) {
     println!("WAL objects pending: {}", s.wal_objects_pending);
     println!("generations:         {}", s.generations.len());
     if !s.generations.is_empty() {
-        println!("  {:>6} {:>10} {:>10} {:>12} {:>12}", "id", "rows", "deleted", "bytes", "max seq");
+        println!(
+            "  {:>6} {:>10} {:>10} {:>12} {:>12}",
+            "id", "rows", "deleted", "bytes", "max seq"
+        );
         for g in &s.generations {
             println!(
                 "  {:>6} {:>10} {:>10} {:>12} {:>12}",
@@ -422,4 +433,3 @@ pub(crate) fn print_stats(s: &IndexStats, json: bool) {
         }
     }
 }
-

@@ -125,8 +125,8 @@ pub struct IndexSchema {
 impl IndexSchema {
     /// Parse the JSON form and check it.
     pub fn from_json(json: &str) -> Result<Self> {
-        let s: IndexSchema = serde_json::from_str(json)
-            .map_err(|e| Error::invalid(format!("schema JSON: {e}")))?;
+        let s: IndexSchema =
+            serde_json::from_str(json).map_err(|e| Error::invalid(format!("schema JSON: {e}")))?;
         s.check()?;
         Ok(s)
     }
@@ -184,7 +184,11 @@ impl IndexSchema {
             self.primary_key_type.data_type(),
             false,
         )];
-        fields.extend(self.text.iter().map(|t| Field::new(t, DataType::Utf8, true)));
+        fields.extend(
+            self.text
+                .iter()
+                .map(|t| Field::new(t, DataType::Utf8, true)),
+        );
         if let Some(v) = &self.vector {
             fields.push(Field::new(&v.column, Self::vector_type(v), false));
         }
@@ -215,7 +219,9 @@ impl IndexSchema {
     /// types. Absent text and payload columns become nulls. Errors name the column and the row.
     pub fn validate_batch(&self, batch: &RecordBatch) -> Result<RecordBatch> {
         if batch.num_rows() == 0 {
-            return Err(Error::invalid("empty batch: a batch must hold at least one row"));
+            return Err(Error::invalid(
+                "empty batch: a batch must hold at least one row",
+            ));
         }
         let declared: HashSet<&str> = self.column_names().into_iter().collect();
         let mut seen = HashSet::new();
@@ -240,10 +246,7 @@ impl IndexSchema {
 
         // Primary key.
         let pk = batch.column_by_name(&self.primary_key).ok_or_else(|| {
-            Error::invalid(format!(
-                "missing primary-key column '{}'",
-                self.primary_key
-            ))
+            Error::invalid(format!("missing primary-key column '{}'", self.primary_key))
         })?;
         let pk = cast_strings(pk, &self.primary_key_type.data_type(), &self.primary_key)?;
         if let Some(row) = first_null(&pk) {
@@ -262,9 +265,9 @@ impl IndexSchema {
         }
 
         if let Some(v) = &self.vector {
-            let col = batch.column_by_name(&v.column).ok_or_else(|| {
-                Error::invalid(format!("missing vector column '{}'", v.column))
-            })?;
+            let col = batch
+                .column_by_name(&v.column)
+                .ok_or_else(|| Error::invalid(format!("missing vector column '{}'", v.column)))?;
             columns.push(Arc::new(validate_vector(col, v)?));
         }
 
@@ -282,7 +285,9 @@ impl IndexSchema {
     pub(crate) fn to_stored(&self, batch: &RecordBatch, first_seq: u64) -> Result<RecordBatch> {
         let n = batch.num_rows() as u64;
         let mut columns = batch.columns().to_vec();
-        columns.push(Arc::new(UInt64Array::from_iter_values(first_seq..first_seq + n)));
+        columns.push(Arc::new(UInt64Array::from_iter_values(
+            first_seq..first_seq + n,
+        )));
         columns.push(Arc::new(BooleanArray::from(vec![false; n as usize])));
         Ok(RecordBatch::try_new(self.stored_schema(), columns)?)
     }
@@ -292,7 +297,12 @@ impl IndexSchema {
         let schema = self.stored_schema();
         let n = keys.len();
         let mut columns = vec![keys.clone()];
-        for f in schema.fields().iter().skip(1).take(schema.fields().len() - 3) {
+        for f in schema
+            .fields()
+            .iter()
+            .skip(1)
+            .take(schema.fields().len() - 3)
+        {
             columns.push(new_null_array(f.data_type(), n));
         }
         columns.push(Arc::new(UInt64Array::from_iter_values(
@@ -325,7 +335,8 @@ fn cast_strings(col: &ArrayRef, want: &DataType, name: &str) -> Result<ArrayRef>
         return Ok(col.clone());
     }
     let stringy = matches!(got, DataType::LargeUtf8 | DataType::Utf8View);
-    let ok_tz_free = matches!((got, want), (DataType::Timestamp(a, _), DataType::Timestamp(b, None)) if a == b);
+    let ok_tz_free =
+        matches!((got, want), (DataType::Timestamp(a, _), DataType::Timestamp(b, None)) if a == b);
     if (stringy && *want == DataType::Utf8) || ok_tz_free {
         return Ok(arrow::compute::cast(col, want)?);
     }
@@ -447,6 +458,9 @@ mod tests {
         assert_eq!(s, back);
         assert!(IndexSchema::from_json(r#"{"primary_key": "_id"}"#).is_err());
         assert!(IndexSchema::from_json(r#"{"primary_key": "id", "text": ["id"]}"#).is_err());
-        assert!(IndexSchema::from_json(r#"{"primary_key": "id", "payload": [{"name": "x", "type": "complex"}]}"#).is_err());
+        assert!(IndexSchema::from_json(
+            r#"{"primary_key": "id", "payload": [{"name": "x", "type": "complex"}]}"#
+        )
+        .is_err());
     }
 }

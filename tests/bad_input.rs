@@ -50,18 +50,33 @@ async fn assert_rejected(index: &Index, batch: RecordBatch, must_mention: &[&str
             "error '{e}' should mention '{m}'"
         );
     }
-    assert_eq!(live(index).await, before, "a rejected batch changed the rows");
+    assert_eq!(
+        live(index).await,
+        before,
+        "a rejected batch changed the rows"
+    );
     let after = index.stats();
-    assert_eq!(after.last_seq, stats.last_seq, "a rejected batch took sequence numbers");
-    assert_eq!(after.wal_objects_pending, stats.wal_objects_pending, "a rejected batch reached the WAL");
+    assert_eq!(
+        after.last_seq, stats.last_seq,
+        "a rejected batch took sequence numbers"
+    );
+    assert_eq!(
+        after.wal_objects_pending, stats.wal_objects_pending,
+        "a rejected batch reached the WAL"
+    );
     assert_eq!(after.memtable_rows, stats.memtable_rows);
 }
 
 #[tokio::test]
 async fn bad_batches_are_rejected_and_change_nothing() {
     let s = schema();
-    let index = Index::create(memory(), s.clone(), small_settings()).await.unwrap();
-    index.append(&batch(&s, &[Row::new("ok", 1)])).await.unwrap();
+    let index = Index::create(memory(), s.clone(), small_settings())
+        .await
+        .unwrap();
+    index
+        .append(&batch(&s, &[Row::new("ok", 1)]))
+        .await
+        .unwrap();
     let good_vec = || vectors(4, vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
 
     // Wrong column type.
@@ -78,14 +93,20 @@ async fn bad_batches_are_rejected_and_change_nothing() {
     // Missing primary key column.
     assert_rejected(
         &index,
-        custom(vec![("body", ids(vec![Some("x"), Some("y")])), ("emb", good_vec())]),
+        custom(vec![
+            ("body", ids(vec![Some("x"), Some("y")])),
+            ("emb", good_vec()),
+        ]),
         &["primary-key", "id"],
     )
     .await;
     // Null primary key.
     assert_rejected(
         &index,
-        custom(vec![("id", ids(vec![Some("x"), None])), ("emb", good_vec())]),
+        custom(vec![
+            ("id", ids(vec![Some("x"), None])),
+            ("emb", good_vec()),
+        ]),
         &["id", "null", "row 1"],
     )
     .await;
@@ -113,7 +134,10 @@ async fn bad_batches_are_rejected_and_change_nothing() {
     ]);
     assert_rejected(
         &index,
-        custom(vec![("id", ids(vec![Some("x"), Some("y")])), ("emb", Arc::new(list))]),
+        custom(vec![
+            ("id", ids(vec![Some("x"), Some("y")])),
+            ("emb", Arc::new(list)),
+        ]),
         &["emb", "row 1", "2 components"],
     )
     .await;
@@ -122,7 +146,10 @@ async fn bad_batches_are_rejected_and_change_nothing() {
         &index,
         custom(vec![
             ("id", ids(vec![Some("x"), Some("y")])),
-            ("emb", vectors(4, vec![0.0, 1.0, 2.0, 3.0, 4.0, f32::NAN, 6.0, 7.0])),
+            (
+                "emb",
+                vectors(4, vec![0.0, 1.0, 2.0, 3.0, 4.0, f32::NAN, 6.0, 7.0]),
+            ),
         ]),
         &["emb", "NaN", "row 1", "component 1"],
     )
@@ -131,7 +158,10 @@ async fn bad_batches_are_rejected_and_change_nothing() {
         &index,
         custom(vec![
             ("id", ids(vec![Some("x"), Some("y")])),
-            ("emb", vectors(4, vec![f32::INFINITY, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])),
+            (
+                "emb",
+                vectors(4, vec![f32::INFINITY, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]),
+            ),
         ]),
         &["emb", "inf", "row 0"],
     )
@@ -178,7 +208,10 @@ async fn bad_batches_are_rejected_and_change_nothing() {
     assert!(e.to_string().contains("colour"), "{e}");
 
     // Still usable, and a partial batch (absent payload) is fine.
-    let ok = custom(vec![("id", ids(vec![Some("z")])), ("emb", vectors(4, vec![1.0; 4]))]);
+    let ok = custom(vec![
+        ("id", ids(vec![Some("z")])),
+        ("emb", vectors(4, vec![1.0; 4])),
+    ]);
     index.append(&ok).await.unwrap();
     let m = live(&index).await;
     assert_eq!(m.keys().cloned().collect::<Vec<_>>(), vec!["ok", "z"]);
@@ -192,21 +225,32 @@ async fn bad_schemas_are_rejected() {
     for (json, mention) in [
         (r#"{"primary_key": "id", "text": ["id"]}"#, "twice"),
         (r#"{"primary_key": "_seq"}"#, "reserved"),
-        (r#"{"primary_key": "id", "vector": {"column": "v", "dim": 0, "metric": "l2"}}"#, "dimension"),
-        (r#"{"primary_key": "id", "vector": {"column": "v", "dim": 3, "metric": "manhattan"}}"#, "manhattan"),
+        (
+            r#"{"primary_key": "id", "vector": {"column": "v", "dim": 0, "metric": "l2"}}"#,
+            "dimension",
+        ),
+        (
+            r#"{"primary_key": "id", "vector": {"column": "v", "dim": 3, "metric": "manhattan"}}"#,
+            "manhattan",
+        ),
         (r#"{"text": ["a"]}"#, "primary_key"),
     ] {
         let e = IndexSchema::from_json(json).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Invalid);
-        assert!(e.to_string().contains(mention), "{e} should mention {mention}");
+        assert!(
+            e.to_string().contains(mention),
+            "{e} should mention {mention}"
+        );
     }
 }
 
 #[tokio::test]
 async fn integer_keys_are_checked() {
     use lsmsearch::IndexSchema;
-    let s = IndexSchema::from_json(r#"{"primary_key": "n", "primary_key_type": "int64", "text": ["t"]}"#)
-        .unwrap();
+    let s = IndexSchema::from_json(
+        r#"{"primary_key": "n", "primary_key_type": "int64", "text": ["t"]}"#,
+    )
+    .unwrap();
     let index = Index::create(memory(), s, small_settings()).await.unwrap();
     let good = custom(vec![
         ("n", Arc::new(Int64Array::from(vec![1, 2, 1]))),
@@ -214,7 +258,11 @@ async fn integer_keys_are_checked() {
     ]);
     index.append(&good).await.unwrap();
     let rows = index.scan(ScanOptions::default()).await.unwrap();
-    assert_eq!(rows.iter().map(|b| b.num_rows()).sum::<usize>(), 2, "last row of a key wins");
+    assert_eq!(
+        rows.iter().map(|b| b.num_rows()).sum::<usize>(),
+        2,
+        "last row of a key wins"
+    );
     let bad = custom(vec![("n", ids(vec![Some("1")]))]);
     let e = index.append(&bad).await.unwrap_err();
     assert!(e.to_string().contains("'n'"), "{e}");

@@ -37,7 +37,11 @@ async fn run(tasks: Vec<Vec<Op>>, memtable_rows: usize) {
         wal_buffer_interval_ms: 5,
         ..Default::default()
     };
-    let index = Arc::new(Index::create(loc.clone(), schema(), settings.clone()).await.unwrap());
+    let index = Arc::new(
+        Index::create(loc.clone(), schema(), settings.clone())
+            .await
+            .unwrap(),
+    );
     let handles: Vec<_> = tasks
         .into_iter()
         .map(|ops| {
@@ -48,11 +52,13 @@ async fn run(tasks: Vec<Vec<Op>>, memtable_rows: usize) {
                 for op in ops {
                     match &op {
                         Op::Append(rows, durable) => {
-                            let rows: Vec<Row> = rows
-                                .iter()
-                                .map(|(k, v)| Row::new(key(*k), *v))
-                                .collect();
-                            let d = if *durable { Durability::Durable } else { Durability::Buffered };
+                            let rows: Vec<Row> =
+                                rows.iter().map(|(k, v)| Row::new(key(*k), *v)).collect();
+                            let d = if *durable {
+                                Durability::Durable
+                            } else {
+                                Durability::Buffered
+                            };
                             let r = index
                                 .append_with(&batch(&s, &rows), WriteOptions::with_durability(d))
                                 .await

@@ -22,9 +22,14 @@ fn location(dir: &Path) -> Location {
 /// flushed first. Returns the keys of each append.
 async fn setup(dir: &Path, flush_first: bool) -> Vec<String> {
     let s = schema();
-    let index = Index::create(location(dir), s.clone(), settings()).await.unwrap();
+    let index = Index::create(location(dir), s.clone(), settings())
+        .await
+        .unwrap();
     if flush_first {
-        index.append(&batch(&s, &[Row::new("g1", 1), Row::new("g2", 1)])).await.unwrap();
+        index
+            .append(&batch(&s, &[Row::new("g1", 1), Row::new("g2", 1)]))
+            .await
+            .unwrap();
         index.flush().await.unwrap();
     }
     let mut keys = Vec::new();
@@ -67,10 +72,18 @@ fn name(p: &Path) -> String {
 async fn expect_data_error(dir: &Path, object: &str) {
     let e = Index::open(location(dir), settings()).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Data, "{e}");
-    assert!(e.to_string().contains(object), "error '{e}' should name {object}");
-    let e = Index::open_read_only(location(dir), settings()).await.unwrap_err();
+    assert!(
+        e.to_string().contains(object),
+        "error '{e}' should name {object}"
+    );
+    let e = Index::open_read_only(location(dir), settings())
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Data, "{e}");
-    assert!(e.to_string().contains(object), "error '{e}' should name {object}");
+    assert!(
+        e.to_string().contains(object),
+        "error '{e}' should name {object}"
+    );
 }
 
 #[tokio::test]
@@ -95,7 +108,10 @@ async fn torn_last_wal_object_is_discarded() {
         );
         // The index is usable and reopens cleanly.
         let s = schema();
-        index.append(&batch(&s, &[Row::new("after", 9)])).await.unwrap();
+        index
+            .append(&batch(&s, &[Row::new("after", 9)]))
+            .await
+            .unwrap();
         index.close().await.unwrap();
         let index = Index::open(location(dir.path()), settings()).await.unwrap();
         assert_eq!(live(&index).await.len(), 4, "{damage}");

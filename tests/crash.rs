@@ -32,12 +32,16 @@ async fn sigkill_never_loses_an_acknowledged_row() {
         .unwrap_or(20);
     let dir = tempfile::tempdir().unwrap();
     let location = dir.path().join("idx").display().to_string();
-    Index::create(Location::parse(&location).unwrap(), schema(), Settings::default())
-        .await
-        .unwrap()
-        .close()
-        .await
-        .unwrap();
+    Index::create(
+        Location::parse(&location).unwrap(),
+        schema(),
+        Settings::default(),
+    )
+    .await
+    .unwrap()
+    .close()
+    .await
+    .unwrap();
     let seed = std::env::var("LSMSEARCH_CRASH_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -53,7 +57,13 @@ async fn sigkill_never_loses_an_acknowledged_row() {
         let mut child = Command::new(env!("CARGO_BIN_EXE_lsmsearch"))
             .args(["ingest", &location])
             .arg(&file)
-            .args(["--json", "--batch-size", &batch_size, "--flush-every", &flush_every])
+            .args([
+                "--json",
+                "--batch-size",
+                &batch_size,
+                "--flush-every",
+                &flush_every,
+            ])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -97,6 +107,9 @@ async fn sigkill_never_loses_an_acknowledged_row() {
         }
         index.close().await.unwrap();
     }
-    assert!(total_acked > 0, "no child acknowledged anything: the test proved nothing");
+    assert!(
+        total_acked > 0,
+        "no child acknowledged anything: the test proved nothing"
+    );
     println!("{cycles} crash cycles, {total_acked} acknowledged rows, all present");
 }

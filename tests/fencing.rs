@@ -22,7 +22,9 @@ async fn second_writer_fences_the_first_local() {
 async fn a_fenced_writer_cannot_publish_its_flush() {
     let loc = memory();
     let s = schema();
-    let a = Index::create(loc.clone(), s.clone(), small_settings()).await.unwrap();
+    let a = Index::create(loc.clone(), s.clone(), small_settings())
+        .await
+        .unwrap();
     a.append(&batch(&s, &[Row::new("a1", 1)])).await.unwrap();
     let b = Index::open(loc.clone(), small_settings()).await.unwrap();
     // a's flush reaches the manifest after b claimed its epoch: it must fail as fenced.
@@ -59,7 +61,9 @@ async fn racing_writers_get_distinct_epochs_and_only_the_newest_writes() {
     let s = schema();
     let newest = writers.iter().max_by_key(|w| w.epoch()).unwrap();
     for w in &writers {
-        let r = w.append(&batch(&s, &[Row::new(format!("e{}", w.epoch()), 1)])).await;
+        let r = w
+            .append(&batch(&s, &[Row::new(format!("e{}", w.epoch()), 1)]))
+            .await;
         if std::ptr::eq(w, newest) {
             r.unwrap();
         } else {

@@ -11,18 +11,28 @@ use lsmsearch::{Index, Location, ScanOptions, Settings};
 async fn round_trip_memory_same_process() {
     let loc = memory();
     let mut model = Model::new();
-    let index = Index::create(loc.clone(), schema(), small_settings()).await.unwrap();
+    let index = Index::create(loc.clone(), schema(), small_settings())
+        .await
+        .unwrap();
     workload(&index, &mut model, 1, 200).await;
     assert_eq!(live(&index).await, model);
-    assert!(!index.stats().generations.is_empty(), "the workload flushed");
+    assert!(
+        !index.stats().generations.is_empty(),
+        "the workload flushed"
+    );
     index.close().await.unwrap();
 
     let reopened = Index::open(loc.clone(), small_settings()).await.unwrap();
     assert_eq!(live(&reopened).await, model, "after reopen");
     workload(&reopened, &mut model, 2, 100).await;
     reopened.close().await.unwrap();
-    let ro = Index::open_read_only(loc, Settings::default()).await.unwrap();
-    assert_eq!(to_model(&ro.scan(ScanOptions::default()).await.unwrap()), model);
+    let ro = Index::open_read_only(loc, Settings::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        to_model(&ro.scan(ScanOptions::default()).await.unwrap()),
+        model
+    );
 }
 
 #[tokio::test]
@@ -32,9 +42,13 @@ async fn round_trip_local_new_process() {
     let location = path.display().to_string();
     let mut model = Model::new();
     {
-        let index = Index::create(Location::parse(&location).unwrap(), schema(), small_settings())
-            .await
-            .unwrap();
+        let index = Index::create(
+            Location::parse(&location).unwrap(),
+            schema(),
+            small_settings(),
+        )
+        .await
+        .unwrap();
         workload(&index, &mut model, 3, 250).await;
         index.close().await.unwrap();
     }
@@ -43,7 +57,11 @@ async fn round_trip_local_new_process() {
         .args(["scan", &location])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut seen = Model::new();
     for line in String::from_utf8(out.stdout).unwrap().lines() {
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
@@ -73,22 +91,32 @@ async fn round_trip_local_new_process() {
     let ro = Index::open_read_only(Location::parse(&location).unwrap(), Settings::default())
         .await
         .unwrap();
-    assert_eq!(to_model(&ro.scan(ScanOptions::default()).await.unwrap()), model);
+    assert_eq!(
+        to_model(&ro.scan(ScanOptions::default()).await.unwrap()),
+        model
+    );
 }
 
 #[tokio::test]
 async fn read_only_handle_refreshes() {
     let loc = memory();
-    let index = Index::create(loc.clone(), schema(), small_settings()).await.unwrap();
+    let index = Index::create(loc.clone(), schema(), small_settings())
+        .await
+        .unwrap();
     let s = schema();
     index.append(&batch(&s, &[Row::new("a", 1)])).await.unwrap();
     index.flush().await.unwrap();
-    let ro = Index::open_read_only(loc.clone(), Settings::default()).await.unwrap();
+    let ro = Index::open_read_only(loc.clone(), Settings::default())
+        .await
+        .unwrap();
     assert_eq!(ro.stats().await.generations.len(), 1);
     index.append(&batch(&s, &[Row::new("b", 1)])).await.unwrap();
     index.flush().await.unwrap();
     index.append(&batch(&s, &[Row::new("c", 1)])).await.unwrap();
-    assert_eq!(to_model(&ro.scan(ScanOptions::default()).await.unwrap()).len(), 1);
+    assert_eq!(
+        to_model(&ro.scan(ScanOptions::default()).await.unwrap()).len(),
+        1
+    );
     ro.refresh().await.unwrap();
     let m = to_model(&ro.scan(ScanOptions::default()).await.unwrap());
     assert_eq!(m.keys().cloned().collect::<Vec<_>>(), vec!["a", "b", "c"]);
@@ -98,7 +126,9 @@ async fn read_only_handle_refreshes() {
 #[tokio::test]
 async fn scan_filter_equals_filtering_the_live_rows() {
     let loc = memory();
-    let index = Index::create(loc, schema(), small_settings()).await.unwrap();
+    let index = Index::create(loc, schema(), small_settings())
+        .await
+        .unwrap();
     let mut model = Model::new();
     workload(&index, &mut model, 9, 120).await;
     let got = to_model(

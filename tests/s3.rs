@@ -4,8 +4,8 @@
 
 mod common;
 
-use common::scenarios::{fencing_scenario, round_trip_scenario};
 use common::s3_location;
+use common::scenarios::{fencing_scenario, round_trip_scenario};
 use lsmsearch::Location;
 
 fn location(test: &str) -> Option<Location> {

@@ -127,7 +127,14 @@ impl Committer {
         false
     }
 
-    async fn commit(&mut self, writes: Vec<(WriteRows, crate::WriteOptions, oneshot::Sender<Result<WriteReceipt>>)>) {
+    async fn commit(
+        &mut self,
+        writes: Vec<(
+            WriteRows,
+            crate::WriteOptions,
+            oneshot::Sender<Result<WriteReceipt>>,
+        )>,
+    ) {
         if self.inner.fenced.load(Ordering::SeqCst) {
             for (_, _, ack) in writes {
                 let _ = ack.send(Err(self.inner.fenced_error()));
@@ -155,9 +162,7 @@ impl Committer {
                 }
             }
         }
-        let any_durable = prepared
-            .iter()
-            .any(|p| p.durability == Durability::Durable);
+        let any_durable = prepared.iter().any(|p| p.durability == Durability::Durable);
         if !any_durable {
             for p in prepared {
                 let receipt = self.apply(&p.stored);

@@ -29,7 +29,9 @@ pub(crate) async fn run_flusher(inner: Arc<Inner>) {
                 if is_fenced(&e) {
                     inner.mark_fenced();
                 }
-                inner.flush_status.send_modify(|s| s.error = Some(e.clone()));
+                inner
+                    .flush_status
+                    .send_modify(|s| s.error = Some(e.clone()));
                 if is_fenced(&e) {
                     return;
                 }
@@ -93,7 +95,11 @@ async fn flush_one(inner: &Arc<Inner>, m: &SharedMemtable) -> Result<()> {
             Some(f) if read_memtable(f).id() == mid => {
                 st.frozen.pop_front();
             }
-            _ => return Err(Error::internal("frozen memtable queue changed during a flush")),
+            _ => {
+                return Err(Error::internal(
+                    "frozen memtable queue changed during a flush",
+                ))
+            }
         }
     }
     inner.backpressure.notify_waiters();

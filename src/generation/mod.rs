@@ -113,7 +113,11 @@ impl Generation {
             });
             out.extend_from_slice(bytes);
         };
-        add(&mut out, "rows", &ipc_encode(schema, std::slice::from_ref(&rows))?);
+        add(
+            &mut out,
+            "rows",
+            &ipc_encode(schema, std::slice::from_ref(&rows))?,
+        );
         let hashes: Vec<u8> = pk_hashes.iter().flat_map(|h| h.to_le_bytes()).collect();
         add(&mut out, "pk_hashes", &hashes);
 
@@ -294,8 +298,12 @@ mod tests {
             let e = Generation::decode(b.into(), &s.stored_schema(), &"g").unwrap_err();
             assert_eq!(e.kind(), crate::ErrorKind::Data, "flip at {i}");
         }
-        let e = Generation::decode(bytes[..bytes.len() - 3].to_vec().into(), &s.stored_schema(), &"g")
-            .unwrap_err();
+        let e = Generation::decode(
+            bytes[..bytes.len() - 3].to_vec().into(),
+            &s.stored_schema(),
+            &"g",
+        )
+        .unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::Data);
     }
 }

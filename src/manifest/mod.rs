@@ -166,7 +166,10 @@ impl ManifestStore {
                 .await
                 .map_err(|e| Error::store(&dir, e))?,
         };
-        let newest = listing.iter().filter_map(|m| parse_manifest(&m.location)).max();
+        let newest = listing
+            .iter()
+            .filter_map(|m| parse_manifest(&m.location))
+            .max();
         Ok(match (hint, newest) {
             (Some(h), Some(n)) => Some(h.max(n)),
             (h, n) => h.or(n),
@@ -276,5 +279,49 @@ mod tests {
             assert!(Manifest::decode(&c, &"m").is_err(), "flip at {i}");
         }
         assert!(Manifest::decode(&b[..b.len() - 1], &"m").is_err());
+    }
+
+    #[tokio::test]
+    async fn latest_version_is_found_from_a_stale_hint_or_none() {
+        use object_store::path::Path;
+        let store: std::sync::Arc<dyn ObjectStore> =
+            std::sync::Arc::new(object_store::memory::InMemory::new());
+        let ms = ManifestStore::new(store.clone(), Paths::new(Path::from("i")));
+        assert_eq!(ms.latest_version().await.unwrap(), None);
+        let mut m = Manifest {
+            version: 0,
+            epoch: 0,
+            schema: IndexSchema::from_json(r#"{"primary_key": "id"}"#).unwrap(),
+            generations: vec![],
+            wal_replay_from: 1,
+            last_seq: 0,
+            next_generation_id: 1,
+        };
+        for v in 1..=30 {
+            m.version = v;
+            assert!(matches!(ms.write(&m).await.unwrap(), WriteOutcome::Written));
+        }
+        // A second create of an existing version loses.
+        assert!(matches!(
+            ms.write(&m).await.unwrap(),
+            WriteOutcome::Conflict
+        ));
+        assert_eq!(
+            ms.latest_version().await.unwrap(),
+            Some(30),
+            "no hint: full list"
+        );
+        ms.publish_hint(5).await;
+        assert_eq!(ms.latest_version().await.unwrap(), Some(30), "stale hint");
+        ms.publish_hint(30).await;
+        ms.prune(30, 3, 4).await;
+        assert_eq!(ms.load_latest().await.unwrap().unwrap().version, 30);
+        use futures::TryStreamExt;
+        let left: Vec<_> = store
+            .list(Some(&Path::from("i/manifest")))
+            .try_collect()
+            .await
+            .unwrap();
+        assert_eq!(left.len(), 4, "versions 27..=30 are kept");
     }
 }

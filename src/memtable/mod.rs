@@ -145,7 +145,8 @@ impl Memtable {
         }
         let mut columns = Vec::with_capacity(self.schema.fields().len());
         for c in 0..self.schema.fields().len() {
-            let arrays: Vec<&dyn Array> = self.batches.iter().map(|b| b.column(c).as_ref()).collect();
+            let arrays: Vec<&dyn Array> =
+                self.batches.iter().map(|b| b.column(c).as_ref()).collect();
             columns.push(arrow::compute::interleave(&arrays, &idx)?);
         }
         Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
@@ -185,10 +186,14 @@ mod tests {
             .unwrap()
         };
         let mut m = Memtable::new(0, s.stored_schema());
-        m.apply(s.to_stored(&user(vec!["a", "b", "a"], vec![1, 2, 3]), 1).unwrap())
-            .unwrap();
+        m.apply(
+            s.to_stored(&user(vec!["a", "b", "a"], vec![1, 2, 3]), 1)
+                .unwrap(),
+        )
+        .unwrap();
         // An out-of-order (older) batch does not override newer versions.
-        m.apply(s.to_stored(&user(vec!["a"], vec![0]), 0).unwrap()).unwrap();
+        m.apply(s.to_stored(&user(vec!["a"], vec![0]), 0).unwrap())
+            .unwrap();
         let keys: ArrayRefStr = Arc::new(StringArray::from(vec!["b"]));
         m.apply(s.tombstones(&keys, 10).unwrap()).unwrap();
         let rows = m.newest_rows().unwrap();

@@ -63,9 +63,8 @@ pub(crate) async fn filter_rows(
     schema: &SchemaRef,
     filter: &str,
 ) -> Result<Vec<RecordBatch>> {
-    let invalid = |e: datafusion::error::DataFusionError| {
-        Error::invalid(format!("filter '{filter}': {e}"))
-    };
+    let invalid =
+        |e: datafusion::error::DataFusionError| Error::invalid(format!("filter '{filter}': {e}"));
     let ctx = SessionContext::new();
     let table = datafusion::datasource::MemTable::try_new(schema.clone(), vec![batches])?;
     let df = ctx.read_table(Arc::new(table))?;

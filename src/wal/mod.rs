@@ -59,7 +59,10 @@ pub struct WalEntry {
 /// Encode a WAL object.
 pub fn encode(entry: &WalEntry, schema: &SchemaRef) -> Result<Vec<u8>> {
     let (payload, rows) = match &entry.rows {
-        Some(b) => (ipc_encode(schema, std::slice::from_ref(b))?, b.num_rows() as u64),
+        Some(b) => (
+            ipc_encode(schema, std::slice::from_ref(b))?,
+            b.num_rows() as u64,
+        ),
         None => (Vec::new(), 0),
     };
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len() + 4);

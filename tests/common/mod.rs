@@ -9,6 +9,7 @@ use lsmsearch::{Index, IndexSchema, Location, ScanOptions, Settings};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+pub mod faulty;
 pub mod scenarios;
 
 pub const DIM: usize = 4;
@@ -56,8 +57,12 @@ pub fn batch(schema: &IndexSchema, rows: &[Row]) -> RecordBatch {
     RecordBatch::try_new(
         schema.arrow_schema(),
         vec![
-            Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.id.clone()))),
-            Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.body.clone()))),
+            Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|r| r.id.clone()),
+            )),
+            Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|r| r.body.clone()),
+            )),
             Arc::new(emb),
             Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.year))),
         ],

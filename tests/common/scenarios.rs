@@ -47,24 +47,29 @@ pub async fn workload(index: &Index, model: &mut Model, seed: u64, steps: usize)
     }
 }
 
-
 /// Write, close, reopen as writer and as read-only handle: the live rows equal the model.
 pub async fn round_trip_scenario(loc: Location) {
     let mut model = Model::new();
-    let index = Index::create(loc.clone(), schema(), small_settings()).await.unwrap();
+    let index = Index::create(loc.clone(), schema(), small_settings())
+        .await
+        .unwrap();
     workload(&index, &mut model, 11, 120).await;
     index.close().await.unwrap();
     let index = Index::open(loc.clone(), small_settings()).await.unwrap();
     assert_eq!(live(&index).await, model, "after reopen");
     workload(&index, &mut model, 12, 60).await;
     index.close().await.unwrap();
-    let ro = Index::open_read_only(loc, Settings::default()).await.unwrap();
+    let ro = Index::open_read_only(loc, Settings::default())
+        .await
+        .unwrap();
     assert_eq!(to_model(&ro.scan(Default::default()).await.unwrap()), model);
 }
 
 pub async fn fencing_scenario(loc: Location) {
     let s = schema();
-    let a = Index::create(loc.clone(), s.clone(), small_settings()).await.unwrap();
+    let a = Index::create(loc.clone(), s.clone(), small_settings())
+        .await
+        .unwrap();
     a.append(&batch(&s, &[Row::new("a1", 1)])).await.unwrap();
     a.append_with(
         &batch(&s, &[Row::new("a2", 1)]),
@@ -84,10 +89,16 @@ pub async fn fencing_scenario(loc: Location) {
     );
 
     // The old writer's next append fails as fenced and is never visible.
-    let e = a.append(&batch(&s, &[Row::new("zombie", 1)])).await.unwrap_err();
+    let e = a
+        .append(&batch(&s, &[Row::new("zombie", 1)]))
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Fenced, "{e}");
     assert!(a.is_fenced());
-    let e = a.append(&batch(&s, &[Row::new("zombie2", 1)])).await.unwrap_err();
+    let e = a
+        .append(&batch(&s, &[Row::new("zombie2", 1)]))
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Fenced);
     let e = a.delete(&["a1".into()]).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Fenced);
@@ -99,10 +110,11 @@ pub async fn fencing_scenario(loc: Location) {
     b.append(&batch(&s, &[Row::new("b2", 2)])).await.unwrap();
     b.close().await.unwrap();
 
-    let c = Index::open_read_only(loc.clone(), Settings::default()).await.unwrap();
+    let c = Index::open_read_only(loc.clone(), Settings::default())
+        .await
+        .unwrap();
     let keys: Vec<String> = to_model(&c.scan(Default::default()).await.unwrap())
         .into_keys()
         .collect();
     assert_eq!(keys, vec!["a1", "a2", "a3", "b1", "b2"]);
 }
-

@@ -1,0 +1,143 @@
+//! A store wrapper that fails or holds back requests on cue (fault injection).
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult,
+};
+use std::sync::{Arc, Mutex};
+use tokio::sync::Semaphore;
+
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// Fail the request with an I/O-like error.
+    Fail,
+    /// Hold the request until the semaphore gets a permit.
+    Hold(Arc<Semaphore>),
+}
+
+#[derive(Debug, Clone)]
+struct Rule {
+    op: &'static str,
+    path_contains: String,
+    action: Action,
+}
+
+#[derive(Debug)]
+pub struct FaultyStore {
+    inner: Arc<dyn ObjectStore>,
+    rules: Mutex<Vec<Rule>>,
+}
+
+impl std::fmt::Display for FaultyStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FaultyStore({})", self.inner)
+    }
+}
+
+impl FaultyStore {
+    pub fn new(inner: Arc<dyn ObjectStore>) -> Arc<Self> {
+        Arc::new(FaultyStore {
+            inner,
+            rules: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Apply `action` to every `op` ("put" or "get") on a path containing `path_contains`.
+    pub fn on(&self, op: &'static str, path_contains: &str, action: Action) {
+        self.rules.lock().unwrap().push(Rule {
+            op,
+            path_contains: path_contains.to_string(),
+            action,
+        });
+    }
+
+    pub fn clear(&self) {
+        self.rules.lock().unwrap().clear();
+    }
+
+    async fn check(&self, op: &str, location: &Path) -> object_store::Result<()> {
+        let action = self
+            .rules
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|r| r.op == op && location.as_ref().contains(&r.path_contains))
+            .map(|r| r.action.clone());
+        match action {
+            None => Ok(()),
+            Some(Action::Fail) => Err(object_store::Error::Generic {
+                store: "FaultyStore",
+                source: format!("injected failure of {op} {location}").into(),
+            }),
+            Some(Action::Hold(s)) => {
+                s.acquire().await.unwrap().forget();
+                Ok(())
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl ObjectStore for FaultyStore {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        self.check("put", location).await?;
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        self.check("get", location).await?;
+        self.inner.get_opts(location, options).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    fn list_with_offset(
+        &self,
+        prefix: Option<&Path>,
+        offset: &Path,
+    ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.inner.list_with_offset(prefix, offset)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: CopyOptions,
+    ) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}
