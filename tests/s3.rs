@@ -12,6 +12,10 @@ fn location(test: &str) -> Option<Location> {
     match s3_location(test) {
         Some(l) => Some(Location::parse(&l).unwrap()),
         None => {
+            assert!(
+                std::env::var("LSMSEARCH_REQUIRE_S3").is_err(),
+                "LSMSEARCH_REQUIRE_S3 is set but LSMSEARCH_TEST_S3 is not: start .ci/s3-server.sh"
+            );
             eprintln!("LSMSEARCH_TEST_S3 is not set: skipping the S3 run of {test}");
             None
         }
