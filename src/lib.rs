@@ -45,6 +45,7 @@ mod codec;
 mod db;
 mod error;
 pub mod generation;
+pub mod index;
 mod key;
 pub mod manifest;
 pub mod memtable;

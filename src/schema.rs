@@ -17,6 +17,9 @@ pub const SEQ_COLUMN: &str = "_seq";
 /// Name of the tombstone flag column of stored rows.
 pub const DELETED_COLUMN: &str = "_deleted";
 
+/// Analyzers a text column may use (tantivy's built-in tokenizers).
+pub const TOKENIZERS: &[&str] = &["default", "en_stem", "whitespace", "raw"];
+
 /// Distance metric of a vector column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -113,6 +116,11 @@ pub struct IndexSchema {
     /// Text columns (Utf8), indexed for full-text search. May be absent from a batch (null).
     #[serde(default)]
     pub text: Vec<String>,
+    /// Analyzer of each text column by name; absent columns use `default` (tantivy's default
+    /// tokenizer: split on non-alphanumeric characters, drop tokens over 40 bytes, lowercase).
+    /// `en_stem` adds English stemming; `whitespace` and `raw` are also available.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub tokenizer: std::collections::BTreeMap<String, String>,
     /// The optional vector column. When declared, every appended row must carry a finite vector
     /// of exactly `dim` components.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -149,6 +157,19 @@ impl IndexSchema {
                 )));
             }
         }
+        for (col, tok) in &self.tokenizer {
+            if !self.text.contains(col) {
+                return Err(Error::invalid(format!(
+                    "schema: tokenizer given for '{col}', which is not a text column"
+                )));
+            }
+            if !TOKENIZERS.contains(&tok.as_str()) {
+                return Err(Error::invalid(format!(
+                    "schema: unknown tokenizer '{tok}' for column '{col}' (known: {})",
+                    TOKENIZERS.join(", ")
+                )));
+            }
+        }
         if let Some(v) = &self.vector {
             if v.dim == 0 || v.dim > 65_536 {
                 return Err(Error::invalid(format!(
@@ -158,6 +179,11 @@ impl IndexSchema {
             }
         }
         Ok(())
+    }
+
+    /// The analyzer name of text column `name`.
+    pub fn tokenizer_of(&self, name: &str) -> &str {
+        self.tokenizer.get(name).map_or("default", String::as_str)
     }
 
     fn column_names(&self) -> Vec<&str> {

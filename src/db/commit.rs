@@ -333,7 +333,8 @@ impl Committer {
         let fresh = Arc::new(RwLock::new(Memtable::new(
             id,
             self.inner.stored_schema.clone(),
-        )));
+            self.inner.text_schema.as_ref(),
+        )?));
         let frozen_id = {
             let mut st = self.inner.write_state();
             let old = std::mem::replace(&mut st.active, fresh);

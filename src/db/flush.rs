@@ -54,9 +54,11 @@ async fn flush_one(inner: &Arc<Inner>, m: &SharedMemtable) -> Result<()> {
     let gen_id = base.next_generation_id;
     let epoch = inner.epoch;
     let schema = inner.stored_schema.clone();
-    let (generation, bytes) =
-        tokio::task::spawn_blocking(move || Generation::build(gen_id, epoch, rows, &schema))
-            .await??;
+    let text = inner.text_schema.clone();
+    let (generation, bytes) = tokio::task::spawn_blocking(move || {
+        Generation::build(gen_id, epoch, rows, &schema, text.as_deref())
+    })
+    .await??;
     let path = inner.paths.generation(gen_id, epoch);
     inner
         .loc

@@ -15,6 +15,7 @@ mod readonly;
 pub use readonly::ReadOnlyIndex;
 
 use crate::generation::{Generation, GenerationMeta};
+use crate::index::text::TextSchema;
 use crate::key::Key;
 use crate::manifest::{Manifest, ManifestStore, WriteOutcome};
 use crate::memtable::Memtable;
@@ -100,6 +101,7 @@ pub(crate) struct Inner {
     pub schema: IndexSchema,
     pub user_schema: SchemaRef,
     pub stored_schema: SchemaRef,
+    pub text_schema: Option<Arc<TextSchema>>,
     pub settings: Settings,
     pub epoch: u64,
     pub state: RwLock<State>,
@@ -191,6 +193,7 @@ pub(crate) async fn load_generations(
     loc: &Location,
     paths: &Paths,
     schema: &SchemaRef,
+    text: Option<&Arc<TextSchema>>,
     metas: &[GenerationMeta],
     cache: &HashMap<u64, Arc<Generation>>,
     concurrency: usize,
@@ -210,9 +213,12 @@ pub(crate) async fn load_generations(
                 .await
                 .map_err(|e| Error::store(&p, e))?;
             let schema = schema.clone();
+            let text = text.cloned();
             let p2 = p.clone();
-            let g = tokio::task::spawn_blocking(move || Generation::decode(bytes, &schema, &p2))
-                .await??;
+            let g = tokio::task::spawn_blocking(move || {
+                Generation::decode(bytes, &schema, text.as_deref(), &p2)
+            })
+            .await??;
             if g.meta() != &meta {
                 return Err(Error::data(
                     &p,
@@ -284,6 +290,7 @@ impl Index {
         let schema = manifest.schema.clone();
         let user_schema = schema.arrow_schema();
         let stored_schema = schema.stored_schema();
+        let text_schema = TextSchema::new(&schema);
         let epoch = manifest.epoch;
         let no_cache = HashMap::new();
         let (generations, replayed) = futures::try_join!(
@@ -291,6 +298,7 @@ impl Index {
                 &loc,
                 &paths,
                 &stored_schema,
+                text_schema.as_ref(),
                 &manifest.generations,
                 &no_cache,
                 settings.io_concurrency
@@ -304,7 +312,7 @@ impl Index {
                 settings.io_concurrency
             )
         )?;
-        let mut mem = Memtable::new(1, stored_schema.clone());
+        let mut mem = Memtable::new(1, stored_schema.clone(), text_schema.as_ref())?;
         let mut last_seq = manifest.last_seq;
         for (id, e) in replayed.entries {
             last_seq = last_seq.max(e.last_seq);
@@ -325,6 +333,7 @@ impl Index {
             manifests,
             user_schema,
             stored_schema,
+            text_schema,
             schema,
             settings: settings.clone(),
             epoch,

@@ -2,6 +2,7 @@
 
 use super::{load_generations, IndexStats, ScanOptions};
 use crate::generation::Generation;
+use crate::index::text::TextSchema;
 use crate::manifest::{Manifest, ManifestStore};
 use crate::memtable::Memtable;
 use crate::read::{filter_rows, Snapshot};
@@ -37,6 +38,7 @@ pub struct ReadOnlyIndex {
     schema: IndexSchema,
     user_schema: SchemaRef,
     stored_schema: SchemaRef,
+    text_schema: Option<Arc<TextSchema>>,
     view: tokio::sync::RwLock<View>,
 }
 
@@ -51,11 +53,13 @@ impl ReadOnlyIndex {
             .ok_or_else(|| Error::invalid(format!("no index at {}", loc.display)))?;
         let schema = m.schema.clone();
         let stored_schema = schema.stored_schema();
+        let text_schema = TextSchema::new(&schema);
         let view = Self::load_view(
             &loc,
             &paths,
             &manifests,
             &stored_schema,
+            text_schema.as_ref(),
             &settings,
             Some(m),
             &HashMap::new(),
@@ -64,6 +68,7 @@ impl ReadOnlyIndex {
         Ok(ReadOnlyIndex {
             user_schema: schema.arrow_schema(),
             stored_schema,
+            text_schema,
             schema,
             loc,
             paths,
@@ -78,6 +83,7 @@ impl ReadOnlyIndex {
         paths: &Paths,
         manifests: &ManifestStore,
         stored_schema: &SchemaRef,
+        text_schema: Option<&Arc<TextSchema>>,
         settings: &Settings,
         mut manifest: Option<Manifest>,
         cache: &HashMap<u64, Arc<Generation>>,
@@ -96,6 +102,7 @@ impl ReadOnlyIndex {
                     loc,
                     paths,
                     stored_schema,
+                    text_schema,
                     &m.generations,
                     cache,
                     settings.io_concurrency
@@ -111,7 +118,7 @@ impl ReadOnlyIndex {
             );
             match r {
                 Ok((generations, replayed)) => {
-                    let mut wal = Memtable::new(0, stored_schema.clone());
+                    let mut wal = Memtable::new(0, stored_schema.clone(), text_schema)?;
                     for (id, e) in replayed.entries {
                         if let Some(rows) = e.rows {
                             wal.apply(rows)?;
@@ -149,6 +156,7 @@ impl ReadOnlyIndex {
             &self.paths,
             &self.manifests,
             &self.stored_schema,
+            self.text_schema.as_ref(),
             &self.settings,
             None,
             &cache,

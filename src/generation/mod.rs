@@ -24,6 +24,7 @@
 //! [`crate::key::PK_HASH_SEED`]). Every section also has its own CRC so it can be read by range.
 
 use crate::codec::{ipc_decode, ipc_encode, Reader};
+use crate::index::text::{TextIndex, TextSchema};
 use crate::key::Key;
 use crate::memtable::deleted_flags;
 use crate::schema::SEQ_COLUMN;
@@ -78,6 +79,15 @@ pub struct Generation {
     meta: GenerationMeta,
     rows: RecordBatch,
     pk_hashes: Vec<u64>,
+    /// The key hash of each row.
+    row_hashes: Vec<u64>,
+    text: Option<TextIndex>,
+}
+
+fn row_hashes(rows: &RecordBatch) -> Vec<u64> {
+    (0..rows.num_rows())
+        .map(|r| Key::from_array(rows.column(0).as_ref(), r).map_or(0, |k| k.hash64()))
+        .collect()
 }
 
 impl Generation {
@@ -87,6 +97,7 @@ impl Generation {
         epoch: u64,
         rows: RecordBatch,
         schema: &SchemaRef,
+        text: Option<&TextSchema>,
     ) -> Result<(Generation, Vec<u8>)> {
         let seqs = rows
             .column_by_name(SEQ_COLUMN)
@@ -95,9 +106,8 @@ impl Generation {
         let min_seq = seqs.iter().flatten().min().unwrap_or(0);
         let max_seq = seqs.iter().flatten().max().unwrap_or(0);
         let tombstones = deleted_flags(&rows).true_count() as u64;
-        let mut pk_hashes: Vec<u64> = (0..rows.num_rows())
-            .filter_map(|r| Key::from_array(rows.column(0).as_ref(), r).map(|k| k.hash64()))
-            .collect();
+        let row_hashes = row_hashes(&rows);
+        let mut pk_hashes = row_hashes.clone();
         pk_hashes.sort_unstable();
         pk_hashes.dedup();
 
@@ -120,6 +130,17 @@ impl Generation {
         );
         let hashes: Vec<u8> = pk_hashes.iter().flat_map(|h| h.to_le_bytes()).collect();
         add(&mut out, "pk_hashes", &hashes);
+        let text = match text {
+            Some(ts) => {
+                let (ti, files) = TextIndex::build(ts, &rows)?;
+                add(&mut out, "text_token_counts", &ti.encode_counts());
+                for (name, bytes) in files {
+                    add(&mut out, &format!("text/{name}"), &bytes);
+                }
+                Some(ti)
+            }
+            None => None,
+        };
 
         let mut meta = GenerationMeta {
             id,
@@ -167,13 +188,20 @@ impl Generation {
                 meta,
                 rows,
                 pk_hashes,
+                row_hashes,
+                text,
             },
             out,
         ))
     }
 
     /// Decode and verify a whole bundle. Any defect is an error of kind `Data` naming `object`.
-    pub fn decode(bytes: bytes::Bytes, schema: &SchemaRef, object: &dyn Display) -> Result<Self> {
+    pub fn decode(
+        bytes: bytes::Bytes,
+        schema: &SchemaRef,
+        text: Option<&TextSchema>,
+        object: &dyn Display,
+    ) -> Result<Self> {
         let bad = |m: String| Error::data(object, format!("generation {m}"));
         if bytes.len() < FOOTER_LEN + 4 || &bytes[0..4] != GENERATION_MAGIC {
             return Err(bad(format!(
@@ -238,10 +266,36 @@ impl Generation {
                 dir.stats.rows
             )));
         }
+        let text = match text {
+            Some(ts) => {
+                let c = section("text_token_counts")?;
+                if c.len() != rows.num_rows() * ts.fields().len() * 4 {
+                    return Err(bad("section 'text_token_counts' has the wrong size".into()));
+                }
+                let counts = c
+                    .chunks_exact(4)
+                    .map(|b| u32::from_le_bytes(b.try_into().expect("4")))
+                    .collect();
+                let mut files = Vec::new();
+                for s in dir.sections.iter().filter(|s| s.name.starts_with("text/")) {
+                    files.push((
+                        s.name["text/".len()..].to_string(),
+                        section(&s.name)?.to_vec(),
+                    ));
+                }
+                Some(
+                    TextIndex::open(ts, files, counts)
+                        .map_err(|e| bad(format!("text index: {}", e.message())))?,
+                )
+            }
+            None => None,
+        };
         Ok(Generation {
             meta: dir.stats,
+            row_hashes: row_hashes(&rows),
             rows,
             pk_hashes,
+            text,
         })
     }
 
@@ -258,6 +312,16 @@ impl Generation {
     /// Whether the key set may contain `key` (exact for absent keys; confirm hits on the rows).
     pub fn may_contain(&self, key: &Key) -> bool {
         self.pk_hashes.binary_search(&key.hash64()).is_ok()
+    }
+
+    /// The key hash of each row.
+    pub fn row_hashes(&self) -> &[u64] {
+        &self.row_hashes
+    }
+
+    /// The full-text index, when the schema has text columns.
+    pub fn text(&self) -> Option<&TextIndex> {
+        self.text.as_ref()
     }
 
     /// The sorted, distinct key hashes.
@@ -285,9 +349,22 @@ mod tests {
         )
         .unwrap();
         let stored = s.to_stored(&user, 5).unwrap();
-        let (g, bytes) = Generation::build(1, 2, stored.clone(), &s.stored_schema()).unwrap();
+        let (g, bytes) = Generation::build(
+            1,
+            2,
+            stored.clone(),
+            &s.stored_schema(),
+            TextSchema::new(&s).as_deref(),
+        )
+        .unwrap();
         assert_eq!(g.meta().bytes as usize, bytes.len());
-        let d = Generation::decode(bytes.clone().into(), &s.stored_schema(), &"g").unwrap();
+        let d = Generation::decode(
+            bytes.clone().into(),
+            &s.stored_schema(),
+            TextSchema::new(&s).as_deref(),
+            &"g",
+        )
+        .unwrap();
         assert_eq!(d.rows(), &stored);
         assert_eq!(d.meta(), g.meta());
         assert!(d.may_contain(&Key::from("b")));
@@ -295,12 +372,19 @@ mod tests {
         for i in (0..bytes.len()).step_by(5) {
             let mut b = bytes.clone();
             b[i] ^= 1;
-            let e = Generation::decode(b.into(), &s.stored_schema(), &"g").unwrap_err();
+            let e = Generation::decode(
+                b.into(),
+                &s.stored_schema(),
+                TextSchema::new(&s).as_deref(),
+                &"g",
+            )
+            .unwrap_err();
             assert_eq!(e.kind(), crate::ErrorKind::Data, "flip at {i}");
         }
         let e = Generation::decode(
             bytes[..bytes.len() - 3].to_vec().into(),
             &s.stored_schema(),
+            TextSchema::new(&s).as_deref(),
             &"g",
         )
         .unwrap_err();

@@ -6,18 +6,21 @@
 //! vector indexes over the memtable hang off this type (see `index/`); they observe every
 //! [`Memtable::apply`].
 
+use crate::index::text::{MemTextIndex, TextSchema};
 use crate::key::Key;
 use crate::schema::{DELETED_COLUMN, SEQ_COLUMN};
 use crate::Result;
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{SchemaRef, UInt64Type};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy)]
 struct Slot {
     batch: u32,
     row: u32,
     seq: u64,
+    hash: u64,
 }
 
 /// Rows in memory, newest version per key.
@@ -26,7 +29,10 @@ pub struct Memtable {
     id: u64,
     schema: SchemaRef,
     batches: Vec<RecordBatch>,
+    /// Row ordinal of the first row of each batch.
+    offsets: Vec<usize>,
     index: HashMap<Key, Slot>,
+    text: Option<Arc<MemTextIndex>>,
     rows: usize,
     bytes: usize,
     max_seq: u64,
@@ -35,17 +41,23 @@ pub struct Memtable {
 
 impl Memtable {
     /// An empty memtable for stored rows of `schema`; `id` orders memtables of one handle.
-    pub fn new(id: u64, schema: SchemaRef) -> Self {
-        Memtable {
+    pub fn new(id: u64, schema: SchemaRef, text: Option<&Arc<TextSchema>>) -> Result<Self> {
+        let text = match text {
+            Some(ts) => Some(Arc::new(MemTextIndex::new(ts.clone())?)),
+            None => None,
+        };
+        Ok(Memtable {
             id,
             schema,
             batches: Vec::new(),
+            offsets: Vec::new(),
             index: HashMap::new(),
+            text,
             rows: 0,
             bytes: 0,
             max_seq: 0,
             last_wal_id: None,
-        }
+        })
     }
 
     /// The memtable's id (increasing within one handle).
@@ -75,6 +87,7 @@ impl Memtable {
                 batch: b,
                 row: row as u32,
                 seq,
+                hash: key.hash64(),
             };
             self.index
                 .entry(key)
@@ -85,6 +98,7 @@ impl Memtable {
                 })
                 .or_insert(slot);
         }
+        self.offsets.push(self.rows);
         self.rows += batch.num_rows();
         self.bytes += batch.get_array_memory_size();
         self.batches.push(batch);
@@ -131,6 +145,23 @@ impl Memtable {
         self.index.contains_key(key)
     }
 
+    /// A consistent view for a search: the stored batches, the row count, and the ordinal and
+    /// key hash of the newest version of every key (tombstones included).
+    pub fn search_view(&self) -> MemtableView {
+        let candidates = self
+            .index
+            .values()
+            .map(|s| (self.offsets[s.batch as usize] + s.row as usize, s.hash))
+            .collect();
+        MemtableView {
+            batches: self.batches.clone(),
+            offsets: self.offsets.clone(),
+            rows: self.rows,
+            candidates,
+            text: self.text.clone(),
+        }
+    }
+
     /// The newest version of every key (tombstones included), in sequence order, as one stored
     /// batch: what a flush writes and what a scan reads.
     pub fn newest_rows(&self) -> Result<RecordBatch> {
@@ -151,6 +182,21 @@ impl Memtable {
         }
         Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
     }
+}
+
+/// What a search reads of a memtable (see [`Memtable::search_view`]).
+#[derive(Debug, Clone)]
+pub struct MemtableView {
+    /// Stored batches.
+    pub batches: Vec<RecordBatch>,
+    /// Row ordinal of the first row of each batch.
+    pub offsets: Vec<usize>,
+    /// Rows in the view.
+    pub rows: usize,
+    /// `(ordinal, key hash)` of the newest version of each key.
+    pub candidates: Vec<(usize, u64)>,
+    /// The memtable's full-text index.
+    pub text: Option<Arc<MemTextIndex>>,
 }
 
 /// Whether each stored row is a tombstone.
@@ -185,7 +231,7 @@ mod tests {
             )
             .unwrap()
         };
-        let mut m = Memtable::new(0, s.stored_schema());
+        let mut m = Memtable::new(0, s.stored_schema(), None).unwrap();
         m.apply(
             s.to_stored(&user(vec!["a", "b", "a"], vec![1, 2, 3]), 1)
                 .unwrap(),

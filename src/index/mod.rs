@@ -1,0 +1,3 @@
+//! Search indexes over sources: full-text ([`text`]).
+
+pub mod text;

@@ -1,0 +1,350 @@
+//! Full-text indexes: one tantivy index per source, all with the same tantivy schema, analyzers
+//! and `_row` fast field, so one parsed query runs on every source and BM25 can be fed global
+//! statistics.
+//!
+//! Every source also keeps the exact token count of each row and text field (the analyzer's
+//! output, as tantivy counts it for fieldnorms) so that the snapshot's total token count can be
+//! computed over live rows only.
+
+use crate::schema::IndexSchema;
+use crate::{Error, Result};
+use arrow::array::{Array, AsArray, RecordBatch};
+use std::sync::{Arc, Mutex};
+use tantivy::directory::{Directory, RamDirectory};
+use tantivy::schema::{
+    Field, IndexRecordOption, Schema, TextFieldIndexing, TextOptions, FAST, INDEXED,
+};
+use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, Searcher, TantivyDocument};
+
+/// Name of the fast field mapping a tantivy document to its row in the source.
+pub const ROW_FIELD: &str = "_row";
+/// Writer heap of a memtable's text index (tantivy's minimum per thread is 15 MB).
+const MEMTABLE_WRITER_HEAP: usize = 20_000_000;
+/// Writer heap used to build a generation's text index at flush.
+const FLUSH_WRITER_HEAP: usize = 128_000_000;
+
+fn tv(e: impl std::fmt::Display) -> Error {
+    Error::internal(format!("tantivy: {e}"))
+}
+
+/// The tantivy schema shared by every source of an index.
+#[derive(Debug, Clone)]
+pub struct TextSchema {
+    schema: Schema,
+    /// One field per text column, in schema order.
+    fields: Vec<Field>,
+    /// Column positions of the text columns in the user schema.
+    columns: Vec<usize>,
+    row: Field,
+}
+
+impl TextSchema {
+    /// The text schema of `schema`, or `None` when it declares no text column.
+    pub fn new(schema: &IndexSchema) -> Option<Arc<TextSchema>> {
+        if schema.text.is_empty() {
+            return None;
+        }
+        let mut b = Schema::builder();
+        let mut fields = Vec::new();
+        for name in &schema.text {
+            let tokenizer = schema.tokenizer_of(name);
+            let opts = TextOptions::default().set_indexing_options(
+                TextFieldIndexing::default()
+                    .set_tokenizer(tokenizer)
+                    .set_index_option(IndexRecordOption::WithFreqsAndPositions),
+            );
+            fields.push(b.add_text_field(name, opts));
+        }
+        let row = b.add_u64_field(ROW_FIELD, INDEXED | FAST);
+        Some(Arc::new(TextSchema {
+            schema: b.build(),
+            fields,
+            columns: (1..=schema.text.len()).collect(),
+            row,
+        }))
+    }
+
+    /// The tantivy schema.
+    pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    /// The text fields, in schema order.
+    pub fn fields(&self) -> &[Field] {
+        &self.fields
+    }
+
+    /// Position of `field` among the text fields.
+    pub fn field_position(&self, field: Field) -> Option<usize> {
+        self.fields.iter().position(|f| *f == field)
+    }
+
+    /// An empty in-memory index with this schema (used to parse queries and as a template).
+    pub fn empty_index(&self) -> Index {
+        Index::create_in_ram(self.schema.clone())
+    }
+
+    /// Add the non-tombstone rows of `batch` (stored rows) as documents numbered from `first_row`,
+    /// and return each row's token count per text field (tombstones count zero).
+    fn add_rows(
+        &self,
+        index: &Index,
+        writer: &IndexWriter<TantivyDocument>,
+        batch: &RecordBatch,
+        first_row: u64,
+    ) -> Result<Vec<u32>> {
+        let deleted = crate::memtable::deleted_flags(batch);
+        let mut analyzers = self
+            .fields
+            .iter()
+            .map(|f| index.tokenizer_for_field(*f).map_err(tv))
+            .collect::<Result<Vec<_>>>()?;
+        let texts: Vec<_> = self
+            .columns
+            .iter()
+            .map(|c| batch.column(*c).as_string::<i32>().clone())
+            .collect();
+        let mut counts = Vec::with_capacity(batch.num_rows() * self.fields.len());
+        for r in 0..batch.num_rows() {
+            if deleted.value(r) {
+                counts.extend(std::iter::repeat_n(0, self.fields.len()));
+                continue;
+            }
+            let mut doc = TantivyDocument::default();
+            doc.add_u64(self.row, first_row + r as u64);
+            for (i, col) in texts.iter().enumerate() {
+                if col.is_null(r) {
+                    counts.push(0);
+                    continue;
+                }
+                let text = col.value(r);
+                let mut n = 0u32;
+                let mut ts = analyzers[i].token_stream(text);
+                while ts.advance() {
+                    n += 1;
+                }
+                counts.push(n);
+                doc.add_text(self.fields[i], text);
+            }
+            writer.add_document(doc).map_err(tv)?;
+        }
+        Ok(counts)
+    }
+}
+
+/// A source's full-text index: a tantivy searcher and the token counts of its rows.
+#[derive(Clone)]
+pub struct TextIndex {
+    searcher: Searcher,
+    /// `rows × fields` token counts, row-major.
+    counts: Arc<Vec<u32>>,
+    nfields: usize,
+}
+
+impl std::fmt::Debug for TextIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TextIndex({} docs)", self.searcher.num_docs())
+    }
+}
+
+impl TextIndex {
+    /// The searcher.
+    pub fn searcher(&self) -> &Searcher {
+        &self.searcher
+    }
+
+    /// Rows covered by the token counts.
+    pub fn rows(&self) -> usize {
+        self.counts.len() / self.nfields.max(1)
+    }
+
+    /// Token count of `row` in text field number `field`.
+    pub fn tokens(&self, row: usize, field: usize) -> u32 {
+        self.counts[row * self.nfields + field]
+    }
+
+    /// Build the index of a generation's stored rows (one tantivy segment).
+    pub fn build(
+        ts: &TextSchema,
+        rows: &RecordBatch,
+    ) -> Result<(TextIndex, Vec<(String, Vec<u8>)>)> {
+        let index = ts.empty_index();
+        let mut writer: IndexWriter<TantivyDocument> = index
+            .writer_with_num_threads(1, FLUSH_WRITER_HEAP)
+            .map_err(tv)?;
+        writer.set_merge_policy(Box::new(tantivy::indexer::NoMergePolicy));
+        let counts = ts.add_rows(&index, &writer, rows, 0)?;
+        writer.commit().map_err(tv)?;
+        let ids = index.searchable_segment_ids().map_err(tv)?;
+        if ids.len() > 1 {
+            writer.merge(&ids).wait().map_err(tv)?;
+        }
+        writer.wait_merging_threads().map_err(tv)?;
+        let files = export_files(&index)?;
+        let searcher = open_reader(&index)?.searcher();
+        Ok((
+            TextIndex {
+                searcher,
+                counts: Arc::new(counts),
+                nfields: ts.fields.len(),
+            },
+            files,
+        ))
+    }
+
+    /// Open an index from the files [`TextIndex::build`] exported and the stored token counts.
+    pub fn open(
+        ts: &TextSchema,
+        files: Vec<(String, Vec<u8>)>,
+        counts: Vec<u32>,
+    ) -> Result<TextIndex> {
+        let dir = RamDirectory::create();
+        for (name, bytes) in files {
+            dir.atomic_write(std::path::Path::new(&name), &bytes)
+                .map_err(tv)?;
+        }
+        let index = Index::open(dir).map_err(tv)?;
+        if index.schema() != ts.schema {
+            return Err(Error::internal(
+                "text index schema differs from the index schema",
+            ));
+        }
+        let searcher = open_reader(&index)?.searcher();
+        Ok(TextIndex {
+            searcher,
+            counts: Arc::new(counts),
+            nfields: ts.fields.len(),
+        })
+    }
+
+    /// Encode token counts (u32 little-endian, row-major).
+    pub fn encode_counts(&self) -> Vec<u8> {
+        self.counts.iter().flat_map(|c| c.to_le_bytes()).collect()
+    }
+}
+
+fn open_reader(index: &Index) -> Result<IndexReader> {
+    index
+        .reader_builder()
+        .reload_policy(ReloadPolicy::Manual)
+        .try_into()
+        .map_err(tv)
+}
+
+/// The files of a committed in-memory index: `meta.json` and every segment component.
+fn export_files(index: &Index) -> Result<Vec<(String, Vec<u8>)>> {
+    use tantivy::index::SegmentComponent as C;
+    let dir = index.directory();
+    let mut names = vec!["meta.json".to_string()];
+    for meta in index.searchable_segment_metas().map_err(tv)? {
+        for c in [
+            C::Postings,
+            C::Positions,
+            C::FastFields,
+            C::FieldNorms,
+            C::Terms,
+            C::Store,
+        ] {
+            names.push(meta.relative_path(c).to_string_lossy().into_owned());
+        }
+    }
+    let mut out = Vec::new();
+    for name in names {
+        let p = std::path::Path::new(&name);
+        if dir.exists(p).map_err(tv)? {
+            out.push((name.clone(), dir.atomic_read(p).map_err(tv)?));
+        }
+    }
+    Ok(out)
+}
+
+struct MemState {
+    writer: Option<IndexWriter<TantivyDocument>>,
+    reader: IndexReader,
+    counts: Vec<u32>,
+    indexed_rows: usize,
+    searcher: Option<TextIndex>,
+}
+
+/// The full-text index of a memtable: a tantivy index in memory, brought up to date with the
+/// memtable's rows by the first search that needs them (so appends never wait for indexing, and
+/// every search sees every row appended before it started).
+pub struct MemTextIndex {
+    schema: Arc<TextSchema>,
+    index: Index,
+    state: Mutex<MemState>,
+}
+
+impl std::fmt::Debug for MemTextIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MemTextIndex")
+    }
+}
+
+impl MemTextIndex {
+    /// An empty memtable index.
+    pub fn new(schema: Arc<TextSchema>) -> Result<Self> {
+        let index = schema.empty_index();
+        let reader = open_reader(&index)?;
+        Ok(MemTextIndex {
+            schema,
+            index,
+            state: Mutex::new(MemState {
+                writer: None,
+                reader,
+                counts: Vec::new(),
+                indexed_rows: 0,
+                searcher: None,
+            }),
+        })
+    }
+
+    /// A searcher covering at least the first `rows` rows of `batches` (the memtable's stored
+    /// batches, in order). Rows beyond `rows` may be covered too; callers mask them.
+    pub fn catch_up(&self, batches: &[RecordBatch], rows: usize) -> Result<TextIndex> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.indexed_rows < rows {
+            if st.writer.is_none() {
+                st.writer = Some(
+                    self.index
+                        .writer_with_num_threads(1, MEMTABLE_WRITER_HEAP)
+                        .map_err(tv)?,
+                );
+            }
+            let mut offset = 0usize;
+            let mut new_counts = Vec::new();
+            let start = st.indexed_rows;
+            {
+                let writer = st.writer.as_ref().expect("just created");
+                for b in batches {
+                    let end = offset + b.num_rows();
+                    if end > start && offset < rows {
+                        let from = start.saturating_sub(offset);
+                        let slice = b.slice(from, b.num_rows() - from);
+                        new_counts.extend(self.schema.add_rows(
+                            &self.index,
+                            writer,
+                            &slice,
+                            (offset + from) as u64,
+                        )?);
+                    }
+                    offset = end;
+                }
+            }
+            let writer = st.writer.as_mut().expect("just created");
+            writer.commit().map_err(tv)?;
+            st.reader.reload().map_err(tv)?;
+            st.indexed_rows = offset.max(start);
+            st.counts.extend(new_counts);
+            st.searcher = None;
+        }
+        if st.searcher.is_none() {
+            st.searcher = Some(TextIndex {
+                searcher: st.reader.searcher(),
+                counts: Arc::new(st.counts.clone()),
+                nfields: self.schema.fields.len(),
+            });
+        }
+        Ok(st.searcher.clone().expect("just set"))
+    }
+}
