@@ -49,6 +49,7 @@ pub mod index;
 mod key;
 pub mod manifest;
 pub mod memtable;
+mod query;
 mod read;
 mod schema;
 mod settings;
@@ -58,6 +59,7 @@ pub mod wal;
 pub use db::{Index, IndexStats, ReadOnlyIndex, ScanOptions, WriteReceipt};
 pub use error::{Error, ErrorKind, Result};
 pub use key::{Key, KeyType, PK_HASH_SEED};
+pub use query::{Conjunction, SearchOptions, SCORE_COLUMN};
 pub use schema::{
     IndexSchema, Metric, PayloadColumn, PayloadType, VectorColumn, DELETED_COLUMN, SEQ_COLUMN,
 };

@@ -19,6 +19,9 @@ use crate::index::text::TextSchema;
 use crate::key::Key;
 use crate::manifest::{Manifest, ManifestStore, WriteOutcome};
 use crate::memtable::Memtable;
+use crate::query::fts;
+use crate::query::source::Source;
+use crate::query::SearchOptions;
 use crate::read::{filter_rows, Snapshot};
 use crate::schema::IndexSchema;
 use crate::settings::{Settings, WriteOptions};
@@ -28,6 +31,8 @@ use crate::wal::replay::{replay, Mode};
 use crate::{Error, ErrorKind, Result};
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::SchemaRef;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_plan::{collect, execute_stream, ExecutionPlan};
 use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStoreExt;
 use serde::Serialize;
@@ -516,6 +521,67 @@ impl Index {
             Some(f) => filter_rows(rows, &self.inner.user_schema, f).await,
             None => Ok(rows),
         }
+    }
+
+    /// The sources of a search, newest first: active memtable, frozen memtables, generations.
+    pub(crate) fn search_sources(&self) -> Vec<Source> {
+        let st = self.inner.read_state();
+        let mut v = vec![Source::from_memtable(
+            "active memtable".into(),
+            read_memtable(&st.active).search_view(),
+        )];
+        for m in st.frozen.iter().rev() {
+            let m = read_memtable(m);
+            v.push(Source::from_memtable(
+                format!("frozen memtable {}", m.id()),
+                m.search_view(),
+            ));
+        }
+        v.extend(st.generations.iter().rev().map(Source::from_generation));
+        v
+    }
+
+    /// The physical plan of a full-text search: one leaf per source (its top k, block list and
+    /// filter applied inside), `UnionExec`, `SortPreservingMergeExec(fetch = k)` ordered by
+    /// `_score` descending then key.
+    pub async fn plan_fts(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if self.inner.closed.load(Ordering::SeqCst) {
+            return Err(Error::closed());
+        }
+        let sources = self.search_sources();
+        let schema = self.inner.schema.clone();
+        let text = self.inner.text_schema.clone();
+        let query = query.to_string();
+        let options = options.clone();
+        tokio::task::spawn_blocking(move || {
+            fts::plan(&schema, text.as_ref(), sources, &query, &options)
+        })
+        .await?
+    }
+
+    /// Full-text search with BM25 over global statistics of the snapshot's live rows: the top
+    /// `k` rows as a stream of batches (key, `_score`, payload columns).
+    pub async fn search_fts_stream(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+    ) -> Result<SendableRecordBatchStream> {
+        let plan = self.plan_fts(query, options).await?;
+        Ok(execute_stream(plan, Arc::new(TaskContext::default()))?)
+    }
+
+    /// Full-text search, collected (see [`Index::search_fts_stream`]).
+    pub async fn search_fts(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+    ) -> Result<Vec<RecordBatch>> {
+        let plan = self.plan_fts(query, options).await?;
+        Ok(collect(plan, Arc::new(TaskContext::default())).await?)
     }
 
     /// Generations, memtable and WAL figures.

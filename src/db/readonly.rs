@@ -5,6 +5,9 @@ use crate::generation::Generation;
 use crate::index::text::TextSchema;
 use crate::manifest::{Manifest, ManifestStore};
 use crate::memtable::Memtable;
+use crate::query::fts;
+use crate::query::source::Source;
+use crate::query::SearchOptions;
 use crate::read::{filter_rows, Snapshot};
 use crate::schema::IndexSchema;
 use crate::settings::Settings;
@@ -14,6 +17,8 @@ use crate::wal::replay::{replay, Mode};
 use crate::{Error, ErrorKind, Result};
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
+use datafusion::execution::TaskContext;
+use datafusion::physical_plan::{collect, ExecutionPlan};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -185,6 +190,38 @@ impl ReadOnlyIndex {
             Some(f) => filter_rows(rows, &self.user_schema, f).await,
             None => Ok(rows),
         }
+    }
+
+    /// The physical plan of a full-text search over the view (see [`crate::Index::plan_fts`]).
+    pub async fn plan_fts(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let sources = {
+            let v = self.view.read().await;
+            let mut s = vec![Source::from_memtable("wal".into(), v.wal.search_view())];
+            s.extend(v.generations.iter().rev().map(Source::from_generation));
+            s
+        };
+        let schema = self.schema.clone();
+        let text = self.text_schema.clone();
+        let query = query.to_string();
+        let options = options.clone();
+        tokio::task::spawn_blocking(move || {
+            fts::plan(&schema, text.as_ref(), sources, &query, &options)
+        })
+        .await?
+    }
+
+    /// Full-text search over the view, collected.
+    pub async fn search_fts(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+    ) -> Result<Vec<RecordBatch>> {
+        let plan = self.plan_fts(query, options).await?;
+        Ok(collect(plan, Arc::new(TaskContext::default())).await?)
     }
 
     /// Figures of the view.

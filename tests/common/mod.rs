@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub mod faulty;
+pub mod fts;
 pub mod scenarios;
 
 pub const DIM: usize = 4;

@@ -1,0 +1,53 @@
+//! Query planning and execution: sources, block lists, global statistics and the DataFusion plan
+//! (one leaf per arm → `UnionExec` → `SortPreservingMergeExec(fetch = k)`).
+
+pub(crate) mod exec;
+pub(crate) mod fts;
+pub(crate) mod source;
+
+use serde::{Deserialize, Serialize};
+
+/// How the terms of a full-text query combine when no operator is written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Conjunction {
+    /// Any term may match (tantivy's query-parser default).
+    #[default]
+    Or,
+    /// Every term must match.
+    And,
+}
+
+/// Options of a search.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SearchOptions {
+    /// How many rows to return (at least 1). Default 10.
+    pub k: usize,
+    /// A SQL predicate over payload columns, applied inside every arm before its top k.
+    pub filter: Option<String>,
+    /// Default operator between query terms. Default [`Conjunction::Or`].
+    pub conjunction: Conjunction,
+}
+
+impl Default for SearchOptions {
+    fn default() -> Self {
+        SearchOptions {
+            k: 10,
+            filter: None,
+            conjunction: Conjunction::Or,
+        }
+    }
+}
+
+impl SearchOptions {
+    /// Options returning the top `k` rows.
+    pub fn with_k(k: usize) -> Self {
+        SearchOptions {
+            k,
+            ..Default::default()
+        }
+    }
+}
+
+/// Name of the score column of full-text results.
+pub const SCORE_COLUMN: &str = "_score";
