@@ -83,6 +83,7 @@ impl ReadOnlyIndex {
         })
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn load_view(
         loc: &Location,
         paths: &Paths,

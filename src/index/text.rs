@@ -16,6 +16,9 @@ use tantivy::schema::{
 };
 use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, Searcher, TantivyDocument};
 
+/// The files of a tantivy index: `(name, bytes)`.
+pub type IndexFiles = Vec<(String, Vec<u8>)>;
+
 /// Name of the fast field mapping a tantivy document to its row in the source.
 pub const ROW_FIELD: &str = "_row";
 /// Writer heap of a memtable's text index (tantivy's minimum per thread is 15 MB).
@@ -167,7 +170,7 @@ impl TextIndex {
     pub fn build(
         ts: &TextSchema,
         rows: &RecordBatch,
-    ) -> Result<(TextIndex, Vec<(String, Vec<u8>)>)> {
+    ) -> Result<(TextIndex, IndexFiles)> {
         let index = ts.empty_index();
         let mut writer: IndexWriter<TantivyDocument> = index
             .writer_with_num_threads(1, FLUSH_WRITER_HEAP)
@@ -195,7 +198,7 @@ impl TextIndex {
     /// Open an index from the files [`TextIndex::build`] exported and the stored token counts.
     pub fn open(
         ts: &TextSchema,
-        files: Vec<(String, Vec<u8>)>,
+        files: IndexFiles,
         counts: Vec<u32>,
     ) -> Result<TextIndex> {
         let dir = RamDirectory::create();
@@ -232,7 +235,7 @@ fn open_reader(index: &Index) -> Result<IndexReader> {
 }
 
 /// The files of a committed in-memory index: `meta.json` and every segment component.
-fn export_files(index: &Index) -> Result<Vec<(String, Vec<u8>)>> {
+fn export_files(index: &Index) -> Result<IndexFiles> {
     use tantivy::index::SegmentComponent as C;
     let dir = index.directory();
     let mut names = vec!["meta.json".to_string()];
