@@ -89,11 +89,16 @@ pub fn assert_same_ranking(ours: &[(String, f32)], all: &[(String, f32)], k: usi
     }
     if let Some(last) = want.last() {
         let boundary = last.1;
+        // Rank-wise scores are equal (above); keys may swap only between near-equal scores, so
+        // compare the sets of keys strictly above the boundary score.
         let strict = |v: &[(String, f32)]| -> Vec<String> {
-            v.iter()
+            let mut keys: Vec<String> = v
+                .iter()
                 .filter(|(_, s)| !close(*s, boundary) && *s > boundary)
                 .map(|(k, _)| k.clone())
-                .collect()
+                .collect();
+            keys.sort();
+            keys
         };
         assert_eq!(
             strict(ours),
