@@ -56,11 +56,17 @@ fn queries() -> Vec<(u64, String)> {
 
 fn qrels() -> HashMap<u64, HashMap<String, f64>> {
     let mut m: HashMap<u64, HashMap<String, f64>> = HashMap::new();
-    for l in std::fs::read_to_string(format!("{DATA}/qrels.tsv")).unwrap().lines().skip(1) {
+    for l in std::fs::read_to_string(format!("{DATA}/qrels.tsv"))
+        .unwrap()
+        .lines()
+        .skip(1)
+    {
         let f: Vec<&str> = l.split('\t').collect();
         let rel: f64 = f[2].parse().unwrap();
         if rel > 0.0 {
-            m.entry(f[0].parse().unwrap()).or_default().insert(f[1].to_string(), rel);
+            m.entry(f[0].parse().unwrap())
+                .or_default()
+                .insert(f[1].to_string(), rel);
         }
     }
     m
@@ -92,7 +98,11 @@ fn recall100(ranked: &[(String, f32)], rel: &HashMap<String, f64>) -> f64 {
     if rel.is_empty() {
         return 0.0;
     }
-    let hit = ranked.iter().take(100).filter(|(k, _)| rel.contains_key(k)).count();
+    let hit = ranked
+        .iter()
+        .take(100)
+        .filter(|(k, _)| rel.contains_key(k))
+        .count();
     hit as f64 / rel.len() as f64
 }
 
@@ -101,9 +111,15 @@ fn batch(s: &IndexSchema, docs: &[&Doc]) -> RecordBatch {
         s.arrow_schema(),
         vec![
             Arc::new(Int64Array::from_iter_values(docs.iter().map(|d| d.id))),
-            Arc::new(StringArray::from_iter_values(docs.iter().map(|d| d.title.clone()))),
-            Arc::new(StringArray::from_iter_values(docs.iter().map(|d| d.text.clone()))),
-            Arc::new(StringArray::from_iter_values(docs.iter().map(|d| d.author.clone()))),
+            Arc::new(StringArray::from_iter_values(
+                docs.iter().map(|d| d.title.clone()),
+            )),
+            Arc::new(StringArray::from_iter_values(
+                docs.iter().map(|d| d.text.clone()),
+            )),
+            Arc::new(StringArray::from_iter_values(
+                docs.iter().map(|d| d.author.clone()),
+            )),
         ],
     )
     .unwrap()
@@ -132,7 +148,9 @@ async fn cranfield_ranks_like_one_index_across_generations() {
         memtable_max_rows: 1_000_000,
         ..Settings::default()
     };
-    let index = Index::create(common::memory(), s.clone(), settings).await.unwrap();
+    let index = Index::create(common::memory(), s.clone(), settings)
+        .await
+        .unwrap();
     let docs = docs();
     assert_eq!(docs.len(), 1400);
     let refs: Vec<&Doc> = docs.iter().collect();
@@ -157,7 +175,12 @@ async fn cranfield_ranks_like_one_index_across_generations() {
     let live: BTreeMap<String, Vec<Option<String>>> = docs
         .iter()
         .filter(|d| !dropped.contains(&d.id))
-        .map(|d| (d.id.to_string(), vec![Some(d.title.clone()), Some(d.text.clone())]))
+        .map(|d| {
+            (
+                d.id.to_string(),
+                vec![Some(d.title.clone()), Some(d.text.clone())],
+            )
+        })
         .collect();
     let reference = Reference::new(&["title", "text"], &live);
     let qrels = qrels();
@@ -165,7 +188,12 @@ async fn cranfield_ranks_like_one_index_across_generations() {
     assert_eq!(queries.len(), 225);
     let (mut ndcg_ours, mut ndcg_ref, mut rec_ours, mut rec_ref) = (0.0, 0.0, 0.0, 0.0);
     for (seq, q) in &queries {
-        let ours = results(&index.search_fts(q, &SearchOptions::with_k(100)).await.unwrap());
+        let ours = results(
+            &index
+                .search_fts(q, &SearchOptions::with_k(100))
+                .await
+                .unwrap(),
+        );
         let all = reference.search(q, false);
         assert_same_ranking(&ours, &all, 100, &format!("query {seq}: {q}"));
         let want: Vec<(String, f32)> = all.into_iter().take(100).collect();

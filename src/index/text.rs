@@ -167,10 +167,7 @@ impl TextIndex {
     }
 
     /// Build the index of a generation's stored rows (one tantivy segment).
-    pub fn build(
-        ts: &TextSchema,
-        rows: &RecordBatch,
-    ) -> Result<(TextIndex, IndexFiles)> {
+    pub fn build(ts: &TextSchema, rows: &RecordBatch) -> Result<(TextIndex, IndexFiles)> {
         let index = ts.empty_index();
         let mut writer: IndexWriter<TantivyDocument> = index
             .writer_with_num_threads(1, FLUSH_WRITER_HEAP)
@@ -196,11 +193,7 @@ impl TextIndex {
     }
 
     /// Open an index from the files [`TextIndex::build`] exported and the stored token counts.
-    pub fn open(
-        ts: &TextSchema,
-        files: IndexFiles,
-        counts: Vec<u32>,
-    ) -> Result<TextIndex> {
+    pub fn open(ts: &TextSchema, files: IndexFiles, counts: Vec<u32>) -> Result<TextIndex> {
         let dir = RamDirectory::create();
         for (name, bytes) in files {
             dir.atomic_write(std::path::Path::new(&name), &bytes)

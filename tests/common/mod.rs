@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 pub mod faulty;
 pub mod fts;
+pub mod latency;
 pub mod scenarios;
 
 pub const DIM: usize = 4;
