@@ -1,8 +1,10 @@
 //! `lsmsearch demo`: a guided tour on a local directory.
 
+use arrow::array::AsArray;
 use arrow::array::{FixedSizeListArray, Float32Array, Int64Array, RecordBatch, StringArray};
+use arrow::datatypes::Float32Type;
 use arrow::datatypes::{DataType, Field};
-use lsmsearch::{Index, IndexSchema, Key, Location, ScanOptions, Settings};
+use lsmsearch::{Index, IndexSchema, Key, Location, ScanOptions, SearchOptions, Settings};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
@@ -168,6 +170,33 @@ pub async fn run(dir: Option<PathBuf>, json: bool) -> lsmsearch::Result<()> {
             .await?;
         say(format!("scan --filter \"{filter}\": {} rows", count(&rows)));
     }
+    for (query, filter) in [
+        ("shock boundary layer", None),
+        ("\"heat transfer\" +turbulent", None),
+        ("supersonic nozzle", Some("lang = 'fr'")),
+    ] {
+        let opts = SearchOptions {
+            k: 3,
+            filter: filter.map(str::to_string),
+            ..Default::default()
+        };
+        let hits = index.search_fts(query, &opts).await?;
+        let mut found = Vec::new();
+        for b in &hits {
+            let ids = b.column(0).as_string::<i32>();
+            let scores = b.column(1).as_primitive::<Float32Type>();
+            for i in 0..b.num_rows() {
+                found.push(format!("{} ({:.3})", ids.value(i), scores.value(i)));
+            }
+        }
+        let f = filter
+            .map(|f| format!(" --filter \"{f}\""))
+            .unwrap_or_default();
+        say(format!(
+            "search --fts '{query}'{f} -k 3: {}",
+            found.join(", ")
+        ));
+    }
     let stats = index.stats();
     index.close().await?;
     // A second process would see the same through a read-only handle.
@@ -180,7 +209,9 @@ pub async fn run(dir: Option<PathBuf>, json: bool) -> lsmsearch::Result<()> {
         println!();
         crate::print_stats(&stats, false);
         println!();
-        println!("try: lsmsearch scan {location} --filter \"year = 1999\" | head");
+        println!("try: lsmsearch search {location} --fts 'wake vortex' -k 5");
+        println!("     lsmsearch explain {location} --fts 'wake vortex'");
+        println!("     lsmsearch scan {location} --filter \"year = 1998\" | head");
     }
     Ok(())
 }

@@ -4,8 +4,8 @@ use arrow::array::{Array, ArrayRef, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use clap::{Parser, Subcommand};
 use lsmsearch::{
-    Durability, Error, Index, IndexSchema, IndexStats, Key, Location, ScanOptions, Settings,
-    WriteOptions,
+    Conjunction, Durability, Error, Index, IndexSchema, IndexStats, Key, Location, ScanOptions,
+    SearchOptions, Settings, WriteOptions,
 };
 use std::io::{BufReader, IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -68,6 +68,38 @@ enum Command {
         /// Where the index lives.
         location: String,
         /// A SQL predicate over the index's columns, e.g. "year >= 2020 AND lang = 'en'".
+        #[arg(long)]
+        filter: Option<String>,
+    },
+    /// Full-text search (BM25 with global statistics over the live rows): key, _score, payload.
+    Search {
+        /// Where the index lives.
+        location: String,
+        /// The query, in tantivy's query-parser syntax: terms, AND/OR, "phrases", +required,
+        /// -excluded, field:term, term^2.
+        #[arg(long)]
+        fts: String,
+        /// How many rows to return.
+        #[arg(short, long, default_value_t = 10)]
+        k: usize,
+        /// A SQL predicate over payload columns, applied before the top k.
+        #[arg(long)]
+        filter: Option<String>,
+        /// Require every term (AND) instead of any term (OR) when no operator is written.
+        #[arg(long)]
+        and: bool,
+    },
+    /// Print the physical plan of a full-text search.
+    Explain {
+        /// Where the index lives.
+        location: String,
+        /// The query.
+        #[arg(long)]
+        fts: String,
+        /// How many rows the plan returns.
+        #[arg(short, long, default_value_t = 10)]
+        k: usize,
+        /// A SQL predicate over payload columns.
         #[arg(long)]
         filter: Option<String>,
     },
@@ -195,6 +227,54 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
                 Index::open_read_only(Location::parse(&location)?, Settings::default()).await?;
             let rows = index.scan(ScanOptions { filter }).await?;
             print_json_lines(&rows)?;
+        }
+        Command::Search {
+            location,
+            fts,
+            k,
+            filter,
+            and,
+        } => {
+            let index =
+                Index::open_read_only(Location::parse(&location)?, Settings::default()).await?;
+            let opts = SearchOptions {
+                k,
+                filter,
+                conjunction: if and {
+                    Conjunction::And
+                } else {
+                    Conjunction::Or
+                },
+            };
+            let rows = index.search_fts(&fts, &opts).await?;
+            if json {
+                print_json_lines(&rows)?;
+            } else {
+                println!("{}", arrow::util::pretty::pretty_format_batches(&rows)?);
+            }
+        }
+        Command::Explain {
+            location,
+            fts,
+            k,
+            filter,
+        } => {
+            let index =
+                Index::open_read_only(Location::parse(&location)?, Settings::default()).await?;
+            let opts = SearchOptions {
+                k,
+                filter,
+                ..Default::default()
+            };
+            let plan = index.plan_fts(&fts, &opts).await?;
+            let text = datafusion::physical_plan::displayable(plan.as_ref())
+                .indent(true)
+                .to_string();
+            if json {
+                println!("{}", serde_json::json!({"plan": text}));
+            } else {
+                print!("{text}");
+            }
         }
         Command::Stats { location } => {
             let index =

@@ -86,9 +86,14 @@ impl Source {
         user: &SchemaRef,
     ) -> Result<Vec<bool>> {
         let mut mask = Vec::with_capacity(self.rows);
+        let n = user.fields().len();
         for b in &self.batches {
-            let cols: Vec<ArrayRef> = b.columns()[..user.fields().len()].to_vec();
-            let ub = RecordBatch::try_new(user.clone(), cols)?;
+            // The stored schema's first columns are the user columns, all nullable (tombstones).
+            let schema = Arc::new(arrow::datatypes::Schema::new(
+                b.schema().fields()[..n].to_vec(),
+            ));
+            let cols: Vec<ArrayRef> = b.columns()[..n].to_vec();
+            let ub = RecordBatch::try_new(schema, cols)?;
             let v = filter.evaluate(&ub)?.into_array(ub.num_rows())?;
             let v = v
                 .as_any()
