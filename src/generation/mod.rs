@@ -81,7 +81,13 @@ pub struct Generation {
     pk_hashes: Vec<u64>,
     /// The key hash of each row.
     row_hashes: Vec<u64>,
+    /// `(row, key hash)` of every row: a search's candidates (one version per key).
+    candidates: std::sync::Arc<Vec<(usize, u64)>>,
     text: Option<TextIndex>,
+}
+
+fn candidates(row_hashes: &[u64]) -> std::sync::Arc<Vec<(usize, u64)>> {
+    std::sync::Arc::new(row_hashes.iter().copied().enumerate().collect())
 }
 
 fn row_hashes(rows: &RecordBatch) -> Vec<u64> {
@@ -188,6 +194,7 @@ impl Generation {
                 meta,
                 rows,
                 pk_hashes,
+                candidates: candidates(&row_hashes),
                 row_hashes,
                 text,
             },
@@ -290,9 +297,11 @@ impl Generation {
             }
             None => None,
         };
+        let row_hashes = row_hashes(&rows);
         Ok(Generation {
             meta: dir.stats,
-            row_hashes: row_hashes(&rows),
+            candidates: candidates(&row_hashes),
+            row_hashes,
             rows,
             pk_hashes,
             text,
@@ -317,6 +326,11 @@ impl Generation {
     /// The key hash of each row.
     pub fn row_hashes(&self) -> &[u64] {
         &self.row_hashes
+    }
+
+    /// `(row, key hash)` of every row.
+    pub fn candidates(&self) -> &std::sync::Arc<Vec<(usize, u64)>> {
+        &self.candidates
     }
 
     /// The full-text index, when the schema has text columns.

@@ -48,13 +48,12 @@ impl Source {
     }
 
     pub fn from_generation(g: &Arc<Generation>) -> Source {
-        let candidates = g.row_hashes().iter().copied().enumerate().collect();
         Source {
             name: format!("generation {}", g.meta().id),
             batches: vec![g.rows().clone()],
             offsets: vec![0],
             rows: g.rows().num_rows(),
-            candidates: Arc::new(candidates),
+            candidates: g.candidates().clone(),
             text: g.text().cloned().map_or(SourceText::None, SourceText::Gen),
         }
     }
@@ -110,7 +109,9 @@ impl Source {
 /// not a tombstone, and not hidden by a strictly newer source. A newer source's key hashes form
 /// the block list; a hash hit is confirmed on the exact key before a row is hidden.
 pub(crate) fn live_masks(sources: &[Source]) -> Vec<Vec<bool>> {
-    let mut newer: HashMap<u64, Vec<(usize, usize)>> = HashMap::new();
+    // The newest (source, ordinal) seen for each key hash; a hit is confirmed on the exact key,
+    // and a true hash collision falls back to looking the key up in every newer source.
+    let mut newer: HashMap<u64, (usize, usize)> = HashMap::new();
     let mut out = Vec::with_capacity(sources.len());
     for (i, s) in sources.iter().enumerate() {
         let mut live = vec![false; s.rows];
@@ -119,19 +120,84 @@ pub(crate) fn live_masks(sources: &[Source]) -> Vec<Vec<bool>> {
             if ord >= s.rows {
                 continue;
             }
-            let hidden = newer.get(&h).is_some_and(|hits| {
-                let k = s.key_at(ord);
-                hits.iter().any(|(j, o)| sources[*j].key_at(*o) == k)
-            });
+            let hidden = match newer.get(&h) {
+                None => false,
+                Some((j, o)) => {
+                    let k = s.key_at(ord);
+                    sources[*j].key_at(*o) == k || in_any(&sources[..i], h, &k)
+                }
+            };
             let (b, r) = s.locate(ord);
             live[ord] = !hidden && !deleted[b].value(r);
         }
         for &(ord, h) in s.candidates.iter() {
             if ord < s.rows {
-                newer.entry(h).or_default().push((i, ord));
+                newer.entry(h).or_insert((i, ord));
             }
         }
         out.push(live);
     }
     out
+}
+
+/// Whether any of `sources` holds `key` (whose hash is `h`): the slow path of a hash collision.
+fn in_any(sources: &[Source], h: u64, key: &Option<Key>) -> bool {
+    sources.iter().any(|s| {
+        s.candidates
+            .iter()
+            .any(|&(o, hh)| hh == h && o < s.rows && &s.key_at(o) == key)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::IndexSchema;
+    use arrow::array::StringArray;
+
+    fn source(name: &str, keys: &[&str], hashes: &[u64], deleted: bool) -> Source {
+        let s = IndexSchema::from_json(r#"{"primary_key": "id"}"#).unwrap();
+        let keys: ArrayRef = Arc::new(StringArray::from(keys.to_vec()));
+        let batch = if deleted {
+            s.tombstones(&keys, 1).unwrap()
+        } else {
+            let user = RecordBatch::try_new(s.arrow_schema(), vec![keys]).unwrap();
+            s.to_stored(&user, 1).unwrap()
+        };
+        Source {
+            name: name.into(),
+            rows: batch.num_rows(),
+            batches: vec![batch],
+            offsets: vec![0],
+            candidates: Arc::new(hashes.iter().copied().enumerate().collect()),
+            text: SourceText::None,
+        }
+    }
+
+    #[test]
+    fn a_hash_collision_never_hides_a_live_row() {
+        // "b" in the newer source collides with "a" in the older one: "a" must stay live.
+        let newer = source("new", &["b", "c"], &[7, 9], false);
+        let older = source("old", &["a", "c", "d"], &[7, 9, 11], false);
+        let m = live_masks(&[newer, older]);
+        assert_eq!(m[0], vec![true, true]);
+        assert_eq!(
+            m[1],
+            vec![true, false, true],
+            "only the superseded 'c' is hidden"
+        );
+    }
+
+    #[test]
+    fn a_collision_beside_a_real_match_still_hides_the_real_match() {
+        // Hash 7 is held by "x" (newest) and "a" (middle); the oldest "a" is superseded by the
+        // middle one although the first hash hit is the unrelated "x".
+        let newest = source("newest", &["x"], &[7], false);
+        let middle = source("middle", &["a"], &[7], true);
+        let oldest = source("oldest", &["a", "z"], &[7, 3], false);
+        let m = live_masks(&[newest, middle, oldest]);
+        assert_eq!(m[0], vec![true]);
+        assert_eq!(m[1], vec![false], "a tombstone is never live");
+        assert_eq!(m[2], vec![false, true]);
+    }
 }
