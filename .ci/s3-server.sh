@@ -9,7 +9,9 @@ VENV="${LSMSEARCH_CI_VENV:-$HOME/.cache/lsmsearch-ci-venv}"
 BUCKET="lsmsearch-test"
 LOG="/tmp/lsmsearch-moto-${PORT}.log"
 
-up() { curl -s -o /dev/null "http://127.0.0.1:${PORT}/" ; }
+up() {
+    python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:${PORT}/', timeout=1)" 2>/dev/null
+}
 
 if ! up; then
     if [ ! -x "$VENV/bin/moto_server" ]; then
