@@ -59,7 +59,9 @@ pub mod wal;
 pub use db::{Index, IndexStats, ReadOnlyIndex, ScanOptions, WriteReceipt};
 pub use error::{Error, ErrorKind, Result};
 pub use key::{Key, KeyType, PK_HASH_SEED};
-pub use query::{Conjunction, SearchOptions, SCORE_COLUMN};
+pub use query::{
+    distance, Conjunction, SearchOptions, VectorSearchOptions, DISTANCE_COLUMN, SCORE_COLUMN,
+};
 pub use schema::{
     IndexSchema, Metric, PayloadColumn, PayloadType, VectorColumn, DELETED_COLUMN, SEQ_COLUMN,
 };

@@ -5,7 +5,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use clap::{Parser, Subcommand};
 use lsmsearch::{
     Conjunction, Durability, Error, Index, IndexSchema, IndexStats, Key, Location, ScanOptions,
-    SearchOptions, Settings, WriteOptions,
+    SearchOptions, Settings, VectorSearchOptions, WriteOptions,
 };
 use std::io::{BufReader, IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -71,14 +71,21 @@ enum Command {
         #[arg(long)]
         filter: Option<String>,
     },
-    /// Full-text search (BM25 with global statistics over the live rows): key, _score, payload.
+    /// Full-text search (BM25 with global statistics over the live rows: key, _score, payload)
+    /// or vector search (exact distances: key, _distance, payload).
     Search {
         /// Where the index lives.
         location: String,
         /// The query, in tantivy's query-parser syntax: terms, AND/OR, "phrases", +required,
         /// -excluded, field:term, term^2.
+        #[arg(long, conflicts_with_all = ["vector", "vector_file"], required_unless_present_any = ["vector", "vector_file"])]
+        fts: Option<String>,
+        /// A query vector as a JSON array, e.g. '[0.1, 0.2, 0.3]'.
+        #[arg(long, conflicts_with = "vector_file")]
+        vector: Option<String>,
+        /// A file holding the query vector as a JSON array.
         #[arg(long)]
-        fts: String,
+        vector_file: Option<PathBuf>,
         /// How many rows to return.
         #[arg(short, long, default_value_t = 10)]
         k: usize,
@@ -231,22 +238,47 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
         Command::Search {
             location,
             fts,
+            vector,
+            vector_file,
             k,
             filter,
             and,
         } => {
             let index =
                 Index::open_read_only(Location::parse(&location)?, Settings::default()).await?;
-            let opts = SearchOptions {
-                k,
-                filter,
-                conjunction: if and {
-                    Conjunction::And
-                } else {
-                    Conjunction::Or
-                },
+            let rows = match (fts, vector, vector_file) {
+                (Some(fts), _, _) => {
+                    let conjunction = if and {
+                        Conjunction::And
+                    } else {
+                        Conjunction::Or
+                    };
+                    let opts = SearchOptions {
+                        k,
+                        filter,
+                        conjunction,
+                    };
+                    index.search_fts(&fts, &opts).await?
+                }
+                (None, Some(v), _) => {
+                    let q = parse_vector(&v)?;
+                    index
+                        .search_vector(&q, &VectorSearchOptions { k, filter })
+                        .await?
+                }
+                (None, None, Some(f)) => {
+                    let text = std::fs::read_to_string(&f).map_err(|e| {
+                        Error::invalid(format!("cannot read '{}': {e}", f.display()))
+                    })?;
+                    let q = parse_vector(&text)?;
+                    index
+                        .search_vector(&q, &VectorSearchOptions { k, filter })
+                        .await?
+                }
+                (None, None, None) => {
+                    return Err(Error::invalid("give --fts, --vector or --vector-file"))
+                }
             };
-            let rows = index.search_fts(&fts, &opts).await?;
             if json {
                 print_json_lines(&rows)?;
             } else {
@@ -436,6 +468,12 @@ fn rebatch(
         }
     }
     out
+}
+
+/// A query vector from a JSON array of numbers.
+fn parse_vector(text: &str) -> lsmsearch::Result<Vec<f32>> {
+    serde_json::from_str(text.trim())
+        .map_err(|e| Error::invalid(format!("query vector is not a JSON array of numbers: {e}")))
 }
 
 /// A JSON value for one cell of a key column.

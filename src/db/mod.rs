@@ -21,6 +21,7 @@ use crate::manifest::{Manifest, ManifestStore, WriteOutcome};
 use crate::memtable::Memtable;
 use crate::query::fts;
 use crate::query::source::Source;
+use crate::query::vector::{self, VectorSearchOptions};
 use crate::query::SearchOptions;
 use crate::read::{filter_rows, Snapshot};
 use crate::schema::IndexSchema;
@@ -581,6 +582,36 @@ impl Index {
         options: &SearchOptions,
     ) -> Result<Vec<RecordBatch>> {
         let plan = self.plan_fts(query, options).await?;
+        Ok(collect(plan, Arc::new(TaskContext::default())).await?)
+    }
+
+    /// The physical plan of a vector search: one leaf per source computing exact distances to
+    /// its live rows that pass the filter (its top k), `UnionExec`, `SortPreservingMergeExec(fetch
+    /// = k)` ordered by `_distance` ascending then key.
+    pub async fn plan_vector(
+        &self,
+        query: &[f32],
+        options: &VectorSearchOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if self.inner.closed.load(Ordering::SeqCst) {
+            return Err(Error::closed());
+        }
+        let sources = self.search_sources();
+        let schema = self.inner.schema.clone();
+        let query = query.to_vec();
+        let options = options.clone();
+        tokio::task::spawn_blocking(move || vector::plan(&schema, sources, &query, &options))
+            .await?
+    }
+
+    /// Vector k-nearest-neighbour search: the `k` live rows nearest to `query` (key, `_distance`,
+    /// payload columns), with exact f32 distances under the schema's metric.
+    pub async fn search_vector(
+        &self,
+        query: &[f32],
+        options: &VectorSearchOptions,
+    ) -> Result<Vec<RecordBatch>> {
+        let plan = self.plan_vector(query, options).await?;
         Ok(collect(plan, Arc::new(TaskContext::default())).await?)
     }
 

@@ -7,6 +7,7 @@ use crate::manifest::{Manifest, ManifestStore};
 use crate::memtable::Memtable;
 use crate::query::fts;
 use crate::query::source::Source;
+use crate::query::vector::{self, VectorSearchOptions};
 use crate::query::SearchOptions;
 use crate::read::{filter_rows, Snapshot};
 use crate::schema::IndexSchema;
@@ -222,6 +223,36 @@ impl ReadOnlyIndex {
         options: &SearchOptions,
     ) -> Result<Vec<RecordBatch>> {
         let plan = self.plan_fts(query, options).await?;
+        Ok(collect(plan, Arc::new(TaskContext::default())).await?)
+    }
+
+    /// The physical plan of an exact vector search over the view (see
+    /// [`crate::Index::plan_vector`]).
+    pub async fn plan_vector(
+        &self,
+        query: &[f32],
+        options: &VectorSearchOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let sources = {
+            let v = self.view.read().await;
+            let mut s = vec![Source::from_memtable("wal".into(), v.wal.search_view())];
+            s.extend(v.generations.iter().rev().map(Source::from_generation));
+            s
+        };
+        let schema = self.schema.clone();
+        let query = query.to_vec();
+        let options = options.clone();
+        tokio::task::spawn_blocking(move || vector::plan(&schema, sources, &query, &options))
+            .await?
+    }
+
+    /// Vector search over the view, collected.
+    pub async fn search_vector(
+        &self,
+        query: &[f32],
+        options: &VectorSearchOptions,
+    ) -> Result<Vec<RecordBatch>> {
+        let plan = self.plan_vector(query, options).await?;
         Ok(collect(plan, Arc::new(TaskContext::default())).await?)
     }
 

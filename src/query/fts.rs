@@ -118,7 +118,11 @@ pub(crate) fn compile_filter(user: &SchemaRef, filter: &str) -> Result<Arc<dyn P
     Ok(phys)
 }
 
-fn sort_ordering(schema: &SchemaRef, score_descending: bool, score: &str) -> Result<LexOrdering> {
+pub(crate) fn sort_ordering(
+    schema: &SchemaRef,
+    score_descending: bool,
+    score: &str,
+) -> Result<LexOrdering> {
     let key = schema.field(0).name().clone();
     LexOrdering::new(vec![
         PhysicalSortExpr::new(
@@ -310,6 +314,9 @@ fn search_arm(
         rows.push((score, row, source.key_at(row)));
     }
     rows.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.2.cmp(&b.2)));
+    if rows.is_empty() {
+        return Ok(RecordBatch::new_empty(out_schema.clone()));
+    }
     let idx: Vec<(usize, usize)> = rows.iter().map(|(_, r, _)| source.locate(*r)).collect();
     let take = |c: usize| -> Result<ArrayRef> {
         let arrays: Vec<&dyn Array> = source

@@ -4,6 +4,9 @@
 pub(crate) mod exec;
 pub(crate) mod fts;
 pub(crate) mod source;
+pub(crate) mod vector;
+
+pub use vector::{distance, VectorSearchOptions};
 
 use serde::{Deserialize, Serialize};
 
@@ -51,3 +54,5 @@ impl SearchOptions {
 
 /// Name of the score column of full-text results.
 pub const SCORE_COLUMN: &str = "_score";
+/// Name of the distance column of vector results.
+pub const DISTANCE_COLUMN: &str = "_distance";

@@ -62,13 +62,26 @@ impl Reference {
     }
 }
 
-fn close(a: f32, b: f32) -> bool {
-    (a - b).abs() <= 1e-5 * a.abs().max(b.abs()).max(1e-6)
+fn close_with(a: f32, b: f32, floor: f32) -> bool {
+    (a - b).abs() <= 1e-5 * a.abs().max(b.abs()).max(floor)
 }
 
 /// Check `ours` (top k) against every reference match: same length min(k, matches), scores equal
 /// within 1e-5 relative at every rank, same keys except among rows tied with the k-th score.
 pub fn assert_same_ranking(ours: &[(String, f32)], all: &[(String, f32)], k: usize, ctx: &str) {
+    assert_same_ranking_with(ours, all, k, ctx, 1e-6)
+}
+
+/// As [`assert_same_ranking`], with values below `floor` compared to within `1e-5 * floor`
+/// absolute (for distances near zero computed in f32 against an f64 reference).
+pub fn assert_same_ranking_with(
+    ours: &[(String, f32)],
+    all: &[(String, f32)],
+    k: usize,
+    ctx: &str,
+    floor: f32,
+) {
+    let close = |a: f32, b: f32| close_with(a, b, floor);
     let want = &all[..all.len().min(k)];
     assert_eq!(
         ours.len(),

@@ -1,0 +1,259 @@
+//! Vector k-nearest-neighbour search: exact distances in every arm, block lists and filters
+//! applied before each arm's top k, arms merged by `_distance` ascending then key.
+
+use super::exec::{ArmExec, ArmWork};
+use super::fts::{compile_filter, sort_ordering};
+use super::source::{live_masks, Source};
+use super::DISTANCE_COLUMN;
+use crate::key::Key;
+use crate::schema::{IndexSchema, Metric};
+use crate::{Error, Result};
+use arrow::array::{Array, ArrayRef, AsArray, Float32Array, RecordBatch};
+use arrow::datatypes::{DataType, Field, Float32Type, Schema, SchemaRef};
+use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
+use datafusion::physical_plan::union::UnionExec;
+use datafusion::physical_plan::ExecutionPlan;
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+use std::sync::Arc;
+
+/// Options of a vector search.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VectorSearchOptions {
+    /// How many rows to return (at least 1). Default 10.
+    pub k: usize,
+    /// A SQL predicate over the index's columns, applied inside every arm before its top k.
+    pub filter: Option<String>,
+}
+
+impl Default for VectorSearchOptions {
+    fn default() -> Self {
+        VectorSearchOptions {
+            k: 10,
+            filter: None,
+        }
+    }
+}
+
+/// The distance between `a` and `b` under `metric`, in f32, accumulated in index order:
+/// Euclidean distance for `l2`, one minus the cosine similarity for `cosine` (1 when either
+/// vector is zero), the negated dot product for `dot`. Smaller is nearer.
+pub fn distance(metric: Metric, a: &[f32], b: &[f32]) -> f32 {
+    match metric {
+        Metric::L2 => a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y) * (x - y))
+            .sum::<f32>()
+            .sqrt(),
+        Metric::Dot => -a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>(),
+        Metric::Cosine => {
+            let (mut dot, mut na, mut nb) = (0f32, 0f32, 0f32);
+            for (x, y) in a.iter().zip(b) {
+                dot += x * y;
+                na += x * x;
+                nb += y * y;
+            }
+            if na == 0.0 || nb == 0.0 {
+                1.0
+            } else {
+                1.0 - dot / (na.sqrt() * nb.sqrt())
+            }
+        }
+    }
+}
+
+/// The output schema of a vector search: key, `_distance`, payload columns.
+pub(crate) fn output_schema(schema: &IndexSchema) -> SchemaRef {
+    let user = schema.arrow_schema();
+    let mut fields = vec![user.field(0).clone()];
+    fields.push(Field::new(DISTANCE_COLUMN, DataType::Float32, false));
+    for p in &schema.payload {
+        fields.push(Field::new(&p.name, p.kind.data_type(), true));
+    }
+    Arc::new(Schema::new(fields))
+}
+
+/// Check a query vector against the schema.
+pub(crate) fn check_query(schema: &IndexSchema, query: &[f32]) -> Result<()> {
+    let v = schema
+        .vector
+        .as_ref()
+        .ok_or_else(|| Error::invalid("vector search on an index without a vector column"))?;
+    if query.len() != v.dim {
+        return Err(Error::invalid(format!(
+            "query vector has dimension {}, the vector column '{}' has dimension {}",
+            query.len(),
+            v.column,
+            v.dim
+        )));
+    }
+    if let Some((i, x)) = query.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+        return Err(Error::invalid(format!(
+            "query vector has a non-finite value ({x}) at component {i}"
+        )));
+    }
+    Ok(())
+}
+
+#[derive(PartialEq)]
+struct Hit {
+    distance: f32,
+    key: Option<Key>,
+    ord: usize,
+}
+
+impl Eq for Hit {}
+
+impl PartialOrd for Hit {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Hit {
+    /// Worse hits are greater: larger distance, then larger key.
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.distance
+            .total_cmp(&other.distance)
+            .then_with(|| self.key.cmp(&other.key))
+    }
+}
+
+/// Build the physical plan of an exact vector search over `sources` (newest first).
+pub(crate) fn plan(
+    schema: &IndexSchema,
+    sources: Vec<Source>,
+    query: &[f32],
+    opts: &VectorSearchOptions,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    check_query(schema, query)?;
+    if opts.k == 0 {
+        return Err(Error::invalid("k must be at least 1"));
+    }
+    let vcol = schema.vector.as_ref().expect("checked above");
+    let metric = vcol.metric;
+    let user = schema.arrow_schema();
+    let vidx = user
+        .index_of(&vcol.column)
+        .map_err(|_| Error::internal("vector column missing from the schema"))?;
+    let filter = opts
+        .filter
+        .as_deref()
+        .map(|f| compile_filter(&user, f))
+        .transpose()?;
+    let out_schema = output_schema(schema);
+    let ordering = sort_ordering(&out_schema, false, DISTANCE_COLUMN)?;
+    let live = live_masks(&sources);
+    let query: Arc<Vec<f32>> = Arc::new(query.to_vec());
+    let payload: Vec<usize> = (0..schema.payload.len())
+        .map(|i| user.fields().len() - schema.payload.len() + i)
+        .collect();
+    let mut arms: Vec<Arc<dyn ExecutionPlan>> = Vec::with_capacity(sources.len());
+    for (source, mut mask) in sources.into_iter().zip(live) {
+        let live_rows = mask.iter().filter(|l| **l).count();
+        if let Some(f) = &filter {
+            for (m, f) in mask.iter_mut().zip(source.filter_mask(f, &user)?) {
+                *m &= f;
+            }
+        }
+        let candidates = mask.iter().filter(|l| **l).count();
+        let description = format!(
+            "source={}, rows={}, live={live_rows}, candidates={candidates}, metric={metric:?}, exact, k={}",
+            source.name, source.rows, opts.k
+        );
+        let work: ArmWork = {
+            let query = query.clone();
+            let out_schema = out_schema.clone();
+            let payload = payload.clone();
+            let k = opts.k;
+            Arc::new(move || {
+                exact_arm(
+                    &source,
+                    &mask,
+                    vidx,
+                    metric,
+                    &query,
+                    k,
+                    &out_schema,
+                    &payload,
+                )
+            })
+        };
+        arms.push(Arc::new(ArmExec::new(
+            "VectorArmExec",
+            description,
+            out_schema.clone(),
+            ordering.clone(),
+            work,
+        )));
+    }
+    let union = UnionExec::try_new(arms)?;
+    Ok(Arc::new(
+        SortPreservingMergeExec::new(ordering, union).with_fetch(Some(opts.k)),
+    ))
+}
+
+/// Exact distances to every admitted row of one source; its top k, nearest first.
+#[allow(clippy::too_many_arguments)]
+fn exact_arm(
+    source: &Source,
+    mask: &[bool],
+    vidx: usize,
+    metric: Metric,
+    query: &[f32],
+    k: usize,
+    out_schema: &SchemaRef,
+    payload: &[usize],
+) -> Result<RecordBatch> {
+    let dim = query.len();
+    let mut heap: BinaryHeap<Hit> = BinaryHeap::with_capacity(k + 1);
+    for (b, batch) in source.batches.iter().enumerate() {
+        let base = source.offsets[b];
+        let vectors = batch.column(vidx).as_fixed_size_list();
+        let values = vectors.values().as_primitive::<Float32Type>().values();
+        for r in 0..batch.num_rows() {
+            let ord = base + r;
+            if ord >= mask.len() || !mask[ord] || vectors.is_null(r) {
+                continue;
+            }
+            let start = (vectors.value_offset(r)) as usize;
+            let d = distance(metric, query, &values[start..start + dim]);
+            if heap.len() == k {
+                let worst = heap.peek().expect("k > 0");
+                if d.total_cmp(&worst.distance) == Ordering::Greater {
+                    continue;
+                }
+            }
+            heap.push(Hit {
+                distance: d,
+                key: source.key_at(ord),
+                ord,
+            });
+            if heap.len() > k {
+                heap.pop();
+            }
+        }
+    }
+    let hits = heap.into_sorted_vec();
+    if hits.is_empty() {
+        return Ok(RecordBatch::new_empty(out_schema.clone()));
+    }
+    let idx: Vec<(usize, usize)> = hits.iter().map(|h| source.locate(h.ord)).collect();
+    let take = |c: usize| -> Result<ArrayRef> {
+        let arrays: Vec<&dyn Array> = source
+            .batches
+            .iter()
+            .map(|b| b.column(c).as_ref())
+            .collect();
+        Ok(arrow::compute::interleave(&arrays, &idx)?)
+    };
+    let mut columns = vec![take(0)?];
+    columns.push(Arc::new(Float32Array::from_iter_values(
+        hits.iter().map(|h| h.distance),
+    )));
+    for c in payload {
+        columns.push(take(*c)?);
+    }
+    Ok(RecordBatch::try_new(out_schema.clone(), columns)?)
+}

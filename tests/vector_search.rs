@@ -1,0 +1,305 @@
+//! Exact vector search: equals brute force over the live rows for any split into memtable and
+//! generations and every metric; never short with block lists and a 1%-selective filter; bad
+//! query vectors get clear errors.
+
+mod common;
+
+use arrow::array::{
+    AsArray, FixedSizeListArray, Float32Array, Int64Array, RecordBatch, StringArray,
+};
+use arrow::datatypes::{DataType, Field, Float32Type};
+use common::fts::assert_same_ranking_with;
+use lsmsearch::{ErrorKind, Index, IndexSchema, Key, Settings, VectorSearchOptions};
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+fn schema(metric: &str, dim: usize) -> IndexSchema {
+    IndexSchema::from_json(&format!(
+        r#"{{"primary_key": "id", "vector": {{"column": "v", "dim": {dim}, "metric": "{metric}"}},
+            "payload": [{{"name": "year", "type": "int64"}}]}}"#
+    ))
+    .unwrap()
+}
+
+fn batch(s: &IndexSchema, rows: &[(String, Vec<f32>, i64)]) -> RecordBatch {
+    let dim = s.vector.as_ref().unwrap().dim;
+    let values: Vec<f32> = rows.iter().flat_map(|r| r.1.clone()).collect();
+    RecordBatch::try_new(
+        s.arrow_schema(),
+        vec![
+            Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|r| r.0.clone()),
+            )),
+            Arc::new(
+                FixedSizeListArray::try_new(
+                    Arc::new(Field::new("item", DataType::Float32, true)),
+                    dim as i32,
+                    Arc::new(Float32Array::from(values)),
+                    None,
+                )
+                .unwrap(),
+            ),
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.2))),
+        ],
+    )
+    .unwrap()
+}
+
+/// (key, -distance): the full-text ranking checker then orders nearest first.
+fn results(batches: &[RecordBatch]) -> Vec<(String, f32)> {
+    let mut out = Vec::new();
+    for b in batches {
+        let ids = b.column(0).as_string::<i32>();
+        let d = b.column(1).as_primitive::<Float32Type>();
+        for i in 0..b.num_rows() {
+            out.push((ids.value(i).to_string(), -d.value(i)));
+        }
+    }
+    out
+}
+
+/// Independent brute force in f64: every live row, nearest first, as (key, -distance).
+fn brute_force(
+    metric: &str,
+    live: &BTreeMap<String, (Vec<f32>, i64)>,
+    q: &[f32],
+) -> Vec<(String, f32)> {
+    let mut all: Vec<(String, f32)> = live
+        .iter()
+        .map(|(k, (v, _))| {
+            let dot: f64 = v.iter().zip(q).map(|(a, b)| *a as f64 * *b as f64).sum();
+            let d = match metric {
+                "l2" => v
+                    .iter()
+                    .zip(q)
+                    .map(|(a, b)| ((a - b) as f64).powi(2))
+                    .sum::<f64>()
+                    .sqrt(),
+                "dot" => -dot,
+                _ => {
+                    let na: f64 = v.iter().map(|a| (*a as f64).powi(2)).sum::<f64>().sqrt();
+                    let nb: f64 = q.iter().map(|a| (*a as f64).powi(2)).sum::<f64>().sqrt();
+                    if na == 0.0 || nb == 0.0 {
+                        1.0
+                    } else {
+                        1.0 - dot / (na * nb)
+                    }
+                }
+            };
+            (k.clone(), -(d as f32))
+        })
+        .collect();
+    all.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    all
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Upsert(Vec<(u8, Vec<i8>)>),
+    Delete(Vec<u8>),
+    Flush,
+}
+
+fn op(dim: usize) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => prop::collection::vec((0u8..50, prop::collection::vec(-8i8..8, dim)), 1..10).prop_map(Op::Upsert),
+        2 => prop::collection::vec(0u8..50, 1..4).prop_map(Op::Delete),
+        2 => Just(Op::Flush),
+    ]
+}
+
+async fn run(metric: &str, ops: Vec<Op>, queries: Vec<Vec<i8>>, k: usize) {
+    let dim = queries[0].len();
+    let s = schema(metric, dim);
+    let index = Index::create(common::memory(), s.clone(), Settings::default())
+        .await
+        .unwrap();
+    let mut live = BTreeMap::new();
+    let mut flushes = 0;
+    for op in ops {
+        match op {
+            Op::Upsert(rows) => {
+                let rows: Vec<(String, Vec<f32>, i64)> = rows
+                    .into_iter()
+                    .map(|(k, v)| {
+                        (
+                            format!("k{k:02}"),
+                            v.iter().map(|x| *x as f32 / 4.0).collect(),
+                            k as i64,
+                        )
+                    })
+                    .collect();
+                index.append(&batch(&s, &rows)).await.unwrap();
+                for r in rows {
+                    live.insert(r.0, (r.1, r.2));
+                }
+            }
+            Op::Delete(keys) => {
+                let keys: Vec<String> = keys.iter().map(|k| format!("k{k:02}")).collect();
+                index
+                    .delete(
+                        &keys
+                            .iter()
+                            .map(|k| Key::from(k.as_str()))
+                            .collect::<Vec<_>>(),
+                    )
+                    .await
+                    .unwrap();
+                for k in keys {
+                    live.remove(&k);
+                }
+            }
+            Op::Flush => {
+                if flushes < 20 {
+                    index.flush().await.unwrap();
+                    flushes += 1;
+                }
+            }
+        }
+    }
+    for q in queries {
+        let q: Vec<f32> = q.iter().map(|x| *x as f32 / 4.0).collect();
+        let opts = VectorSearchOptions {
+            k,
+            ..Default::default()
+        };
+        let ours = results(&index.search_vector(&q, &opts).await.unwrap());
+        let all = brute_force(metric, &live, &q);
+        let ctx = format!("{metric}, q {q:?}, k {k}, {flushes} generations");
+        assert_same_ranking_with(&ours, &all, k, &ctx, 1.0);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn exact_search_equals_brute_force(
+        metric in prop::sample::select(vec!["l2", "cosine", "dot"]),
+        ops in prop::collection::vec(op(5), 1..50),
+        queries in prop::collection::vec(prop::collection::vec(-8i8..8, 5), 1..4),
+        k in 1usize..12,
+    ) {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        rt.block_on(run(metric, ops, queries, k));
+    }
+}
+
+#[tokio::test]
+async fn never_short_with_block_lists_and_a_one_percent_filter() {
+    let s = schema("l2", 2);
+    let index = Index::create(common::memory(), s.clone(), Settings::default())
+        .await
+        .unwrap();
+    // 2,000 rows over 4 generations; year = i % 100 so "year = 7" keeps 1%.
+    for g in 0..4 {
+        let rows: Vec<(String, Vec<f32>, i64)> = (g * 500..(g + 1) * 500)
+            .map(|i| (format!("r{i:04}"), vec![i as f32, 0.0], (i % 100) as i64))
+            .collect();
+        index.append(&batch(&s, &rows)).await.unwrap();
+        index.flush().await.unwrap();
+    }
+    // The nearest rows to the origin move far away (superseded) or are deleted.
+    let moved: Vec<(String, Vec<f32>, i64)> = (0..300)
+        .step_by(2)
+        .map(|i| (format!("r{i:04}"), vec![1e6, 0.0], (i % 100) as i64))
+        .collect();
+    index.append(&batch(&s, &moved)).await.unwrap();
+    index.flush().await.unwrap();
+    let gone: Vec<Key> = (1..300)
+        .step_by(2)
+        .map(|i| Key::from(format!("r{i:04}")))
+        .collect();
+    index.delete(&gone).await.unwrap();
+
+    let opts = VectorSearchOptions {
+        k: 10,
+        filter: None,
+    };
+    let got = results(&index.search_vector(&[0.0, 0.0], &opts).await.unwrap());
+    let keys: Vec<&str> = got.iter().map(|r| r.0.as_str()).collect();
+    assert_eq!(
+        keys,
+        (300..310).map(|i| format!("r{i:04}")).collect::<Vec<_>>()
+    );
+
+    let opts = VectorSearchOptions {
+        k: 10,
+        filter: Some("year = 7".into()),
+    };
+    let got = results(&index.search_vector(&[0.0, 0.0], &opts).await.unwrap());
+    // Rows with year 7 below 300 were moved (even) or deleted (odd): 307, 407, ..., 1907 remain,
+    // plus the moved 7+100j for even ones (none: 7 is odd, so 107, 207 are odd too).
+    let want: Vec<String> = (0..20)
+        .map(|j| 7 + 100 * j)
+        .filter(|i| *i >= 300)
+        .take(10)
+        .map(|i| format!("r{i:04}"))
+        .collect();
+    assert_eq!(got.iter().map(|r| r.0.clone()).collect::<Vec<_>>(), want);
+    assert_eq!(got.len(), 10, "never short");
+}
+
+#[tokio::test]
+async fn bad_query_vectors_get_clear_errors() {
+    let s = schema("cosine", 3);
+    let index = Index::create(common::memory(), s.clone(), Settings::default())
+        .await
+        .unwrap();
+    index
+        .append(&batch(&s, &[("a".into(), vec![1.0, 0.0, 0.0], 1)]))
+        .await
+        .unwrap();
+    let opts = VectorSearchOptions::default();
+    let check = |r: lsmsearch::Result<Vec<RecordBatch>>, mention: &str| {
+        let e = r.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+        assert!(
+            e.to_string().contains(mention),
+            "'{e}' should mention '{mention}'"
+        );
+    };
+    check(index.search_vector(&[1.0, 0.0], &opts).await, "dimension 2");
+    check(
+        index.search_vector(&[1.0, f32::NAN, 0.0], &opts).await,
+        "NaN",
+    );
+    check(
+        index.search_vector(&[1.0, 0.0, f32::INFINITY], &opts).await,
+        "component 2",
+    );
+    check(
+        index
+            .search_vector(
+                &[1.0, 0.0, 0.0],
+                &VectorSearchOptions { k: 0, filter: None },
+            )
+            .await,
+        "k must be",
+    );
+    check(
+        index
+            .search_vector(
+                &[1.0, 0.0, 0.0],
+                &VectorSearchOptions {
+                    k: 1,
+                    filter: Some("nope > 1".into()),
+                },
+            )
+            .await,
+        "nope",
+    );
+    let text_only = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t"]}"#).unwrap();
+    let no_vec = Index::create(common::memory(), text_only, Settings::default())
+        .await
+        .unwrap();
+    check(
+        no_vec.search_vector(&[1.0], &opts).await,
+        "without a vector column",
+    );
+    assert_eq!(
+        results(&index.search_vector(&[1.0, 0.0, 0.0], &opts).await.unwrap()).len(),
+        1
+    );
+}
