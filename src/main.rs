@@ -86,6 +86,12 @@ enum Command {
         /// A file holding the query vector as a JSON array.
         #[arg(long)]
         vector_file: Option<PathBuf>,
+        /// Vector search: candidate list size of the graph searches.
+        #[arg(long)]
+        ef: Option<usize>,
+        /// Vector search: scan every row exactly (brute force) instead of walking the graphs.
+        #[arg(long)]
+        exact: bool,
         /// How many rows to return.
         #[arg(short, long, default_value_t = 10)]
         k: usize,
@@ -240,10 +246,18 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
             fts,
             vector,
             vector_file,
+            ef,
+            exact,
             k,
             filter,
             and,
         } => {
+            let vopts = VectorSearchOptions {
+                k,
+                filter: filter.clone(),
+                ef,
+                exact,
+            };
             let index =
                 Index::open_read_only(Location::parse(&location)?, Settings::default()).await?;
             let rows = match (fts, vector, vector_file) {
@@ -262,18 +276,14 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
                 }
                 (None, Some(v), _) => {
                     let q = parse_vector(&v)?;
-                    index
-                        .search_vector(&q, &VectorSearchOptions { k, filter })
-                        .await?
+                    index.search_vector(&q, &vopts).await?
                 }
                 (None, None, Some(f)) => {
                     let text = std::fs::read_to_string(&f).map_err(|e| {
                         Error::invalid(format!("cannot read '{}': {e}", f.display()))
                     })?;
                     let q = parse_vector(&text)?;
-                    index
-                        .search_vector(&q, &VectorSearchOptions { k, filter })
-                        .await?
+                    index.search_vector(&q, &vopts).await?
                 }
                 (None, None, None) => {
                     return Err(Error::invalid("give --fts, --vector or --vector-file"))

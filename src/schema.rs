@@ -181,6 +181,15 @@ impl IndexSchema {
         Ok(())
     }
 
+    /// Position of the vector column in the Arrow schema, its metric, and the graph parameters.
+    pub(crate) fn vector_spec(
+        &self,
+        settings: &crate::Settings,
+    ) -> Option<(usize, Metric, crate::index::vector::GraphParams)> {
+        let v = self.vector.as_ref()?;
+        Some((1 + self.text.len(), v.metric, settings.graph_params()))
+    }
+
     /// The analyzer name of text column `name`.
     pub fn tokenizer_of(&self, name: &str) -> &str {
         self.tokenizer.get(name).map_or("default", String::as_str)

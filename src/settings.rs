@@ -27,6 +27,18 @@ pub struct Settings {
     /// How many object-store requests a handle issues concurrently when it loads generations or
     /// deletes WAL objects. Default 16.
     pub io_concurrency: usize,
+    /// HNSW: maximum connections per node and layer of a generation's vector graph. Larger
+    /// means better recall, bigger graphs and slower flushes. Default 16.
+    pub hnsw_m: usize,
+    /// HNSW: candidate list size while building a graph at flush. Default 200.
+    pub hnsw_ef_construction: usize,
+    /// HNSW: default candidate list size of a graph search (a query's `ef` overrides it).
+    /// Default 100.
+    pub hnsw_ef_search: usize,
+    /// A vector arm scans exactly instead of walking its graph when its block list and filter
+    /// leave fewer candidate rows than this (a walk over a sparse filter can come back short;
+    /// a scan of few rows is cheap). Default 2,048.
+    pub vector_exact_below: usize,
 }
 
 impl Default for Settings {
@@ -39,11 +51,22 @@ impl Default for Settings {
             max_commit_rows: 100_000,
             manifest_retention: 10,
             io_concurrency: 16,
+            hnsw_m: 16,
+            hnsw_ef_construction: 200,
+            hnsw_ef_search: 100,
+            vector_exact_below: 2048,
         }
     }
 }
 
 impl Settings {
+    pub(crate) fn graph_params(&self) -> crate::index::vector::GraphParams {
+        crate::index::vector::GraphParams {
+            m: self.hnsw_m,
+            ef_construction: self.hnsw_ef_construction,
+        }
+    }
+
     pub(crate) fn wal_buffer_interval(&self) -> Duration {
         Duration::from_millis(self.wal_buffer_interval_ms.max(1))
     }
@@ -54,7 +77,7 @@ impl Settings {
                 Ok(())
             } else {
                 Err(crate::Error::invalid(format!(
-                    "setting '{name}' must be greater than zero"
+                    "setting '{name}' is out of range (see its documentation)"
                 )))
             }
         };
@@ -63,6 +86,9 @@ impl Settings {
         check(self.max_frozen_memtables > 0, "max_frozen_memtables")?;
         check(self.max_commit_rows > 0, "max_commit_rows")?;
         check(self.io_concurrency > 0, "io_concurrency")?;
+        check(self.hnsw_m > 1, "hnsw_m")?;
+        check(self.hnsw_ef_construction > 0, "hnsw_ef_construction")?;
+        check(self.hnsw_ef_search > 0, "hnsw_ef_search")?;
         Ok(())
     }
 }

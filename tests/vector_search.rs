@@ -188,8 +188,20 @@ proptest! {
 
 #[tokio::test]
 async fn never_short_with_block_lists_and_a_one_percent_filter() {
+    // Default settings scan arms with few candidates; the second run forces graph walks, which
+    // come back short under the 1% filter and fall back to a scan.
+    for exact_below in [2048, 1] {
+        never_short(Settings {
+            vector_exact_below: exact_below,
+            ..Settings::default()
+        })
+        .await;
+    }
+}
+
+async fn never_short(settings: Settings) {
     let s = schema("l2", 2);
-    let index = Index::create(common::memory(), s.clone(), Settings::default())
+    let index = Index::create(common::memory(), s.clone(), settings)
         .await
         .unwrap();
     // 2,000 rows over 4 generations; year = i % 100 so "year = 7" keeps 1%.
@@ -216,6 +228,7 @@ async fn never_short_with_block_lists_and_a_one_percent_filter() {
     let opts = VectorSearchOptions {
         k: 10,
         filter: None,
+        ..Default::default()
     };
     let got = results(&index.search_vector(&[0.0, 0.0], &opts).await.unwrap());
     let keys: Vec<&str> = got.iter().map(|r| r.0.as_str()).collect();
@@ -227,6 +240,7 @@ async fn never_short_with_block_lists_and_a_one_percent_filter() {
     let opts = VectorSearchOptions {
         k: 10,
         filter: Some("year = 7".into()),
+        ..Default::default()
     };
     let got = results(&index.search_vector(&[0.0, 0.0], &opts).await.unwrap());
     // Rows with year 7 below 300 were moved (even) or deleted (odd): 307, 407, ..., 1907 remain,
@@ -273,7 +287,10 @@ async fn bad_query_vectors_get_clear_errors() {
         index
             .search_vector(
                 &[1.0, 0.0, 0.0],
-                &VectorSearchOptions { k: 0, filter: None },
+                &VectorSearchOptions {
+                    k: 0,
+                    ..Default::default()
+                },
             )
             .await,
         "k must be",
@@ -285,6 +302,7 @@ async fn bad_query_vectors_get_clear_errors() {
                 &VectorSearchOptions {
                     k: 1,
                     filter: Some("nope > 1".into()),
+                    ..Default::default()
                 },
             )
             .await,

@@ -1,7 +1,7 @@
 //! The flusher: frozen memtable → generation object → manifest version → WAL cleanup.
 
 use super::{is_fenced, read_memtable, Inner, SharedMemtable};
-use crate::generation::Generation;
+use crate::generation::{Generation, IndexSpec};
 use crate::manifest::{delete_all, WriteOutcome};
 use crate::{Error, Result};
 use object_store::ObjectStoreExt;
@@ -55,8 +55,13 @@ async fn flush_one(inner: &Arc<Inner>, m: &SharedMemtable) -> Result<()> {
     let epoch = inner.epoch;
     let schema = inner.stored_schema.clone();
     let text = inner.text_schema.clone();
+    let vector = inner.schema.vector_spec(&inner.settings);
     let (generation, bytes) = tokio::task::spawn_blocking(move || {
-        Generation::build(gen_id, epoch, rows, &schema, text.as_deref())
+        let spec = IndexSpec {
+            text: text.as_deref(),
+            vector,
+        };
+        Generation::build(gen_id, epoch, rows, &schema, spec)
     })
     .await??;
     let path = inner.paths.generation(gen_id, epoch);

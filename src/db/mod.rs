@@ -195,11 +195,13 @@ pub struct Index {
 }
 
 /// Load generations concurrently (bounded), reusing already loaded ones from `cache`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn load_generations(
     loc: &Location,
     paths: &Paths,
     schema: &SchemaRef,
     text: Option<&Arc<TextSchema>>,
+    vector: Option<(usize, crate::Metric, crate::index::vector::GraphParams)>,
     metas: &[GenerationMeta],
     cache: &HashMap<u64, Arc<Generation>>,
     concurrency: usize,
@@ -222,7 +224,11 @@ pub(crate) async fn load_generations(
             let text = text.cloned();
             let p2 = p.clone();
             let g = tokio::task::spawn_blocking(move || {
-                Generation::decode(bytes, &schema, text.as_deref(), &p2)
+                let spec = crate::generation::IndexSpec {
+                    text: text.as_deref(),
+                    vector,
+                };
+                Generation::decode(bytes, &schema, spec, &p2)
             })
             .await??;
             if g.meta() != &meta {
@@ -305,6 +311,7 @@ impl Index {
                 &paths,
                 &stored_schema,
                 text_schema.as_ref(),
+                schema.vector_spec(&settings),
                 &manifest.generations,
                 &no_cache,
                 settings.io_concurrency
@@ -598,10 +605,13 @@ impl Index {
         }
         let sources = self.search_sources();
         let schema = self.inner.schema.clone();
+        let settings = self.inner.settings.clone();
         let query = query.to_vec();
         let options = options.clone();
-        tokio::task::spawn_blocking(move || vector::plan(&schema, sources, &query, &options))
-            .await?
+        tokio::task::spawn_blocking(move || {
+            vector::plan(&schema, &settings, sources, &query, &options)
+        })
+        .await?
     }
 
     /// Vector k-nearest-neighbour search: the `k` live rows nearest to `query` (key, `_distance`,

@@ -110,6 +110,7 @@ impl ReadOnlyIndex {
                     paths,
                     stored_schema,
                     text_schema,
+                    m.schema.vector_spec(settings),
                     &m.generations,
                     cache,
                     settings.io_concurrency
@@ -240,10 +241,13 @@ impl ReadOnlyIndex {
             s
         };
         let schema = self.schema.clone();
+        let settings = self.settings.clone();
         let query = query.to_vec();
         let options = options.clone();
-        tokio::task::spawn_blocking(move || vector::plan(&schema, sources, &query, &options))
-            .await?
+        tokio::task::spawn_blocking(move || {
+            vector::plan(&schema, &settings, sources, &query, &options)
+        })
+        .await?
     }
 
     /// Vector search over the view, collected.

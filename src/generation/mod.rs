@@ -25,6 +25,18 @@
 
 use crate::codec::{ipc_decode, ipc_encode, Reader};
 use crate::index::text::{TextIndex, TextSchema};
+use crate::index::vector::{GraphParams, VectorIndex};
+use crate::schema::Metric;
+use std::sync::Arc;
+
+/// The search indexes a generation carries, as the schema and settings ask.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IndexSpec<'a> {
+    /// The shared text schema, when the index has text columns.
+    pub text: Option<&'a TextSchema>,
+    /// The vector column's position, metric and graph parameters, when it has one.
+    pub vector: Option<(usize, Metric, GraphParams)>,
+}
 use crate::key::Key;
 use crate::memtable::deleted_flags;
 use crate::schema::SEQ_COLUMN;
@@ -84,6 +96,7 @@ pub struct Generation {
     /// `(row, key hash)` of every row: a search's candidates (one version per key).
     candidates: std::sync::Arc<Vec<(usize, u64)>>,
     text: Option<TextIndex>,
+    vector: Option<Arc<VectorIndex>>,
 }
 
 fn candidates(row_hashes: &[u64]) -> std::sync::Arc<Vec<(usize, u64)>> {
@@ -103,7 +116,7 @@ impl Generation {
         epoch: u64,
         rows: RecordBatch,
         schema: &SchemaRef,
-        text: Option<&TextSchema>,
+        spec: IndexSpec<'_>,
     ) -> Result<(Generation, Vec<u8>)> {
         let seqs = rows
             .column_by_name(SEQ_COLUMN)
@@ -136,7 +149,17 @@ impl Generation {
         );
         let hashes: Vec<u8> = pk_hashes.iter().flat_map(|h| h.to_le_bytes()).collect();
         add(&mut out, "pk_hashes", &hashes);
-        let text = match text {
+        let vector = match spec.vector {
+            Some((col, metric, params)) => {
+                let (vi, sections) = VectorIndex::build(&rows, col, metric, params)?;
+                for (name, bytes) in sections {
+                    add(&mut out, &name, &bytes);
+                }
+                Some(Arc::new(vi))
+            }
+            None => None,
+        };
+        let text = match spec.text {
             Some(ts) => {
                 let (ti, files) = TextIndex::build(ts, &rows)?;
                 add(&mut out, "text_token_counts", &ti.encode_counts());
@@ -197,6 +220,7 @@ impl Generation {
                 candidates: candidates(&row_hashes),
                 row_hashes,
                 text,
+                vector,
             },
             out,
         ))
@@ -206,7 +230,7 @@ impl Generation {
     pub fn decode(
         bytes: bytes::Bytes,
         schema: &SchemaRef,
-        text: Option<&TextSchema>,
+        spec: IndexSpec<'_>,
         object: &dyn Display,
     ) -> Result<Self> {
         let bad = |m: String| Error::data(object, format!("generation {m}"));
@@ -273,7 +297,16 @@ impl Generation {
                 dir.stats.rows
             )));
         }
-        let text = match text {
+        let vector = match spec.vector {
+            Some((_, metric, _)) => Some(Arc::new(
+                VectorIndex::open(metric, &section("hnsw/meta")?, || {
+                    Ok((section("hnsw/graph")?, section("hnsw/data")?))
+                })
+                .map_err(|e| bad(format!("vector graph: {}", e.message())))?,
+            )),
+            None => None,
+        };
+        let text = match spec.text {
             Some(ts) => {
                 let c = section("text_token_counts")?;
                 if c.len() != rows.num_rows() * ts.fields().len() * 4 {
@@ -305,6 +338,7 @@ impl Generation {
             rows,
             pk_hashes,
             text,
+            vector,
         })
     }
 
@@ -331,6 +365,11 @@ impl Generation {
     /// `(row, key hash)` of every row.
     pub fn candidates(&self) -> &std::sync::Arc<Vec<(usize, u64)>> {
         &self.candidates
+    }
+
+    /// The vector graph, when the schema has a vector column.
+    pub fn vector(&self) -> Option<&Arc<VectorIndex>> {
+        self.vector.as_ref()
     }
 
     /// The full-text index, when the schema has text columns.
@@ -368,14 +407,20 @@ mod tests {
             2,
             stored.clone(),
             &s.stored_schema(),
-            TextSchema::new(&s).as_deref(),
+            IndexSpec {
+                text: TextSchema::new(&s).as_deref(),
+                vector: None,
+            },
         )
         .unwrap();
         assert_eq!(g.meta().bytes as usize, bytes.len());
         let d = Generation::decode(
             bytes.clone().into(),
             &s.stored_schema(),
-            TextSchema::new(&s).as_deref(),
+            IndexSpec {
+                text: TextSchema::new(&s).as_deref(),
+                vector: None,
+            },
             &"g",
         )
         .unwrap();
@@ -389,7 +434,10 @@ mod tests {
             let e = Generation::decode(
                 b.into(),
                 &s.stored_schema(),
-                TextSchema::new(&s).as_deref(),
+                IndexSpec {
+                    text: TextSchema::new(&s).as_deref(),
+                    vector: None,
+                },
                 &"g",
             )
             .unwrap_err();
@@ -398,7 +446,10 @@ mod tests {
         let e = Generation::decode(
             bytes[..bytes.len() - 3].to_vec().into(),
             &s.stored_schema(),
-            TextSchema::new(&s).as_deref(),
+            IndexSpec {
+                text: TextSchema::new(&s).as_deref(),
+                vector: None,
+            },
             &"g",
         )
         .unwrap_err();

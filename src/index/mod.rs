@@ -1,3 +1,4 @@
-//! Search indexes over sources: full-text ([`text`]).
+//! Search indexes over sources: full-text ([`text`]) and vector ([`vector`]).
 
 pub mod text;
+pub mod vector;

@@ -33,6 +33,8 @@ pub(crate) struct Source {
     /// `(ordinal, key hash)` of the newest version of each key in the source.
     pub candidates: Arc<Vec<(usize, u64)>>,
     pub text: SourceText,
+    /// A generation's vector graph.
+    pub vector: Option<Arc<crate::index::vector::VectorIndex>>,
 }
 
 impl Source {
@@ -44,6 +46,7 @@ impl Source {
             rows: v.rows,
             candidates: Arc::new(v.candidates),
             text: v.text.map_or(SourceText::None, SourceText::Mem),
+            vector: None,
         }
     }
 
@@ -55,6 +58,7 @@ impl Source {
             rows: g.rows().num_rows(),
             candidates: g.candidates().clone(),
             text: g.text().cloned().map_or(SourceText::None, SourceText::Gen),
+            vector: g.vector().cloned(),
         }
     }
 
@@ -171,6 +175,7 @@ mod tests {
             offsets: vec![0],
             candidates: Arc::new(hashes.iter().copied().enumerate().collect()),
             text: SourceText::None,
+            vector: None,
         }
     }
 

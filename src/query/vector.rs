@@ -24,6 +24,10 @@ pub struct VectorSearchOptions {
     pub k: usize,
     /// A SQL predicate over the index's columns, applied inside every arm before its top k.
     pub filter: Option<String>,
+    /// Candidate list size of graph searches; default `Settings::hnsw_ef_search`.
+    pub ef: Option<usize>,
+    /// Scan every arm exactly (brute force) instead of walking the generations' graphs.
+    pub exact: bool,
 }
 
 impl Default for VectorSearchOptions {
@@ -31,6 +35,18 @@ impl Default for VectorSearchOptions {
         VectorSearchOptions {
             k: 10,
             filter: None,
+            ef: None,
+            exact: false,
+        }
+    }
+}
+
+impl VectorSearchOptions {
+    /// Options returning the top `k` rows.
+    pub fn with_k(k: usize) -> Self {
+        VectorSearchOptions {
+            k,
+            ..Default::default()
         }
     }
 }
@@ -123,6 +139,7 @@ impl Ord for Hit {
 /// Build the physical plan of an exact vector search over `sources` (newest first).
 pub(crate) fn plan(
     schema: &IndexSchema,
+    settings: &crate::Settings,
     sources: Vec<Source>,
     query: &[f32],
     opts: &VectorSearchOptions,
@@ -158,8 +175,17 @@ pub(crate) fn plan(
             }
         }
         let candidates = mask.iter().filter(|l| **l).count();
+        let ef = opts.ef.unwrap_or(settings.hnsw_ef_search).max(opts.k);
+        let graph = match &source.vector {
+            Some(g) if !opts.exact && candidates >= settings.vector_exact_below => Some(g.clone()),
+            _ => None,
+        };
+        let mode = match &graph {
+            Some(_) => format!("hnsw ef={ef}"),
+            None => "exact".to_string(),
+        };
         let description = format!(
-            "source={}, rows={}, live={live_rows}, candidates={candidates}, metric={metric:?}, exact, k={}",
+            "source={}, rows={}, live={live_rows}, candidates={candidates}, metric={metric:?}, {mode}, k={}",
             source.name, source.rows, opts.k
         );
         let work: ArmWork = {
@@ -168,16 +194,29 @@ pub(crate) fn plan(
             let payload = payload.clone();
             let k = opts.k;
             Arc::new(move || {
-                exact_arm(
-                    &source,
-                    &mask,
+                let arm = Arm {
+                    source: &source,
+                    mask: &mask,
                     vidx,
                     metric,
-                    &query,
+                    query: &query,
                     k,
-                    &out_schema,
-                    &payload,
-                )
+                };
+                let admitted = || (0..mask.len()).filter(|r| mask[*r]);
+                let hits = match &graph {
+                    Some(g) => {
+                        let admit = |r: usize| mask.get(r).copied().unwrap_or(false);
+                        let rows = g.candidates(&query, k, ef, &admit);
+                        if rows.len() >= k.min(candidates) {
+                            arm.rank(rows.into_iter())
+                        } else {
+                            // The walk came back short (a sparse block list or filter): scan.
+                            arm.rank(admitted())
+                        }
+                    }
+                    None => arm.rank(admitted()),
+                };
+                arm.output(hits, &out_schema, &payload)
             })
         };
         arms.push(Arc::new(ArmExec::new(
@@ -194,32 +233,36 @@ pub(crate) fn plan(
     ))
 }
 
-/// Exact distances to every admitted row of one source; its top k, nearest first.
-#[allow(clippy::too_many_arguments)]
-fn exact_arm(
-    source: &Source,
-    mask: &[bool],
+/// One arm's search.
+struct Arm<'a> {
+    source: &'a Source,
+    mask: &'a [bool],
     vidx: usize,
     metric: Metric,
-    query: &[f32],
+    query: &'a [f32],
     k: usize,
-    out_schema: &SchemaRef,
-    payload: &[usize],
-) -> Result<RecordBatch> {
-    let dim = query.len();
-    let mut heap: BinaryHeap<Hit> = BinaryHeap::with_capacity(k + 1);
-    for (b, batch) in source.batches.iter().enumerate() {
-        let base = source.offsets[b];
-        let vectors = batch.column(vidx).as_fixed_size_list();
-        let values = vectors.values().as_primitive::<Float32Type>().values();
-        for r in 0..batch.num_rows() {
-            let ord = base + r;
-            if ord >= mask.len() || !mask[ord] || vectors.is_null(r) {
+}
+
+impl Arm<'_> {
+    /// Exact distances to the given rows (admitted ones only); the top k, nearest first.
+    fn rank(&self, rows: impl Iterator<Item = usize>) -> Vec<Hit> {
+        let dim = self.query.len();
+        let mut heap: BinaryHeap<Hit> = BinaryHeap::with_capacity(self.k + 1);
+        for ord in rows {
+            if !self.mask.get(ord).copied().unwrap_or(false) {
                 continue;
             }
-            let start = (vectors.value_offset(r)) as usize;
-            let d = distance(metric, query, &values[start..start + dim]);
-            if heap.len() == k {
+            let (b, r) = self.source.locate(ord);
+            let vectors = self.source.batches[b]
+                .column(self.vidx)
+                .as_fixed_size_list();
+            if vectors.is_null(r) {
+                continue;
+            }
+            let values = vectors.values().as_primitive::<Float32Type>().values();
+            let start = vectors.value_offset(r) as usize;
+            let d = distance(self.metric, self.query, &values[start..start + dim]);
+            if heap.len() == self.k {
                 let worst = heap.peek().expect("k > 0");
                 if d.total_cmp(&worst.distance) == Ordering::Greater {
                     continue;
@@ -227,33 +270,42 @@ fn exact_arm(
             }
             heap.push(Hit {
                 distance: d,
-                key: source.key_at(ord),
+                key: self.source.key_at(ord),
                 ord,
             });
-            if heap.len() > k {
+            if heap.len() > self.k {
                 heap.pop();
             }
         }
+        heap.into_sorted_vec()
     }
-    let hits = heap.into_sorted_vec();
-    if hits.is_empty() {
-        return Ok(RecordBatch::new_empty(out_schema.clone()));
+
+    fn output(
+        &self,
+        hits: Vec<Hit>,
+        out_schema: &SchemaRef,
+        payload: &[usize],
+    ) -> Result<RecordBatch> {
+        if hits.is_empty() {
+            return Ok(RecordBatch::new_empty(out_schema.clone()));
+        }
+        let source = self.source;
+        let idx: Vec<(usize, usize)> = hits.iter().map(|h| source.locate(h.ord)).collect();
+        let take = |c: usize| -> Result<ArrayRef> {
+            let arrays: Vec<&dyn Array> = source
+                .batches
+                .iter()
+                .map(|b| b.column(c).as_ref())
+                .collect();
+            Ok(arrow::compute::interleave(&arrays, &idx)?)
+        };
+        let mut columns = vec![take(0)?];
+        columns.push(Arc::new(Float32Array::from_iter_values(
+            hits.iter().map(|h| h.distance),
+        )));
+        for c in payload {
+            columns.push(take(*c)?);
+        }
+        Ok(RecordBatch::try_new(out_schema.clone(), columns)?)
     }
-    let idx: Vec<(usize, usize)> = hits.iter().map(|h| source.locate(h.ord)).collect();
-    let take = |c: usize| -> Result<ArrayRef> {
-        let arrays: Vec<&dyn Array> = source
-            .batches
-            .iter()
-            .map(|b| b.column(c).as_ref())
-            .collect();
-        Ok(arrow::compute::interleave(&arrays, &idx)?)
-    };
-    let mut columns = vec![take(0)?];
-    columns.push(Arc::new(Float32Array::from_iter_values(
-        hits.iter().map(|h| h.distance),
-    )));
-    for c in payload {
-        columns.push(take(*c)?);
-    }
-    Ok(RecordBatch::try_new(out_schema.clone(), columns)?)
 }

@@ -9,6 +9,7 @@ use lsmsearch::{Index, IndexSchema, Location, ScanOptions, Settings};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+pub mod fashion;
 pub mod faulty;
 pub mod fts;
 pub mod latency;
