@@ -36,7 +36,9 @@
 //! - **Manifest** ([`manifest`]): versioned, conditionally created descriptions of the index;
 //!   publishing one is the visibility point of a flush.
 //! - **Epochs**: opening a writer claims a new epoch and fences the previous writer.
-//! - **Storage** ([`storage`]): object names and store wrappers.
+//! - **Storage** ([`storage`]): object names and store wrappers, among them
+//!   [`LatencyStore`], which adds an object store's latency to any store and counts requests
+//!   and sequential round trips.
 
 #![warn(missing_docs)]
 #![deny(clippy::unwrap_used)]
@@ -66,4 +68,4 @@ pub use schema::{
     IndexSchema, Metric, PayloadColumn, PayloadType, VectorColumn, DELETED_COLUMN, SEQ_COLUMN,
 };
 pub use settings::{Durability, Settings, WriteOptions};
-pub use storage::Location;
+pub use storage::{LatencyConfig, LatencyStore, Location, StoreCounters};

@@ -39,6 +39,10 @@ pub struct Settings {
     /// leave fewer candidate rows than this (a walk over a sparse filter can come back short;
     /// a scan of few rows is cheap). Default 2,048.
     pub vector_exact_below: usize,
+    /// The active memtable gets a vector graph, filled in the background, once it holds this
+    /// many rows; below it (and for `dot`) memtables are scanned exactly. Set from the measured
+    /// crossover of scan and graph latency (see `cargo bench --bench vector`). Default 20,000.
+    pub memtable_graph_above: usize,
 }
 
 impl Default for Settings {
@@ -55,6 +59,7 @@ impl Default for Settings {
             hnsw_ef_construction: 200,
             hnsw_ef_search: 100,
             vector_exact_below: 2048,
+            memtable_graph_above: 20_000,
         }
     }
 }

@@ -190,9 +190,11 @@ proptest! {
 async fn never_short_with_block_lists_and_a_one_percent_filter() {
     // Default settings scan arms with few candidates; the second run forces graph walks, which
     // come back short under the 1% filter and fall back to a scan.
-    for exact_below in [2048, 1] {
+    // The third run also walks the memtable's graph.
+    for (exact_below, graph_above) in [(2048, 20_000), (1, 20_000), (1, 0)] {
         never_short(Settings {
             vector_exact_below: exact_below,
+            memtable_graph_above: graph_above,
             ..Settings::default()
         })
         .await;
@@ -253,6 +255,127 @@ async fn never_short(settings: Settings) {
         .collect();
     assert_eq!(got.iter().map(|r| r.0.clone()).collect::<Vec<_>>(), want);
     assert_eq!(got.len(), 10, "never short");
+}
+
+/// A small deterministic generator (xorshift) for reproducible vectors.
+struct Rng(u64);
+
+impl Rng {
+    fn f32(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    }
+
+    fn vector(&mut self, dim: usize) -> Vec<f32> {
+        (0..dim).map(|_| self.f32()).collect()
+    }
+}
+
+async fn wait_for_memtable_graph(index: &Index) {
+    for _ in 0..6000 {
+        let st = index.stats();
+        if st.memtable_graph_rows == st.memtable_rows {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("the memtable graph did not catch up: {:?}", index.stats());
+}
+
+#[tokio::test]
+async fn memtable_graph_walks_find_what_the_scan_finds() {
+    for metric in ["l2", "cosine"] {
+        let s = schema(metric, 16);
+        let settings = Settings {
+            memtable_graph_above: 1000,
+            ..Settings::default()
+        };
+        let index = Index::create(common::memory(), s.clone(), settings)
+            .await
+            .unwrap();
+        let mut rng = Rng(0x9e3779b97f4a7c15);
+        let mut live: BTreeMap<String, (Vec<f32>, i64)> = BTreeMap::new();
+        for chunk in 0..10 {
+            let rows: Vec<(String, Vec<f32>, i64)> = (chunk * 400..(chunk + 1) * 400)
+                .map(|i| (format!("r{i:05}"), rng.vector(16), (i % 100) as i64))
+                .collect();
+            for r in &rows {
+                live.insert(r.0.clone(), (r.1.clone(), r.2));
+            }
+            index.append(&batch(&s, &rows)).await.unwrap();
+        }
+        // Updates and deletes: older versions stay in the graph and must be hidden.
+        let updates: Vec<(String, Vec<f32>, i64)> = (0..4000)
+            .step_by(7)
+            .map(|i| (format!("r{i:05}"), rng.vector(16), (i % 100) as i64))
+            .collect();
+        for r in &updates {
+            live.insert(r.0.clone(), (r.1.clone(), r.2));
+        }
+        index.append(&batch(&s, &updates)).await.unwrap();
+        let gone: Vec<String> = (3..4000).step_by(11).map(|i| format!("r{i:05}")).collect();
+        for k in &gone {
+            live.remove(k);
+        }
+        let gone: Vec<Key> = gone.into_iter().map(Key::from).collect();
+        index.delete(&gone).await.unwrap();
+        wait_for_memtable_graph(&index).await;
+        assert_eq!(
+            index.stats().generations.len(),
+            0,
+            "all rows in the memtable"
+        );
+
+        let k = 10;
+        let (mut found, mut wanted) = (0, 0);
+        for _ in 0..40 {
+            let q = rng.vector(16);
+            let plan = index
+                .plan_vector(&q, &VectorSearchOptions::with_k(k))
+                .await
+                .unwrap();
+            let shown = datafusion::physical_plan::displayable(plan.as_ref())
+                .indent(true)
+                .to_string();
+            assert!(shown.contains("exact tail"), "{shown}");
+            let got = results(
+                &index
+                    .search_vector(&q, &VectorSearchOptions::with_k(k))
+                    .await
+                    .unwrap(),
+            );
+            assert_eq!(got.len(), k, "never short");
+            let truth = brute_force(metric, &live, &q);
+            for (key, d) in &got {
+                // Every returned row is live, with its exact distance.
+                let exact = truth.iter().find(|t| &t.0 == key).expect("a live row");
+                assert!(
+                    (exact.1 - d).abs() <= 1e-5 * (1.0 + d.abs()),
+                    "{key}: {d} vs {}",
+                    exact.1
+                );
+            }
+            let top: Vec<&String> = truth.iter().take(k).map(|t| &t.0).collect();
+            found += got.iter().filter(|g| top.contains(&&g.0)).count();
+            wanted += k;
+        }
+        let recall = found as f64 / wanted as f64;
+        assert!(recall >= 0.95, "{metric}: recall@10 {recall}");
+
+        // Rows appended now are found at once, before the graph has them.
+        let q = rng.vector(16);
+        let fresh = vec![("fresh".to_string(), q.clone(), 1)];
+        index.append(&batch(&s, &fresh)).await.unwrap();
+        let got = results(
+            &index
+                .search_vector(&q, &VectorSearchOptions::with_k(1))
+                .await
+                .unwrap(),
+        );
+        assert_eq!(got[0].0, "fresh");
+    }
 }
 
 #[tokio::test]

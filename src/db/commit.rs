@@ -204,6 +204,7 @@ impl Committer {
     fn apply(&self, stored: &RecordBatch) -> Result<WriteReceipt> {
         let active = self.inner.read_state().active.clone();
         write_memtable(&active).apply(stored.clone())?;
+        super::catch_up_graph(&active);
         let n = stored.num_rows();
         let last_seq = self.next_seq - 1;
         self.inner.last_seq.fetch_max(last_seq, Ordering::SeqCst);
@@ -334,6 +335,7 @@ impl Committer {
             id,
             self.inner.stored_schema.clone(),
             self.inner.text_schema.as_ref(),
+            self.inner.mem_graph_spec(),
         )?));
         let frozen_id = {
             let mut st = self.inner.write_state();

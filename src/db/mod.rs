@@ -71,6 +71,8 @@ pub struct IndexStats {
     pub generations: Vec<GenerationMeta>,
     /// Rows (versions and tombstones) in the active memtable.
     pub memtable_rows: usize,
+    /// Rows of the active memtable in its vector graph (searches scan the rest exactly).
+    pub memtable_graph_rows: usize,
     /// Rows in frozen memtables waiting for their flush.
     pub frozen_rows: usize,
     /// Frozen memtables waiting for their flush.
@@ -121,6 +123,11 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
+    /// The vector graph a new active memtable keeps (none without a vector column).
+    pub(crate) fn mem_graph_spec(&self) -> Option<crate::index::vector::MemGraphSpec> {
+        mem_graph_spec(&self.schema, &self.settings)
+    }
+
     pub(crate) fn read_state(&self) -> std::sync::RwLockReadGuard<'_, State> {
         self.state.read().unwrap_or_else(|e| e.into_inner())
     }
@@ -151,6 +158,55 @@ impl Inner {
 
 pub(crate) fn read_memtable(m: &SharedMemtable) -> std::sync::RwLockReadGuard<'_, Memtable> {
     m.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn mem_graph_spec(
+    schema: &IndexSchema,
+    settings: &Settings,
+) -> Option<crate::index::vector::MemGraphSpec> {
+    let (vcol, metric, params) = schema.vector_spec(settings)?;
+    Some(crate::index::vector::MemGraphSpec {
+        vcol,
+        metric,
+        params,
+        capacity: settings.memtable_max_rows,
+        above: settings.memtable_graph_above,
+    })
+}
+
+/// When the memtable's vector graph lags behind its rows and no inserter runs, start one on
+/// a thread of its own: it inserts the rows in chunks until it has caught up, and stops early
+/// once the memtable is gone (flushed and dropped by every search).
+pub(crate) fn catch_up_graph(mem: &SharedMemtable) {
+    let Some(graph) = read_memtable(mem).graph_behind() else {
+        return;
+    };
+    if !graph.try_start() {
+        return;
+    }
+    let weak = Arc::downgrade(mem);
+    let spawned = std::thread::Builder::new()
+        .name("lsmsearch-memgraph".into())
+        .spawn(move || loop {
+            let Some(mem) = weak.upgrade() else {
+                graph.stop();
+                return;
+            };
+            let (batches, offsets, rows) = read_memtable(&mem).batches();
+            drop(mem);
+            graph.catch_up(&batches, &offsets, rows, &|| weak.strong_count() > 0);
+            graph.stop();
+            // Rows applied while this pass ran: go on unless another inserter took over.
+            let behind = weak
+                .upgrade()
+                .is_some_and(|m| read_memtable(&m).rows() > graph.indexed());
+            if !behind || !graph.try_start() {
+                return;
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("could not start the memtable graph inserter: {e}");
+    }
 }
 
 pub(crate) fn write_memtable(m: &SharedMemtable) -> std::sync::RwLockWriteGuard<'_, Memtable> {
@@ -325,7 +381,12 @@ impl Index {
                 settings.io_concurrency
             )
         )?;
-        let mut mem = Memtable::new(1, stored_schema.clone(), text_schema.as_ref())?;
+        let mut mem = Memtable::new(
+            1,
+            stored_schema.clone(),
+            text_schema.as_ref(),
+            mem_graph_spec(&schema, &settings),
+        )?;
         let mut last_seq = manifest.last_seq;
         for (id, e) in replayed.entries {
             last_seq = last_seq.max(e.last_seq);
@@ -371,6 +432,7 @@ impl Index {
             tokio::spawn(committer.run()),
             tokio::spawn(flush::run_flusher(inner.clone())),
         ];
+        catch_up_graph(&inner.read_state().active);
         Ok(Index {
             inner,
             tx,
@@ -629,13 +691,17 @@ impl Index {
     pub fn stats(&self) -> IndexStats {
         let st = self.inner.read_state();
         let frozen_rows = st.frozen.iter().map(|m| read_memtable(m).rows()).sum();
-        let memtable_rows = read_memtable(&st.active).rows();
+        let (memtable_rows, memtable_graph_rows) = {
+            let m = read_memtable(&st.active);
+            (m.rows(), m.graph_rows())
+        };
         IndexStats {
             location: self.inner.loc.display.clone(),
             epoch: st.manifest.epoch,
             manifest_version: st.manifest.version,
             generations: st.manifest.generations.clone(),
             memtable_rows,
+            memtable_graph_rows,
             frozen_rows,
             frozen_memtables: st.frozen.len(),
             wal_objects_pending: self

@@ -126,7 +126,7 @@ impl ReadOnlyIndex {
             );
             match r {
                 Ok((generations, replayed)) => {
-                    let mut wal = Memtable::new(0, stored_schema.clone(), text_schema)?;
+                    let mut wal = Memtable::new(0, stored_schema.clone(), text_schema, None)?;
                     for (id, e) in replayed.entries {
                         if let Some(rows) = e.rows {
                             wal.apply(rows)?;
@@ -269,6 +269,7 @@ impl ReadOnlyIndex {
             manifest_version: v.manifest.version,
             generations: v.manifest.generations.clone(),
             memtable_rows: v.wal.rows(),
+            memtable_graph_rows: 0,
             frozen_rows: 0,
             frozen_memtables: 0,
             wal_objects_pending: v.wal_objects,

@@ -240,3 +240,140 @@ impl VectorIndex {
 
 /// Shared handle.
 pub type SharedVectorIndex = Arc<VectorIndex>;
+
+/// What a memtable needs to keep a vector graph: where the vector is, its metric, the graph
+/// parameters, the expected row count (capacity) and the size above which the graph is kept.
+#[derive(Debug, Clone, Copy)]
+pub struct MemGraphSpec {
+    /// Position of the vector column in the stored schema.
+    pub vcol: usize,
+    /// The schema's metric.
+    pub metric: Metric,
+    /// Graph parameters.
+    pub params: GraphParams,
+    /// Rows the memtable is expected to hold at most (the graph's initial capacity).
+    pub capacity: usize,
+    /// The graph is started once the memtable holds this many rows.
+    pub above: usize,
+}
+
+/// A memtable's vector graph, filled in the background: rows `[0, indexed)` (memtable row
+/// ordinals, every version and tombstone) are in the graph, later rows are scanned exactly by
+/// searches until the inserter catches up. `dot` memtables get no graph (the augmentation
+/// needs the final largest norm); they are always scanned.
+pub struct MemVectorIndex {
+    vcol: usize,
+    /// hnsw_rs graphs take concurrent inserts and searches (`&self`, locks per node).
+    graph: Graph<'static>,
+    indexed: std::sync::atomic::AtomicUsize,
+    running: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for MemVectorIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MemVectorIndex({} rows indexed)", self.indexed())
+    }
+}
+
+/// Rows inserted per step of a catch-up (the step after which `indexed` advances).
+const INSERT_CHUNK: usize = 512;
+
+impl MemVectorIndex {
+    /// An empty graph as `spec` describes; `None` for `dot`.
+    pub fn new(spec: &MemGraphSpec) -> Option<Self> {
+        if spec.metric == Metric::Dot {
+            return None;
+        }
+        let graph: Graph<'static> = Hnsw::new(
+            spec.params.m,
+            spec.capacity.clamp(1, 10_000_000),
+            16,
+            spec.params.ef_construction,
+            graph_distance(spec.metric),
+        );
+        Some(MemVectorIndex {
+            vcol: spec.vcol,
+            graph,
+            indexed: std::sync::atomic::AtomicUsize::new(0),
+            running: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// Rows `[0, indexed)` are in the graph.
+    pub fn indexed(&self) -> usize {
+        self.indexed.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Claim the inserter role; false when another inserter runs.
+    pub fn try_start(&self) -> bool {
+        !self.running.swap(true, std::sync::atomic::Ordering::AcqRel)
+    }
+
+    /// Give the inserter role back.
+    pub fn stop(&self) {
+        self.running
+            .store(false, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Insert rows `[indexed, rows)` of the memtable's stored `batches` (starting at `offsets`),
+    /// a chunk at a time, while `keep_going` holds. Tombstones and older versions are
+    /// inserted too (a tombstone's vector is null and skipped): searches mask them. Only the
+    /// holder of the inserter role ([`MemVectorIndex::try_start`]) calls this.
+    pub fn catch_up(
+        &self,
+        batches: &[RecordBatch],
+        offsets: &[usize],
+        rows: usize,
+        keep_going: &dyn Fn() -> bool,
+    ) {
+        loop {
+            let start = self.indexed();
+            if start >= rows || !keep_going() {
+                return;
+            }
+            let end = rows.min(start + INSERT_CHUNK);
+            let mut chunk: Vec<(Vec<f32>, usize)> = Vec::with_capacity(end - start);
+            for ord in start..end {
+                let b = offsets.partition_point(|o| *o <= ord) - 1;
+                let r = ord - offsets[b];
+                let list = batches[b].column(self.vcol).as_fixed_size_list();
+                if list.is_null(r) {
+                    continue;
+                }
+                let dim = list.value_length() as usize;
+                let values = list.values().as_primitive::<Float32Type>().values();
+                let s = list.value_offset(r) as usize;
+                chunk.push((values[s..s + dim].to_vec(), ord));
+            }
+            let refs: Vec<(&[f32], usize)> =
+                chunk.iter().map(|(v, o)| (v.as_slice(), *o)).collect();
+            self.graph.parallel_insert_slice(&refs);
+            self.indexed
+                .store(end, std::sync::atomic::Ordering::Release);
+        }
+    }
+
+    /// Up to `k` candidate rows near `query` among rows `[0, indexed)` that `admit` accepts
+    /// (graph distances: callers re-score), and `indexed`, read before the walk: rows inserted
+    /// while the walk runs are left to the caller's scan of `[indexed, rows)`.
+    pub fn candidates(
+        &self,
+        query: &[f32],
+        k: usize,
+        ef: usize,
+        admit: &dyn Fn(usize) -> bool,
+    ) -> (Vec<usize>, usize) {
+        let indexed = self.indexed();
+        if indexed == 0 {
+            return (Vec::new(), 0);
+        }
+        let filter = |id: &usize| *id < indexed && admit(*id);
+        let rows = self
+            .graph
+            .search_filter(query, k, ef.max(k), Some(&filter))
+            .into_iter()
+            .map(|n| n.d_id)
+            .collect();
+        (rows, indexed)
+    }
+}

@@ -7,6 +7,7 @@
 //! [`Memtable::apply`].
 
 use crate::index::text::{MemTextIndex, TextSchema};
+use crate::index::vector::{MemGraphSpec, MemVectorIndex};
 use crate::key::Key;
 use crate::schema::{DELETED_COLUMN, SEQ_COLUMN};
 use crate::Result;
@@ -33,6 +34,8 @@ pub struct Memtable {
     offsets: Vec<usize>,
     index: HashMap<Key, Slot>,
     text: Option<Arc<MemTextIndex>>,
+    graph_spec: Option<MemGraphSpec>,
+    graph: Option<Arc<MemVectorIndex>>,
     rows: usize,
     bytes: usize,
     max_seq: u64,
@@ -41,7 +44,14 @@ pub struct Memtable {
 
 impl Memtable {
     /// An empty memtable for stored rows of `schema`; `id` orders memtables of one handle.
-    pub fn new(id: u64, schema: SchemaRef, text: Option<&Arc<TextSchema>>) -> Result<Self> {
+    /// With `graph`, a vector graph is started once the memtable holds `graph.above` rows (see
+    /// [`Memtable::graph_behind`]).
+    pub fn new(
+        id: u64,
+        schema: SchemaRef,
+        text: Option<&Arc<TextSchema>>,
+        graph: Option<MemGraphSpec>,
+    ) -> Result<Self> {
         let text = match text {
             Some(ts) => Some(Arc::new(MemTextIndex::new(ts.clone())?)),
             None => None,
@@ -53,6 +63,8 @@ impl Memtable {
             offsets: Vec::new(),
             index: HashMap::new(),
             text,
+            graph_spec: graph,
+            graph: None,
             rows: 0,
             bytes: 0,
             max_seq: 0,
@@ -102,7 +114,31 @@ impl Memtable {
         self.rows += batch.num_rows();
         self.bytes += batch.get_array_memory_size();
         self.batches.push(batch);
+        if let (None, Some(spec)) = (&self.graph, &self.graph_spec) {
+            if self.rows >= spec.above {
+                self.graph = MemVectorIndex::new(spec).map(Arc::new);
+                self.graph_spec = None;
+            }
+        }
         Ok(())
+    }
+
+    /// The vector graph when it lags behind the rows (the caller runs its catch-up).
+    pub fn graph_behind(&self) -> Option<Arc<MemVectorIndex>> {
+        self.graph
+            .as_ref()
+            .filter(|g| g.indexed() < self.rows)
+            .cloned()
+    }
+
+    /// Rows in the vector graph (0 without one).
+    pub fn graph_rows(&self) -> usize {
+        self.graph.as_ref().map_or(0, |g| g.indexed())
+    }
+
+    /// The stored batches, their first ordinals and the row count, for a graph catch-up.
+    pub fn batches(&self) -> (Vec<RecordBatch>, Vec<usize>, usize) {
+        (self.batches.clone(), self.offsets.clone(), self.rows)
     }
 
     /// Record that the rows applied so far are covered by WAL objects up to `id`.
@@ -159,6 +195,7 @@ impl Memtable {
             rows: self.rows,
             candidates,
             text: self.text.clone(),
+            graph: self.graph.clone(),
         }
     }
 
@@ -197,6 +234,8 @@ pub struct MemtableView {
     pub candidates: Vec<(usize, u64)>,
     /// The memtable's full-text index.
     pub text: Option<Arc<MemTextIndex>>,
+    /// The memtable's vector graph, covering a prefix of the rows.
+    pub graph: Option<Arc<MemVectorIndex>>,
 }
 
 /// Whether each stored row is a tombstone.
@@ -231,7 +270,7 @@ mod tests {
             )
             .unwrap()
         };
-        let mut m = Memtable::new(0, s.stored_schema(), None).unwrap();
+        let mut m = Memtable::new(0, s.stored_schema(), None, None).unwrap();
         m.apply(
             s.to_stored(&user(vec!["a", "b", "a"], vec![1, 2, 3]), 1)
                 .unwrap(),

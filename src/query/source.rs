@@ -35,6 +35,8 @@ pub(crate) struct Source {
     pub text: SourceText,
     /// A generation's vector graph.
     pub vector: Option<Arc<crate::index::vector::VectorIndex>>,
+    /// A memtable's vector graph (covering a prefix of its rows).
+    pub mem_graph: Option<Arc<crate::index::vector::MemVectorIndex>>,
 }
 
 impl Source {
@@ -47,6 +49,7 @@ impl Source {
             candidates: Arc::new(v.candidates),
             text: v.text.map_or(SourceText::None, SourceText::Mem),
             vector: None,
+            mem_graph: v.graph,
         }
     }
 
@@ -59,6 +62,7 @@ impl Source {
             candidates: g.candidates().clone(),
             text: g.text().cloned().map_or(SourceText::None, SourceText::Gen),
             vector: g.vector().cloned(),
+            mem_graph: None,
         }
     }
 
@@ -176,6 +180,7 @@ mod tests {
             candidates: Arc::new(hashes.iter().copied().enumerate().collect()),
             text: SourceText::None,
             vector: None,
+            mem_graph: None,
         }
     }
 

@@ -176,13 +176,18 @@ pub(crate) fn plan(
         }
         let candidates = mask.iter().filter(|l| **l).count();
         let ef = opts.ef.unwrap_or(settings.hnsw_ef_search).max(opts.k);
-        let graph = match &source.vector {
-            Some(g) if !opts.exact && candidates >= settings.vector_exact_below => Some(g.clone()),
-            _ => None,
+        let walk = !opts.exact && candidates >= settings.vector_exact_below;
+        let graph = match (&source.vector, &source.mem_graph) {
+            (Some(g), _) if walk => ArmGraph::Generation(g.clone()),
+            (_, Some(g)) if walk && g.indexed() > 0 => ArmGraph::Memtable(g.clone()),
+            _ => ArmGraph::None,
         };
         let mode = match &graph {
-            Some(_) => format!("hnsw ef={ef}"),
-            None => "exact".to_string(),
+            ArmGraph::Generation(_) => format!("hnsw ef={ef}"),
+            ArmGraph::Memtable(g) => {
+                format!("hnsw ef={ef} over {} rows + exact tail", g.indexed())
+            }
+            ArmGraph::None => "exact".to_string(),
         };
         let description = format!(
             "source={}, rows={}, live={live_rows}, candidates={candidates}, metric={metric:?}, {mode}, k={}",
@@ -203,9 +208,9 @@ pub(crate) fn plan(
                     k,
                 };
                 let admitted = || (0..mask.len()).filter(|r| mask[*r]);
+                let admit = |r: usize| mask.get(r).copied().unwrap_or(false);
                 let hits = match &graph {
-                    Some(g) => {
-                        let admit = |r: usize| mask.get(r).copied().unwrap_or(false);
+                    ArmGraph::Generation(g) => {
                         let rows = g.candidates(&query, k, ef, &admit);
                         if rows.len() >= k.min(candidates) {
                             arm.rank(rows.into_iter())
@@ -214,7 +219,20 @@ pub(crate) fn plan(
                             arm.rank(admitted())
                         }
                     }
-                    None => arm.rank(admitted()),
+                    ArmGraph::Memtable(g) => {
+                        // The graph covers rows [0, indexed); the rows after it are scanned.
+                        let (rows, indexed) = g.candidates(&query, k, ef, &admit);
+                        let covered = mask[..indexed.min(mask.len())]
+                            .iter()
+                            .filter(|l| **l)
+                            .count();
+                        if rows.len() >= k.min(covered) {
+                            arm.rank(rows.into_iter().chain(indexed..mask.len()))
+                        } else {
+                            arm.rank(admitted())
+                        }
+                    }
+                    ArmGraph::None => arm.rank(admitted()),
                 };
                 arm.output(hits, &out_schema, &payload)
             })
@@ -231,6 +249,13 @@ pub(crate) fn plan(
     Ok(Arc::new(
         SortPreservingMergeExec::new(ordering, union).with_fetch(Some(opts.k)),
     ))
+}
+
+/// The graph an arm walks, if any.
+enum ArmGraph {
+    Generation(Arc<crate::index::vector::VectorIndex>),
+    Memtable(Arc<crate::index::vector::MemVectorIndex>),
+    None,
 }
 
 /// One arm's search.

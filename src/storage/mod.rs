@@ -5,7 +5,10 @@
 //! environment variables: `AWS_ENDPOINT`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
 //! `AWS_REGION`, `AWS_ALLOW_HTTP`).
 
+pub mod latency;
 pub mod paths;
+
+pub use latency::{LatencyConfig, LatencyStore, StoreCounters};
 
 use crate::{Error, Result};
 use async_trait::async_trait;
@@ -75,6 +78,18 @@ impl Location {
             root: Path::default(),
             display: location.to_string(),
         })
+    }
+
+    /// The same location seen through a [`LatencyStore`] that adds `config`'s latency to every
+    /// request and counts them; returns the wrapper too, to read its counters.
+    pub fn with_latency(&self, config: latency::LatencyConfig) -> (Location, Arc<LatencyStore>) {
+        let wrapped = LatencyStore::new(self.store.clone(), config);
+        let loc = Location {
+            store: wrapped.clone(),
+            root: self.root.clone(),
+            display: self.display.clone(),
+        };
+        (loc, wrapped)
     }
 
     /// A location over an existing store (for embedding and tests).
