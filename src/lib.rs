@@ -43,6 +43,7 @@
 #![warn(missing_docs)]
 #![deny(clippy::unwrap_used)]
 
+pub mod bench;
 mod codec;
 mod db;
 mod error;

@@ -121,11 +121,53 @@ enum Command {
         /// Where the index lives.
         location: String,
     },
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        which: BenchCommand,
+    },
     /// Create an index in a local directory from generated data, append across several flushes,
     /// scan it and print its stats.
     Demo {
         /// Directory of the demo index (default: a new directory under the system temp dir).
         dir: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// Query latency and object-store round trips against the number of generations, on a
+    /// local directory behind a store that adds per-request latency; prints a table and writes
+    /// OUT/results.json and OUT/latency.png.
+    Generations {
+        /// Documents per index (Cranfield text replicated, with 128-d vectors).
+        #[arg(long, default_value_t = 100_000)]
+        docs: usize,
+        /// Generation counts, comma-separated.
+        #[arg(long, default_value = "1,2,5,10,18,32,64", value_delimiter = ',')]
+        gens: Vec<usize>,
+        /// Latency added to every GET, HEAD and LIST, in milliseconds.
+        #[arg(long, default_value_t = 10.0)]
+        get_latency_ms: f64,
+        /// Latency added to every PUT and DELETE, in milliseconds.
+        #[arg(long, default_value_t = 20.0)]
+        put_latency_ms: f64,
+        /// Output directory (indexes are built here and removed after use).
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+        /// The Cranfield collection.
+        #[arg(long, default_value = "../shared/data/cranfield")]
+        data: PathBuf,
+        /// Warm queries per kind.
+        #[arg(long, default_value_t = 200)]
+        warm_queries: usize,
+        /// Cold queries (a new handle each) per kind.
+        #[arg(long, default_value_t = 7)]
+        cold_queries: usize,
+        /// `generations` (the default), `many-small` (800 generations of 500 rows, brute-force
+        /// vector search) or `wide-vectors` (40 generations of 50 rows, 768-d, exact scan).
+        #[arg(long, default_value = "generations")]
+        shape: String,
     },
 }
 
@@ -324,6 +366,63 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
             print_stats(&index.stats().await, json);
         }
         Command::Demo { dir } => demo::run(dir, json).await?,
+        Command::Bench {
+            which:
+                BenchCommand::Generations {
+                    docs,
+                    gens,
+                    get_latency_ms,
+                    put_latency_ms,
+                    out,
+                    data,
+                    warm_queries,
+                    cold_queries,
+                    shape,
+                },
+        } => {
+            let shape = match shape.as_str() {
+                "generations" => lsmsearch::bench::Shape::Generations,
+                "many-small" => lsmsearch::bench::Shape::ManySmall,
+                "wide-vectors" => lsmsearch::bench::Shape::WideVectors,
+                other => {
+                    return Err(Error::invalid(format!(
+                        "unknown --shape '{other}' (generations, many-small, wide-vectors)"
+                    )))
+                }
+            };
+            let ms = |v: f64, flag: &str| {
+                if v.is_finite() && v >= 0.0 {
+                    Ok(std::time::Duration::from_secs_f64(v / 1e3))
+                } else {
+                    Err(Error::invalid(format!(
+                        "--{flag} must be a non-negative number, not {v}"
+                    )))
+                }
+            };
+            if gens.is_empty() || gens.contains(&0) || docs <= 1000 {
+                return Err(Error::invalid(
+                    "--gens needs counts of at least 1 and --docs more than 1,000 (the memtable)",
+                ));
+            }
+            let opts = lsmsearch::bench::Options {
+                docs,
+                gens,
+                get_latency: ms(get_latency_ms, "get-latency-ms")?,
+                put_latency: ms(put_latency_ms, "put-latency-ms")?,
+                out,
+                data,
+                warm_queries: warm_queries.max(1),
+                cold_queries: cold_queries.max(1),
+                shape,
+                progress: !json && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+                print: !json,
+                ..Default::default()
+            };
+            let report = lsmsearch::bench::run(&opts).await?;
+            if json {
+                println!("{}", serde_json::to_string(&report).unwrap_or_default());
+            }
+        }
     }
     Ok(())
 }

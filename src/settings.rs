@@ -24,8 +24,9 @@ pub struct Settings {
     pub max_commit_rows: usize,
     /// How many old manifest versions are kept behind the latest one. Default 10.
     pub manifest_retention: u64,
-    /// How many object-store requests a handle issues concurrently when it loads generations or
-    /// deletes WAL objects. Default 16.
+    /// How many object-store requests a handle issues concurrently when it loads generations,
+    /// replays WAL objects or deletes them. Default 64: a cold open of up to 64 generations
+    /// fetches them all in one round trip.
     pub io_concurrency: usize,
     /// HNSW: maximum connections per node and layer of a generation's vector graph. Larger
     /// means better recall, bigger graphs and slower flushes. Default 16.
@@ -54,7 +55,7 @@ impl Default for Settings {
             wal_buffer_interval_ms: 100,
             max_commit_rows: 100_000,
             manifest_retention: 10,
-            io_concurrency: 16,
+            io_concurrency: 64,
             hnsw_m: 16,
             hnsw_ef_construction: 200,
             hnsw_ef_search: 100,

@@ -27,6 +27,8 @@ use crate::codec::{ipc_decode, ipc_encode, Reader};
 use crate::index::text::{TextIndex, TextSchema};
 use crate::index::vector::{GraphParams, VectorIndex};
 use crate::schema::Metric;
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
 /// The search indexes a generation carries, as the schema and settings ask.
@@ -97,6 +99,42 @@ pub struct Generation {
     candidates: std::sync::Arc<Vec<(usize, u64)>>,
     text: Option<TextIndex>,
     vector: Option<Arc<VectorIndex>>,
+    /// Key hash → row, built at first use.
+    row_of_hash: std::sync::OnceLock<HashMap<u64, u32, BuildHasherDefault<HashIsKey>>>,
+    /// The rows newer generations hide, for the newer generations last asked about.
+    newer: std::sync::Mutex<Option<Arc<NewerMask>>>,
+}
+
+/// A hasher for keys that already are uniformly distributed 64-bit hashes.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HashIsKey(u64);
+
+impl std::hash::Hasher for HashIsKey {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8) | u64::from(*b);
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
+/// What the generations newer than one generation hide of it (block lists between generations,
+/// which only change when the generation list does, so they are computed once per list).
+#[derive(Debug)]
+pub struct NewerMask {
+    /// Ids of the newer generations, newest first.
+    pub newer: Vec<u64>,
+    /// Per row: neither a tombstone nor superseded by a newer generation.
+    pub live: Arc<Vec<bool>>,
+    /// Rows (not tombstones) that newer generations hide.
+    pub hidden: Vec<u32>,
 }
 
 fn candidates(row_hashes: &[u64]) -> std::sync::Arc<Vec<(usize, u64)>> {
@@ -221,6 +259,8 @@ impl Generation {
                 row_hashes,
                 text,
                 vector,
+                row_of_hash: Default::default(),
+                newer: Default::default(),
             },
             out,
         ))
@@ -339,6 +379,8 @@ impl Generation {
             pk_hashes,
             text,
             vector,
+            row_of_hash: Default::default(),
+            newer: Default::default(),
         })
     }
 
@@ -380,6 +422,71 @@ impl Generation {
     /// The sorted, distinct key hashes.
     pub fn pk_hashes(&self) -> &[u64] {
         &self.pk_hashes
+    }
+
+    fn key_at(&self, row: usize) -> Option<Key> {
+        Key::from_array(self.rows.column(0).as_ref(), row)
+    }
+
+    /// The row holding `key` (whose hash is `hash`), if this generation has one; `key` is only
+    /// computed on a hash hit, and a hit is confirmed on the exact key.
+    pub fn row_of_key(&self, hash: u64, key: impl FnOnce() -> Option<Key>) -> Option<usize> {
+        let map = self.row_of_hash.get_or_init(|| {
+            let mut m =
+                HashMap::with_capacity_and_hasher(self.row_hashes.len(), Default::default());
+            for (r, h) in self.row_hashes.iter().enumerate() {
+                m.entry(*h).or_insert(r as u32);
+            }
+            m
+        });
+        let first = *map.get(&hash)? as usize;
+        let key = key();
+        if self.key_at(first) == key {
+            return Some(first);
+        }
+        // Two keys of this generation share the hash (the map keeps the first): look further.
+        (first + 1..self.row_hashes.len())
+            .find(|r| self.row_hashes[*r] == hash && self.key_at(*r) == key)
+    }
+
+    /// The rows of this generation that `newer` (the generations newer than it, newest first)
+    /// hide, with its tombstones: computed once per list of newer generations, and extended
+    /// (not recomputed) when generations were only added on top.
+    pub fn newer_mask(&self, newer: &[&Arc<Generation>]) -> Arc<NewerMask> {
+        let ids: Vec<u64> = newer.iter().map(|g| g.meta.id).collect();
+        let mut cached = self.newer.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut live, mut hidden, todo) = match cached.as_ref() {
+            Some(c) if c.newer == ids => return c.clone(),
+            Some(c) if ids.ends_with(&c.newer) => (
+                (*c.live).clone(),
+                c.hidden.clone(),
+                ids.len() - c.newer.len(),
+            ),
+            _ => {
+                let deleted = crate::memtable::deleted_flags(&self.rows);
+                let live = (0..self.rows.num_rows())
+                    .map(|r| !deleted.value(r))
+                    .collect();
+                (live, Vec::new(), ids.len())
+            }
+        };
+        for g in &newer[..todo] {
+            for (r, h) in g.row_hashes.iter().enumerate() {
+                if let Some(mine) = self.row_of_key(*h, || g.key_at(r)) {
+                    if live[mine] {
+                        live[mine] = false;
+                        hidden.push(mine as u32);
+                    }
+                }
+            }
+        }
+        let mask = Arc::new(NewerMask {
+            newer: ids,
+            live: Arc::new(live),
+            hidden,
+        });
+        *cached = Some(mask.clone());
+        mask
     }
 }
 

@@ -142,6 +142,8 @@ pub struct TextIndex {
     /// `rows × fields` token counts, row-major.
     counts: Arc<Vec<u32>>,
     nfields: usize,
+    /// Tokens per field over every row, computed at first use.
+    totals: Arc<std::sync::OnceLock<Vec<u64>>>,
 }
 
 impl std::fmt::Debug for TextIndex {
@@ -166,6 +168,19 @@ impl TextIndex {
         self.counts[row * self.nfields + field]
     }
 
+    /// Tokens of text field `field` summed over every row (tombstones count none).
+    pub fn total_tokens(&self, field: usize) -> u64 {
+        self.totals.get_or_init(|| {
+            let mut t = vec![0u64; self.nfields];
+            for row in self.counts.chunks_exact(self.nfields.max(1)) {
+                for (f, c) in row.iter().enumerate() {
+                    t[f] += u64::from(*c);
+                }
+            }
+            t
+        })[field]
+    }
+
     /// Build the index of a generation's stored rows (one tantivy segment).
     pub fn build(ts: &TextSchema, rows: &RecordBatch) -> Result<(TextIndex, IndexFiles)> {
         let index = ts.empty_index();
@@ -186,6 +201,7 @@ impl TextIndex {
             TextIndex {
                 searcher,
                 counts: Arc::new(counts),
+                totals: Arc::default(),
                 nfields: ts.fields.len(),
             },
             files,
@@ -209,6 +225,7 @@ impl TextIndex {
         Ok(TextIndex {
             searcher,
             counts: Arc::new(counts),
+            totals: Arc::default(),
             nfields: ts.fields.len(),
         })
     }
@@ -338,6 +355,7 @@ impl MemTextIndex {
             st.searcher = Some(TextIndex {
                 searcher: st.reader.searcher(),
                 counts: Arc::new(st.counts.clone()),
+                totals: Arc::default(),
                 nfields: self.schema.fields.len(),
             });
         }

@@ -34,6 +34,10 @@ pub struct Memtable {
     offsets: Vec<usize>,
     index: HashMap<Key, Slot>,
     text: Option<Arc<MemTextIndex>>,
+    /// The key hash of every row, one slice per stored batch.
+    row_hashes: Vec<Arc<[u64]>>,
+    /// Per generation id: how many rows were checked against it, and its rows they hide.
+    kills: Arc<KillCache>,
     graph_spec: Option<MemGraphSpec>,
     graph: Option<Arc<MemVectorIndex>>,
     rows: usize,
@@ -63,6 +67,8 @@ impl Memtable {
             offsets: Vec::new(),
             index: HashMap::new(),
             text,
+            row_hashes: Vec::new(),
+            kills: Arc::default(),
             graph_spec: graph,
             graph: None,
             rows: 0,
@@ -90,6 +96,7 @@ impl Memtable {
             .clone();
         let keys = batch.column(0).clone();
         let b = self.batches.len() as u32;
+        let mut hashes = Vec::with_capacity(batch.num_rows());
         for row in 0..batch.num_rows() {
             let key = Key::from_array(keys.as_ref(), row)
                 .ok_or_else(|| crate::Error::internal("stored row with a null key"))?;
@@ -101,6 +108,7 @@ impl Memtable {
                 seq,
                 hash: key.hash64(),
             };
+            hashes.push(slot.hash);
             self.index
                 .entry(key)
                 .and_modify(|s| {
@@ -110,6 +118,7 @@ impl Memtable {
                 })
                 .or_insert(slot);
         }
+        self.row_hashes.push(hashes.into());
         self.offsets.push(self.rows);
         self.rows += batch.num_rows();
         self.bytes += batch.get_array_memory_size();
@@ -196,6 +205,8 @@ impl Memtable {
             candidates,
             text: self.text.clone(),
             graph: self.graph.clone(),
+            row_hashes: self.row_hashes.clone(),
+            kills: self.kills.clone(),
         }
     }
 
@@ -236,6 +247,59 @@ pub struct MemtableView {
     pub text: Option<Arc<MemTextIndex>>,
     /// The memtable's vector graph, covering a prefix of the rows.
     pub graph: Option<Arc<MemVectorIndex>>,
+    /// The key hash of every row, one slice per stored batch.
+    pub row_hashes: Vec<Arc<[u64]>>,
+    /// The generation rows this memtable's keys hide, found so far.
+    pub kills: Arc<KillCache>,
+}
+
+/// The rows of older generations a memtable's keys hide, kept up to date incrementally: each
+/// memtable row is checked against each generation once (a hash lookup), not once per search.
+#[derive(Debug, Default)]
+pub struct KillCache {
+    /// Per generation id: memtable rows checked so far, and `(generation row, memtable row)`
+    /// for each hidden generation row.
+    per_generation: std::sync::Mutex<HashMap<u64, (usize, Vec<(u32, u32)>)>>,
+}
+
+impl KillCache {
+    /// The rows of `generation` hidden by the first `rows` rows of a memtable view (its stored
+    /// `batches` starting at `offsets`, with their `row_hashes`). Every version and tombstone
+    /// hides: a memtable is newer than every generation.
+    pub fn hidden_in(
+        &self,
+        generation: &crate::generation::Generation,
+        batches: &[RecordBatch],
+        offsets: &[usize],
+        row_hashes: &[Arc<[u64]>],
+        rows: usize,
+    ) -> Vec<u32> {
+        let mut all = self
+            .per_generation
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let (checked, hidden) = all.entry(generation.meta().id).or_default();
+        if *checked < rows {
+            for (b, hashes) in row_hashes.iter().enumerate() {
+                let start = offsets[b];
+                let end = (start + hashes.len()).min(rows);
+                for ord in (*checked).max(start)..end {
+                    let r = ord - start;
+                    let key = || Key::from_array(batches[b].column(0).as_ref(), r);
+                    if let Some(row) = generation.row_of_key(hashes[r], key) {
+                        hidden.push((row as u32, ord as u32));
+                    }
+                }
+            }
+            *checked = rows;
+        }
+        // A search holding an older view sees only what its own rows hide.
+        hidden
+            .iter()
+            .filter(|(_, ord)| (*ord as usize) < rows)
+            .map(|(row, _)| *row)
+            .collect()
+    }
 }
 
 /// Whether each stored row is a tombstone.

@@ -184,29 +184,54 @@ pub(crate) fn plan(
     let mut stats = GlobalStats::default();
     for (i, ti) in indexes.iter().enumerate() {
         let live = &live[i];
-        stats.docs += live.iter().filter(|l| **l).count() as u64;
-        for (pos, field) in ts.fields().iter().enumerate() {
-            let sum: u64 = live
-                .iter()
-                .enumerate()
-                .filter(|(_, l)| **l)
-                .map(|(r, _)| ti.tokens(r, pos) as u64)
-                .sum();
-            *stats.tokens.entry(*field).or_default() += sum;
-        }
-        for term in &terms {
-            *stats.doc_freq.entry(term.clone()).or_default() += live_doc_freq(ti, term, live)?;
+        stats.docs += live.count() as u64;
+        match &live.hidden {
+            // A generation: its totals (cached) minus the rows newer sources hide.
+            Some(hidden) => {
+                for (pos, field) in ts.fields().iter().enumerate() {
+                    let gone: u64 = hidden
+                        .iter()
+                        .map(|r| ti.tokens(*r as usize, pos) as u64)
+                        .sum();
+                    *stats.tokens.entry(*field).or_default() += ti.total_tokens(pos) - gone;
+                }
+                for term in &terms {
+                    let df = if hidden.is_empty() {
+                        ti.searcher().doc_freq(term).map_err(tv)?
+                    } else {
+                        live_doc_freq(ti, term, &live.mask)?
+                    };
+                    *stats.doc_freq.entry(term.clone()).or_default() += df;
+                }
+            }
+            // A memtable: count over its live rows.
+            None => {
+                for (pos, field) in ts.fields().iter().enumerate() {
+                    let sum: u64 = live
+                        .mask
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, l)| **l)
+                        .map(|(r, _)| ti.tokens(r, pos) as u64)
+                        .sum();
+                    *stats.tokens.entry(*field).or_default() += sum;
+                }
+                for term in &terms {
+                    *stats.doc_freq.entry(term.clone()).or_default() +=
+                        live_doc_freq(ti, term, &live.mask)?;
+                }
+            }
         }
     }
     let stats = Arc::new(stats);
 
     let mut arms: Vec<Arc<dyn ExecutionPlan>> = Vec::with_capacity(sources.len());
     for ((source, ti), live) in sources.into_iter().zip(indexes).zip(live) {
-        let mut mask = live;
-        let live_rows = mask.iter().filter(|l| **l).count();
+        let live_rows = live.count();
+        let mut mask = live.mask;
         if let Some(f) = &filter {
             let fm = source.filter_mask(f, &user)?;
-            for (m, f) in mask.iter_mut().zip(fm) {
+            for (m, f) in Arc::make_mut(&mut mask).iter_mut().zip(fm) {
                 *m &= f;
             }
         }
@@ -219,7 +244,6 @@ pub(crate) fn plan(
             let query = query.clone();
             let stats = stats.clone();
             let out_schema = out_schema.clone();
-            let mask = Arc::new(mask);
             let k = opts.k;
             let payload: Vec<usize> = (0..schema.payload.len())
                 .map(|i| user.fields().len() - schema.payload.len() + i)

@@ -3,7 +3,7 @@
 use crate::generation::Generation;
 use crate::index::text::{MemTextIndex, TextIndex};
 use crate::key::Key;
-use crate::memtable::{deleted_flags, MemtableView};
+use crate::memtable::{deleted_flags, KillCache, MemtableView};
 use crate::{Error, Result};
 use arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch};
 use arrow::datatypes::SchemaRef;
@@ -37,6 +37,10 @@ pub(crate) struct Source {
     pub vector: Option<Arc<crate::index::vector::VectorIndex>>,
     /// A memtable's vector graph (covering a prefix of its rows).
     pub mem_graph: Option<Arc<crate::index::vector::MemVectorIndex>>,
+    /// The generation this source reads.
+    pub generation: Option<Arc<Generation>>,
+    /// A memtable's row hashes and the generation rows its keys hide.
+    pub memtable: Option<(Vec<Arc<[u64]>>, Arc<KillCache>)>,
 }
 
 impl Source {
@@ -50,6 +54,8 @@ impl Source {
             text: v.text.map_or(SourceText::None, SourceText::Mem),
             vector: None,
             mem_graph: v.graph,
+            generation: None,
+            memtable: Some((v.row_hashes, v.kills)),
         }
     }
 
@@ -63,6 +69,8 @@ impl Source {
             text: g.text().cloned().map_or(SourceText::None, SourceText::Gen),
             vector: g.vector().cloned(),
             mem_graph: None,
+            generation: Some(g.clone()),
+            memtable: None,
         }
     }
 
@@ -113,10 +121,83 @@ impl Source {
     }
 }
 
+/// The live rows of one source.
+#[derive(Debug, Clone)]
+pub(crate) struct Live {
+    /// Per row: the newest version of its key in the snapshot, and not a tombstone.
+    pub mask: Arc<Vec<bool>>,
+    /// For a generation: its rows (not tombstones) that newer sources hide. Statistics of a
+    /// generation are its own totals minus these rows.
+    pub hidden: Option<Vec<u32>>,
+}
+
+impl Live {
+    /// Rows the mask admits.
+    pub fn count(&self) -> usize {
+        self.mask.iter().filter(|l| **l).count()
+    }
+}
+
 /// The live rows of each source (newest first): the newest version of a key within the source,
 /// not a tombstone, and not hidden by a strictly newer source. A newer source's key hashes form
 /// the block list; a hash hit is confirmed on the exact key before a row is hidden.
-pub(crate) fn live_masks(sources: &[Source]) -> Vec<Vec<bool>> {
+///
+/// Memtables come first in a snapshot. Among themselves they are compared here, per search;
+/// what newer generations hide of a generation is cached with the generation (it only changes
+/// when the generation list does), and what memtables hide of it is kept incrementally by each
+/// memtable ([`KillCache`]), so a search does no work proportional to the generations' rows.
+pub(crate) fn live_masks(sources: &[Source]) -> Vec<Live> {
+    let m = sources
+        .iter()
+        .take_while(|s| s.generation.is_none())
+        .count();
+    let mut out: Vec<Live> = memtable_masks(&sources[..m])
+        .into_iter()
+        .map(|mask| Live {
+            mask: Arc::new(mask),
+            hidden: None,
+        })
+        .collect();
+    let gens: Vec<&Arc<Generation>> = sources[m..]
+        .iter()
+        .map(|s| {
+            s.generation
+                .as_ref()
+                .expect("memtables come before generations in a snapshot")
+        })
+        .collect();
+    for (i, g) in gens.iter().enumerate() {
+        let base = g.newer_mask(&gens[..i]);
+        let mut kills: Vec<u32> = Vec::new();
+        for s in &sources[..m] {
+            if let Some((hashes, cache)) = &s.memtable {
+                kills.extend(cache.hidden_in(g, &s.batches, &s.offsets, hashes, s.rows));
+            }
+        }
+        kills.retain(|r| base.live[*r as usize]);
+        kills.sort_unstable();
+        kills.dedup();
+        let mut hidden = base.hidden.clone();
+        let mask = if kills.is_empty() {
+            base.live.clone()
+        } else {
+            let mut live = (*base.live).clone();
+            for r in &kills {
+                live[*r as usize] = false;
+            }
+            hidden.extend(kills);
+            Arc::new(live)
+        };
+        out.push(Live {
+            mask,
+            hidden: Some(hidden),
+        });
+    }
+    out
+}
+
+/// Live masks among memtables (newest first), compared key by key.
+fn memtable_masks(sources: &[Source]) -> Vec<Vec<bool>> {
     // The newest (source, ordinal) seen for each key hash; a hit is confirmed on the exact key,
     // and a true hash collision falls back to looking the key up in every newer source.
     let mut newer: HashMap<u64, (usize, usize)> = HashMap::new();
@@ -138,9 +219,11 @@ pub(crate) fn live_masks(sources: &[Source]) -> Vec<Vec<bool>> {
             let (b, r) = s.locate(ord);
             live[ord] = !hidden && !deleted[b].value(r);
         }
-        for &(ord, h) in s.candidates.iter() {
-            if ord < s.rows {
-                newer.entry(h).or_insert((i, ord));
+        if i + 1 < sources.len() {
+            for &(ord, h) in s.candidates.iter() {
+                if ord < s.rows {
+                    newer.entry(h).or_insert((i, ord));
+                }
             }
         }
         out.push(live);
@@ -181,6 +264,8 @@ mod tests {
             text: SourceText::None,
             vector: None,
             mem_graph: None,
+            generation: None,
+            memtable: None,
         }
     }
 
@@ -190,9 +275,9 @@ mod tests {
         let newer = source("new", &["b", "c"], &[7, 9], false);
         let older = source("old", &["a", "c", "d"], &[7, 9, 11], false);
         let m = live_masks(&[newer, older]);
-        assert_eq!(m[0], vec![true, true]);
+        assert_eq!(*m[0].mask, vec![true, true]);
         assert_eq!(
-            m[1],
+            *m[1].mask,
             vec![true, false, true],
             "only the superseded 'c' is hidden"
         );
@@ -206,8 +291,8 @@ mod tests {
         let middle = source("middle", &["a"], &[7], true);
         let oldest = source("oldest", &["a", "z"], &[7, 3], false);
         let m = live_masks(&[newest, middle, oldest]);
-        assert_eq!(m[0], vec![true]);
-        assert_eq!(m[1], vec![false], "a tombstone is never live");
-        assert_eq!(m[2], vec![false, true]);
+        assert_eq!(*m[0].mask, vec![true]);
+        assert_eq!(*m[1].mask, vec![false], "a tombstone is never live");
+        assert_eq!(*m[2].mask, vec![false, true]);
     }
 }

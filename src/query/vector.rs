@@ -167,10 +167,14 @@ pub(crate) fn plan(
         .map(|i| user.fields().len() - schema.payload.len() + i)
         .collect();
     let mut arms: Vec<Arc<dyn ExecutionPlan>> = Vec::with_capacity(sources.len());
-    for (source, mut mask) in sources.into_iter().zip(live) {
-        let live_rows = mask.iter().filter(|l| **l).count();
+    for (source, live) in sources.into_iter().zip(live) {
+        let live_rows = live.count();
+        let mut mask = live.mask;
         if let Some(f) = &filter {
-            for (m, f) in mask.iter_mut().zip(source.filter_mask(f, &user)?) {
+            for (m, f) in Arc::make_mut(&mut mask)
+                .iter_mut()
+                .zip(source.filter_mask(f, &user)?)
+            {
                 *m &= f;
             }
         }

@@ -12,7 +12,6 @@ use std::sync::Arc;
 pub mod fashion;
 pub mod faulty;
 pub mod fts;
-pub mod latency;
 pub mod scenarios;
 
 pub const DIM: usize = 4;
