@@ -177,9 +177,7 @@ fn memtable_crossover(
             for at in (0..n).step_by(1000) {
                 let b = batch(s, at, &corpus[at..n.min(at + 1000)]);
                 let buffered = WriteOptions::with_durability(Durability::Buffered);
-                scan.append_with(&b, buffered.clone())
-                    .await
-                    .expect("append");
+                scan.append_with(&b, buffered).await.expect("append");
                 graph.append_with(&b, buffered).await.expect("append");
             }
             while graph.stats().memtable_graph_rows < n {

@@ -238,9 +238,7 @@ async fn build(dir: &Path, mut b: Build<'_>, show: bool) -> Result<f64> {
     for (g, end) in bounds.iter().enumerate() {
         while at < *end {
             let n = 2000.min(end - at);
-            index
-                .append_with(&(b.rows)(at, n)?, buffered.clone())
-                .await?;
+            index.append_with(&(b.rows)(at, n)?, buffered).await?;
             at += n;
             bar.set_position(at as u64);
         }

@@ -253,13 +253,16 @@ pub struct MemtableView {
     pub kills: Arc<KillCache>,
 }
 
+/// Memtable rows checked against one generation, and `(generation row, memtable row)` pairs.
+type Hidden = (usize, Vec<(u32, u32)>);
+
 /// The rows of older generations a memtable's keys hide, kept up to date incrementally: each
 /// memtable row is checked against each generation once (a hash lookup), not once per search.
 #[derive(Debug, Default)]
 pub struct KillCache {
     /// Per generation id: memtable rows checked so far, and `(generation row, memtable row)`
     /// for each hidden generation row.
-    per_generation: std::sync::Mutex<HashMap<u64, (usize, Vec<(u32, u32)>)>>,
+    per_generation: std::sync::Mutex<HashMap<u64, Hidden>>,
 }
 
 impl KillCache {

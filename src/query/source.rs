@@ -22,6 +22,9 @@ pub(crate) enum SourceText {
     None,
 }
 
+/// A memtable's row hashes (one slice per stored batch) and the generation rows its keys hide.
+pub(crate) type MemtableKeys = (Vec<Arc<[u64]>>, Arc<KillCache>);
+
 /// One source of a snapshot: a memtable view or a generation.
 #[derive(Debug, Clone)]
 pub(crate) struct Source {
@@ -40,7 +43,7 @@ pub(crate) struct Source {
     /// The generation this source reads.
     pub generation: Option<Arc<Generation>>,
     /// A memtable's row hashes and the generation rows its keys hide.
-    pub memtable: Option<(Vec<Arc<[u64]>>, Arc<KillCache>)>,
+    pub memtable: Option<MemtableKeys>,
 }
 
 impl Source {
