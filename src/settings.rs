@@ -41,8 +41,12 @@ pub struct Settings {
     /// a scan of few rows is cheap). Default 2,048.
     pub vector_exact_below: usize,
     /// The active memtable gets a vector graph, filled in the background, once it holds this
-    /// many rows; below it (and for `dot`) memtables are scanned exactly. Set from the measured
-    /// crossover of scan and graph latency (see `cargo bench --bench vector`). Default 20,000.
+    /// many rows; below it (and for `dot`) memtables are scanned exactly. Default 2,048, from
+    /// the measured crossover (`cargo bench --bench vector`, 784-d Fashion-MNIST, release, 2
+    /// cores: scan 0.84 / graph 0.62 ms p50 at 1,000 rows, 1.65 / 0.91 at 2,000, 16.0 / 2.7
+    /// at 20,000, 39.8 / 4.1 at 50,000) and equal to `vector_exact_below`, under which an arm
+    /// scans anyway. The graph costs background CPU (about 1,000 to 2,800 784-d rows/s on 2
+    /// cores): raise it (or set `usize::MAX`) for ingest-bound workloads.
     pub memtable_graph_above: usize,
 }
 
@@ -60,7 +64,7 @@ impl Default for Settings {
             hnsw_ef_construction: 200,
             hnsw_ef_search: 100,
             vector_exact_below: 2048,
-            memtable_graph_above: 20_000,
+            memtable_graph_above: 2048,
         }
     }
 }
