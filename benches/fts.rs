@@ -8,101 +8,11 @@
 //! LSMSEARCH_BENCH_DOCS=20000 LSMSEARCH_BENCH_GENS=1,2,5 cargo bench --bench fts
 //! ```
 
-use arrow::array::{Int64Array, RecordBatch, StringArray};
-use lsmsearch::{Durability, Index, IndexSchema, Location, SearchOptions, Settings, WriteOptions};
-use std::sync::Arc;
+use lsmsearch::bench::corpus::Corpus;
+use lsmsearch::{Durability, Index, Location, SearchOptions, Settings, WriteOptions};
 use std::time::{Duration, Instant};
 
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/data/cranfield");
-
-fn schema() -> IndexSchema {
-    IndexSchema::from_json(
-        r#"{"primary_key": "id", "primary_key_type": "int64", "text": ["title", "text"],
-            "payload": [{"name": "year", "type": "int64"}]}"#,
-    )
-    .expect("valid schema")
-}
-
-struct Corpus {
-    titles: Vec<String>,
-    texts: Vec<Vec<String>>,
-}
-
-fn corpus() -> Corpus {
-    let mut titles = Vec::new();
-    let mut texts = Vec::new();
-    for l in std::fs::read_to_string(format!("{DATA}/docs.jsonl"))
-        .expect("cranfield docs")
-        .lines()
-    {
-        let v: serde_json::Value = serde_json::from_str(l).expect("json");
-        titles.push(v["title"].as_str().unwrap_or("").to_string());
-        texts.push(
-            v["text"]
-                .as_str()
-                .unwrap_or("")
-                .split_whitespace()
-                .map(str::to_string)
-                .collect(),
-        );
-    }
-    Corpus { titles, texts }
-}
-
-fn queries() -> Vec<String> {
-    std::fs::read_to_string(format!("{DATA}/queries.jsonl"))
-        .expect("cranfield queries")
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).expect("json");
-            v["text"]
-                .as_str()
-                .unwrap_or("")
-                .chars()
-                .map(|c| if c.is_alphanumeric() { c } else { ' ' })
-                .collect()
-        })
-        .collect()
-}
-
-/// Document `i`: Cranfield document `i mod 1400`, its words rotated and one dropped per copy.
-fn batch(s: &IndexSchema, c: &Corpus, from: usize, n: usize) -> RecordBatch {
-    let mut titles = Vec::with_capacity(n);
-    let mut texts = Vec::with_capacity(n);
-    for i in from..from + n {
-        let d = i % c.titles.len();
-        let copy = i / c.titles.len();
-        let words = &c.texts[d];
-        let text = if words.is_empty() || copy == 0 {
-            words.join(" ")
-        } else {
-            let r = copy % words.len();
-            let mut w: Vec<&str> = words[r..]
-                .iter()
-                .chain(&words[..r])
-                .map(String::as_str)
-                .collect();
-            w.remove(copy % w.len());
-            w.join(" ")
-        };
-        titles.push(c.titles[d].clone());
-        texts.push(text);
-    }
-    RecordBatch::try_new(
-        s.arrow_schema(),
-        vec![
-            Arc::new(Int64Array::from_iter_values(
-                (from..from + n).map(|i| i as i64),
-            )),
-            Arc::new(StringArray::from(titles)),
-            Arc::new(StringArray::from(texts)),
-            Arc::new(Int64Array::from_iter_values(
-                (from..from + n).map(|i| 1950 + (i % 70) as i64),
-            )),
-        ],
-    )
-    .expect("batch")
-}
 
 fn pct(sorted: &[Duration], p: f64) -> f64 {
     if sorted.is_empty() {
@@ -127,9 +37,9 @@ fn main() {
         .unwrap_or(10);
     let base = std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/target/bench-fts"));
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let c = corpus();
-    let qs = queries();
-    let s = schema();
+    let c = Corpus::cranfield(std::path::Path::new(DATA)).expect("the Cranfield collection");
+    let qs = c.queries().to_vec();
+    let s = Corpus::schema(None);
     println!("{docs} documents (Cranfield replicated), 225 queries, k = 10, local disk");
     println!(
         "{:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12}",
@@ -152,7 +62,6 @@ fn main() {
             let flushed = docs.saturating_sub(1000);
             let append = |from: usize, to: usize| {
                 let index = &index;
-                let s = &s;
                 let c = &c;
                 async move {
                     let mut at = from;
@@ -160,7 +69,7 @@ fn main() {
                         let n = 1000.min(to - at);
                         index
                             .append_with(
-                                &batch(s, c, at, n),
+                                &c.batch(None, at, n).expect("batch"),
                                 WriteOptions::with_durability(Durability::Buffered),
                             )
                             .await

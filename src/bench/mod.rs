@@ -469,14 +469,11 @@ pub async fn run(o: &Options) -> Result<Report> {
             let _ = std::fs::remove_dir_all(&dir);
         }
     }
-    let mut keys: Vec<String> = report
+    let keys: std::collections::BTreeSet<String> = report
         .runs
         .iter()
         .map(|r| format!("{}/{}", r.query, r.mode))
         .collect();
-    keys.dedup();
-    keys.sort();
-    keys.dedup();
     for k in keys {
         let pts: Vec<(f64, f64)> = report
             .runs

@@ -92,6 +92,22 @@ fn graph_distance(metric: Metric) -> GraphDistance {
     }
 }
 
+/// The data ids of up to `k` points near `q` that `admit` accepts, from a filtered walk with
+/// candidate list `max(ef, k)`.
+fn walk(
+    g: &Graph<'_>,
+    q: &[f32],
+    k: usize,
+    ef: usize,
+    admit: &dyn Fn(usize) -> bool,
+) -> Vec<usize> {
+    let filter = |id: &usize| admit(*id);
+    g.search_filter(q, k, ef.max(k), Some(&filter))
+        .into_iter()
+        .map(|n| n.d_id)
+        .collect()
+}
+
 fn augment(v: &[f32], max_norm: f32) -> Vec<f32> {
     let n2: f32 = v.iter().map(|x| x * x).sum();
     let mut out = v.to_vec();
@@ -223,13 +239,7 @@ impl VectorIndex {
         if self.metric == Metric::Dot {
             q.push(0.0);
         }
-        let filter = |id: &usize| admit(*id);
-        let search = |g: &Graph<'_>| {
-            g.search_filter(&q, k, ef.max(k), Some(&filter))
-                .into_iter()
-                .map(|n| n.d_id)
-                .collect::<Vec<_>>()
-        };
+        let search = |g: &Graph<'_>| walk(g, &q, k, ef, admit);
         match &self.holder {
             GraphHolder::Built(g) => search(g),
             GraphHolder::Loaded(l) => l.with_dependent(|_, g| search(g)),
@@ -367,13 +377,7 @@ impl MemVectorIndex {
         if indexed == 0 {
             return (Vec::new(), 0);
         }
-        let filter = |id: &usize| *id < indexed && admit(*id);
-        let rows = self
-            .graph
-            .search_filter(query, k, ef.max(k), Some(&filter))
-            .into_iter()
-            .map(|n| n.d_id)
-            .collect();
+        let rows = walk(&self.graph, query, k, ef, &|id| id < indexed && admit(id));
         (rows, indexed)
     }
 }
