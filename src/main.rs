@@ -168,6 +168,25 @@ enum BenchCommand {
         /// vector search) or `wide-vectors` (40 generations of 50 rows, 768-d, exact scan).
         #[arg(long, default_value = "generations")]
         shape: String,
+        /// Keep the built indexes in OUT and reuse those built with the same parameters.
+        #[arg(long)]
+        reuse: bool,
+    },
+    /// Write the benchmark corpus (Cranfield replicated, with vectors) to OUT/docs.parquet and
+    /// its queries to OUT/queries.parquet, for measuring other systems on the same data.
+    Corpus {
+        /// Documents to write.
+        #[arg(long, default_value_t = 100_000)]
+        docs: usize,
+        /// Vector dimension.
+        #[arg(long, default_value_t = 128)]
+        dim: usize,
+        /// Output directory.
+        #[arg(long, default_value = "bench-out/corpus")]
+        out: PathBuf,
+        /// The Cranfield collection.
+        #[arg(long, default_value = "../shared/data/cranfield")]
+        data: PathBuf,
     },
 }
 
@@ -368,6 +387,27 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
         Command::Demo { dir } => demo::run(dir, json).await?,
         Command::Bench {
             which:
+                BenchCommand::Corpus {
+                    docs,
+                    dim,
+                    out,
+                    data,
+                },
+        } => {
+            if dim == 0 {
+                return Err(Error::invalid("--dim must be at least 1"));
+            }
+            lsmsearch::bench::corpus::Corpus::cranfield(&data)?.export(docs, dim, &out)?;
+            if !json {
+                println!(
+                    "wrote {docs} rows to {}/docs.parquet and the queries to {}/queries.parquet",
+                    out.display(),
+                    out.display()
+                );
+            }
+        }
+        Command::Bench {
+            which:
                 BenchCommand::Generations {
                     docs,
                     gens,
@@ -378,6 +418,7 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
                     warm_queries,
                     cold_queries,
                     shape,
+                    reuse,
                 },
         } => {
             let shape = match shape.as_str() {
@@ -416,6 +457,7 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
                 shape,
                 progress: !json && std::io::IsTerminal::is_terminal(&std::io::stderr()),
                 print: !json,
+                reuse,
                 ..Default::default()
             };
             let report = lsmsearch::bench::run(&opts).await?;

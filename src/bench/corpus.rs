@@ -218,3 +218,54 @@ impl Corpus {
         Ok(RecordBatch::try_new(schema.arrow_schema(), columns)?)
     }
 }
+
+impl Corpus {
+    /// Write rows `[0, docs)` of [`Corpus::batch`] (with `dim`-d vectors) to `dir/docs.parquet`
+    /// and the queries with their vectors (`text`, `emb`) to `dir/queries.parquet`, so other
+    /// systems can be measured on exactly the rows and queries this crate's benchmarks use.
+    pub fn export(&self, docs: usize, dim: usize, dir: &Path) -> Result<()> {
+        use parquet::arrow::ArrowWriter;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::invalid(format!("cannot create {}: {e}", dir.display())))?;
+        let file = |name: &str| {
+            let p = dir.join(name);
+            std::fs::File::create(&p)
+                .map_err(|e| Error::invalid(format!("cannot create {}: {e}", p.display())))
+        };
+        let pq = |e: parquet::errors::ParquetError| Error::internal(format!("parquet: {e}"));
+        let mut embedder = Embedder::new(dim);
+        let schema = Corpus::schema(Some(dim)).arrow_schema();
+        let mut w = ArrowWriter::try_new(file("docs.parquet")?, schema, None).map_err(pq)?;
+        for from in (0..docs).step_by(10_000) {
+            let n = 10_000.min(docs - from);
+            w.write(&self.batch(Some(&mut embedder), from, n)?)
+                .map_err(pq)?;
+        }
+        w.close().map_err(pq)?;
+        let values: Vec<f32> = self
+            .queries
+            .iter()
+            .flat_map(|q| embedder.embed(q, 0, 0.0))
+            .collect();
+        let queries = RecordBatch::try_from_iter(vec![
+            (
+                "text",
+                Arc::new(StringArray::from_iter_values(self.queries.iter())) as _,
+            ),
+            (
+                "emb",
+                Arc::new(FixedSizeListArray::try_new(
+                    Arc::new(Field::new("item", DataType::Float32, true)),
+                    dim as i32,
+                    Arc::new(Float32Array::from(values)),
+                    None,
+                )?) as _,
+            ),
+        ])?;
+        let mut w =
+            ArrowWriter::try_new(file("queries.parquet")?, queries.schema(), None).map_err(pq)?;
+        w.write(&queries).map_err(pq)?;
+        w.close().map_err(pq)?;
+        Ok(())
+    }
+}

@@ -61,6 +61,9 @@ pub struct Options {
     pub progress: bool,
     /// Print the table as rows are measured.
     pub print: bool,
+    /// Keep the built indexes in `out` and reuse one when it was built with the same
+    /// parameters (its `bench-build.json` matches) instead of building it again.
+    pub reuse: bool,
 }
 
 impl Default for Options {
@@ -78,6 +81,7 @@ impl Default for Options {
             shape: Shape::Generations,
             progress: false,
             print: true,
+            reuse: false,
         }
     }
 }
@@ -207,8 +211,20 @@ fn progress(show: bool, len: u64, what: String) -> indicatif::ProgressBar {
     bar
 }
 
-/// Build the index in `dir` (plain local disk: building is not what is measured).
-async fn build(dir: &Path, mut b: Build<'_>, show: bool) -> Result<f64> {
+/// Build the index in `dir` (plain local disk: building is not what is measured). With
+/// `reuse`, an index already in `dir` built with the same parameters is kept (0 seconds).
+async fn build(dir: &Path, mut b: Build<'_>, show: bool, reuse: bool) -> Result<f64> {
+    let marker = dir.join("bench-build.json");
+    let params = serde_json::json!({
+        "schema": b.schema,
+        "total": b.total,
+        "generations": b.generations,
+        "format": 2,
+    })
+    .to_string();
+    if reuse && std::fs::read_to_string(&marker).is_ok_and(|m| m == params) {
+        return Ok(0.0);
+    }
     let _ = std::fs::remove_dir_all(dir);
     let loc = Location::parse(&dir.display().to_string())?;
     let settings = Settings {
@@ -248,7 +264,10 @@ async fn build(dir: &Path, mut b: Build<'_>, show: bool) -> Result<f64> {
     }
     index.close().await?;
     bar.finish_and_clear();
-    Ok(started.elapsed().as_secs_f64())
+    let secs = started.elapsed().as_secs_f64();
+    std::fs::write(&marker, params)
+        .map_err(|e| Error::invalid(format!("cannot write {}: {e}", marker.display())))?;
+    Ok(secs)
 }
 
 async fn measure(
@@ -428,7 +447,7 @@ pub async fn run(o: &Options) -> Result<Report> {
                     generations,
                     rows: Box::new(|from, n| corpus.batch(Some(&mut embedder), from, n)),
                 };
-                let secs = build(&dir, b, o.progress).await?;
+                let secs = build(&dir, b, o.progress, o.reuse).await?;
                 report.build_seconds.insert(g, secs);
                 let (loc, store) =
                     Location::parse(&dir.display().to_string())?.with_latency(latency);
@@ -438,7 +457,9 @@ pub async fn run(o: &Options) -> Result<Report> {
                         report.runs.push(r);
                     }
                 }
-                let _ = std::fs::remove_dir_all(&dir);
+                if !o.reuse {
+                    let _ = std::fs::remove_dir_all(&dir);
+                }
             }
         }
         Shape::ManySmall | Shape::WideVectors => {
@@ -455,7 +476,7 @@ pub async fn run(o: &Options) -> Result<Report> {
                 generations: vec![per; g],
                 rows: Box::new(|from, n| vector_batch(&schema, dim, from, n)),
             };
-            let secs = build(&dir, b, o.progress).await?;
+            let secs = build(&dir, b, o.progress, o.reuse).await?;
             report.build_seconds.insert(g, secs);
             report.docs = g * per;
             let (loc, store) = Location::parse(&dir.display().to_string())?.with_latency(latency);
@@ -466,7 +487,9 @@ pub async fn run(o: &Options) -> Result<Report> {
                 print(&r);
                 report.runs.push(r);
             }
-            let _ = std::fs::remove_dir_all(&dir);
+            if !o.reuse {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
         }
     }
     let keys: std::collections::BTreeSet<String> = report

@@ -51,6 +51,7 @@ pub struct ReadOnlyIndex {
 impl ReadOnlyIndex {
     pub(crate) async fn open(loc: Location, settings: Settings) -> Result<Self> {
         settings.validate()?;
+        let started = std::time::Instant::now();
         let paths = Paths::new(loc.root.clone());
         let manifests = ManifestStore::new(loc.store.clone(), paths.clone());
         let m = manifests
@@ -71,6 +72,13 @@ impl ReadOnlyIndex {
             &HashMap::new(),
         )
         .await?;
+        tracing::debug!(
+            "opened {} read-only in {:?}: {} generations, {} rows from the WAL",
+            loc.display,
+            started.elapsed(),
+            view.generations.len(),
+            view.wal.rows()
+        );
         Ok(ReadOnlyIndex {
             user_schema: schema.arrow_schema(),
             stored_schema,

@@ -13,19 +13,21 @@
 //! footer (32 bytes):
 //!   dir_offset  u64
 //!   dir_len     u64
-//!   version     u32               format version (1)
+//!   version     u32               format version (2; version 1 is still read)
 //!   body_crc    u32               CRC32 of bytes [0, dir_offset + dir_len)
 //!   magic       "LSMG"
 //!   footer_crc  u32               CRC32 of the 28 footer bytes before it
 //! ```
 //!
-//! Sections of version 1: `rows` (Arrow IPC stream of stored rows: index columns, `_seq`,
-//! `_deleted`), `pk_hashes` (sorted, distinct u64 xxh3 hashes of the keys, see
-//! [`crate::key::PK_HASH_SEED`]). Every section also has its own CRC so it can be read by range.
+//! Sections: `rows` (Arrow IPC stream of stored rows: index columns, `_seq`, `_deleted`),
+//! `pk_hashes` (sorted, distinct u64 xxh3 hashes of the keys, see [`crate::key::PK_HASH_SEED`]),
+//! and the search indexes': `text/*` and `text_token_counts`, and `vector/graph` (version 2,
+//! see [`crate::index::graph`]) or `hnsw/meta`, `hnsw/graph`, `hnsw/data` (version 1: hnsw_rs
+//! dump files). Every section also has its own CRC so it can be read by range.
 
 use crate::codec::{ipc_decode, ipc_encode, Reader};
 use crate::index::text::{TextIndex, TextSchema};
-use crate::index::vector::{GraphParams, VectorIndex};
+use crate::index::vector::{GraphParams, VectorIndex, GRAPH_SECTION};
 use crate::schema::Metric;
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
@@ -51,7 +53,7 @@ use std::fmt::Display;
 /// Magic bytes of a generation bundle (start and footer).
 pub const GENERATION_MAGIC: &[u8; 4] = b"LSMG";
 /// Current generation format version.
-pub const GENERATION_FORMAT_VERSION: u32 = 1;
+pub const GENERATION_FORMAT_VERSION: u32 = 2;
 const FOOTER_LEN: usize = 32;
 
 /// What the manifest records about a generation.
@@ -274,6 +276,7 @@ impl Generation {
         object: &dyn Display,
     ) -> Result<Self> {
         let bad = |m: String| Error::data(object, format!("generation {m}"));
+        let started = std::time::Instant::now();
         if bytes.len() < FOOTER_LEN + 4 || &bytes[0..4] != GENERATION_MAGIC {
             return Err(bad(format!(
                 "is truncated or not a generation ({} bytes)",
@@ -291,9 +294,9 @@ impl Generation {
         let version = r.u32().expect("footer");
         let body_crc = r.u32().expect("footer");
         debug_assert_eq!(r.position(), 24);
-        if version != GENERATION_FORMAT_VERSION {
+        if !(1..=GENERATION_FORMAT_VERSION).contains(&version) {
             return Err(bad(format!(
-                "has format version {version}; this build reads version {GENERATION_FORMAT_VERSION}"
+                "has format version {version}; this build reads versions 1 to {GENERATION_FORMAT_VERSION}"
             )));
         }
         if dir_offset.checked_add(dir_len) != Some(bytes.len() - FOOTER_LEN) {
@@ -320,6 +323,7 @@ impl Generation {
             }
             Ok(b)
         };
+        let t_crc = started.elapsed();
         let batches = ipc_decode(section("rows")?, schema, object)?;
         let rows = arrow::compute::concat_batches(schema, &batches)?;
         let h = section("pk_hashes")?;
@@ -337,15 +341,21 @@ impl Generation {
                 dir.stats.rows
             )));
         }
+        let t_rows = started.elapsed();
         let vector = match spec.vector {
-            Some((_, metric, _)) => Some(Arc::new(
-                VectorIndex::open(metric, &section("hnsw/meta")?, || {
+            Some((col, metric, _)) if version == 1 => Some(Arc::new(
+                VectorIndex::open_hnsw_dump(&rows, col, metric, &section("hnsw/meta")?, || {
                     Ok((section("hnsw/graph")?, section("hnsw/data")?))
                 })
                 .map_err(|e| bad(format!("vector graph: {}", e.message())))?,
             )),
+            Some((col, metric, _)) => Some(Arc::new(
+                VectorIndex::open(&rows, col, metric, &section(GRAPH_SECTION)?)
+                    .map_err(|e| bad(format!("vector graph: {}", e.message())))?,
+            )),
             None => None,
         };
+        let t_vector = started.elapsed();
         let text = match spec.text {
             Some(ts) => {
                 let c = section("text_token_counts")?;
@@ -370,7 +380,18 @@ impl Generation {
             }
             None => None,
         };
+        let t_text = started.elapsed();
         let row_hashes = row_hashes(&rows);
+        tracing::debug!(
+            "decoded {object} ({} bytes, {} rows): checks {:?}, rows {:?}, vector {:?}, text {:?}, key hashes {:?}",
+            bytes.len(),
+            rows.num_rows(),
+            t_crc,
+            t_rows - t_crc,
+            t_vector - t_rows,
+            t_text - t_vector,
+            started.elapsed() - t_text
+        );
         Ok(Generation {
             meta: dir.stats,
             candidates: candidates(&row_hashes),

@@ -1,17 +1,24 @@
-//! Vector indexes: an hnsw_rs graph per generation, built at flush and stored in its bundle.
+//! Vector indexes: an HNSW graph per generation, built with hnsw_rs at flush and kept (in the
+//! bundle and in memory) as flat arrays ([`crate::index::graph`]); memtables keep a live hnsw_rs
+//! graph ([`MemVectorIndex`]).
 //!
-//! The graph only proposes candidates; every returned distance is recomputed exactly. Metrics:
+//! A graph only proposes candidates; every returned distance is recomputed exactly. Metrics:
 //! `l2` builds on Euclidean distance, `cosine` on one minus the cosine similarity, and `dot`
 //! (maximum inner product) on Euclidean distance between vectors augmented with one coordinate
 //! `sqrt(M² - |x|²)`, `M` the generation's largest norm, and the query augmented with 0: then
 //! `|q' - x'|² = |q|² + M² - 2 q·x`, so the nearest augmented vector has the largest dot product.
 
+use super::graph::{Adjacency, FlatGraph};
 use crate::schema::Metric;
 use crate::{Error, Result};
 use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::buffer::ScalarBuffer;
 use arrow::datatypes::Float32Type;
-use hnsw_rs::prelude::{AnnT, Distance, Hnsw, HnswIo};
+use hnsw_rs::prelude::{Distance, Hnsw, HnswIo};
 use std::sync::Arc;
+
+/// Name of the bundle section holding a generation's graph.
+pub const GRAPH_SECTION: &str = "vector/graph";
 
 fn hn(e: impl std::fmt::Display) -> Error {
     Error::internal(format!("hnsw: {e}"))
@@ -35,55 +42,20 @@ pub struct GraphDistance {
 impl Distance<f32> for GraphDistance {
     fn eval(&self, a: &[f32], b: &[f32]) -> f32 {
         if self.cosine {
-            let (mut dot, mut na, mut nb) = (0f32, 0f32, 0f32);
-            for (x, y) in a.iter().zip(b) {
-                dot += x * y;
-                na += x * x;
-                nb += y * y;
-            }
-            if na == 0.0 || nb == 0.0 {
-                1.0
-            } else {
-                (1.0 - dot / (na.sqrt() * nb.sqrt())).max(0.0)
-            }
+            super::distance::cosine(a, b).max(0.0)
         } else {
-            a.iter()
-                .zip(b)
-                .map(|(x, y)| (x - y) * (x - y))
-                .sum::<f32>()
-                .sqrt()
+            super::distance::l2_sq(a, b).sqrt()
         }
     }
 }
 
 type Graph<'a> = Hnsw<'a, f32, GraphDistance>;
 
-self_cell::self_cell!(
-    struct LoadedGraph {
-        owner: HnswIo,
-        #[not_covariant]
-        dependent: Graph,
-    }
-);
-
-enum GraphHolder {
-    Built(Graph<'static>),
-    Loaded(LoadedGraph),
-    /// A generation of tombstones only: nothing to walk.
-    Empty,
-}
-
-/// A generation's vector graph.
+/// A generation's vector graph (see [`crate::index::graph`]).
+#[derive(Debug)]
 pub struct VectorIndex {
-    holder: GraphHolder,
-    metric: Metric,
+    graph: Option<FlatGraph>,
     points: usize,
-}
-
-impl std::fmt::Debug for VectorIndex {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "VectorIndex({} points, {:?})", self.points, self.metric)
-    }
 }
 
 fn graph_distance(metric: Metric) -> GraphDistance {
@@ -115,9 +87,52 @@ fn augment(v: &[f32], max_norm: f32) -> Vec<f32> {
     out
 }
 
+/// The vector column of `rows` as one row-major buffer (`dim` values per row, nulls included),
+/// shared with the batch.
+fn vectors_of(rows: &RecordBatch, vcol: usize) -> Result<(usize, ScalarBuffer<f32>)> {
+    let list = rows
+        .column(vcol)
+        .as_fixed_size_list_opt()
+        .ok_or_else(|| Error::internal("vector column is not a fixed-size list"))?;
+    let dim = list.value_length() as usize;
+    let values = list
+        .values()
+        .as_primitive_opt::<Float32Type>()
+        .ok_or_else(|| Error::internal("vector column is not float32"))?
+        .values();
+    let start = if rows.num_rows() == 0 {
+        0
+    } else {
+        list.value_offset(0) as usize
+    };
+    Ok((dim, values.slice(start, rows.num_rows() * dim)))
+}
+
+/// The layers of an hnsw_rs graph over rows `0..rows` (data ids are rows).
+fn adjacency_of(g: &Graph<'_>, rows: usize) -> Adjacency {
+    let points = g.get_point_indexation();
+    let mut nodes = Vec::with_capacity(g.get_nb_point());
+    for p in points {
+        let layers = p.get_point_id().0 as usize + 1;
+        let lists = p
+            .get_neighborhood_id()
+            .into_iter()
+            .take(layers)
+            .map(|l| l.into_iter().map(|n| n.d_id as u32).collect())
+            .collect();
+        nodes.push((p.get_origin_id() as u32, lists));
+    }
+    let top = g.get_max_level_observed() as usize;
+    let entry = points
+        .get_layer_iterator(top)
+        .next()
+        .map_or(0, |p| p.get_origin_id() as u32);
+    Adjacency::from_lists(rows, nodes, entry)
+}
+
 impl VectorIndex {
     /// Build the graph over the non-tombstone rows of a generation (`vcol` is the vector
-    /// column's position); returns the index and its encoded sections.
+    /// column's position); returns the index and its encoded `vector/graph` section.
     pub fn build(
         rows: &RecordBatch,
         vcol: usize,
@@ -126,70 +141,64 @@ impl VectorIndex {
     ) -> Result<(VectorIndex, crate::index::text::IndexFiles)> {
         let deleted = crate::memtable::deleted_flags(rows);
         let list = rows.column(vcol).as_fixed_size_list();
-        let dim = list.value_length() as usize;
-        let values = list.values().as_primitive::<Float32Type>().values();
+        let (dim, vectors) = vectors_of(rows, vcol)?;
         let mut data: Vec<(Vec<f32>, usize)> = Vec::new();
         for r in 0..rows.num_rows() {
             if deleted.value(r) || list.is_null(r) {
                 continue;
             }
-            let s = list.value_offset(r) as usize;
-            data.push((values[s..s + dim].to_vec(), r));
+            data.push((vectors[r * dim..(r + 1) * dim].to_vec(), r));
         }
-        let max_norm = if metric == Metric::Dot {
-            data.iter()
-                .map(|(v, _)| v.iter().map(|x| x * x).sum::<f32>().sqrt())
-                .fold(0f32, f32::max)
-        } else {
-            0.0
-        };
         if metric == Metric::Dot {
+            let max_norm = data
+                .iter()
+                .map(|(v, _)| v.iter().map(|x| x * x).sum::<f32>().sqrt())
+                .fold(0f32, f32::max);
             for (v, _) in &mut data {
                 *v = augment(v, max_norm);
             }
         }
-        let mut meta = Vec::with_capacity(8);
-        meta.extend_from_slice(&max_norm.to_le_bytes());
-        meta.extend_from_slice(&(data.len() as u32).to_le_bytes());
-        if data.is_empty() {
-            return Ok((
-                VectorIndex {
-                    holder: GraphHolder::Empty,
-                    metric,
-                    points: 0,
-                },
-                vec![("hnsw/meta".to_string(), meta)],
-            ));
-        }
-        let graph: Graph<'static> = Hnsw::new(
-            params.m,
-            data.len().max(1),
-            16,
-            params.ef_construction,
-            graph_distance(metric),
-        );
-        let refs: Vec<(&[f32], usize)> = data.iter().map(|(v, r)| (v.as_slice(), *r)).collect();
-        graph.parallel_insert_slice(&refs);
-        let dir = tempfile::tempdir().map_err(hn)?;
-        let base = graph.file_dump(dir.path(), "g").map_err(hn)?;
-        let mut sections = Vec::new();
-        for (name, ext) in [("hnsw/graph", "hnsw.graph"), ("hnsw/data", "hnsw.data")] {
-            let p = dir.path().join(format!("{base}.{ext}"));
-            sections.push((name.to_string(), std::fs::read(&p).map_err(hn)?));
-        }
-        sections.push(("hnsw/meta".to_string(), meta));
+        let adjacency = if data.is_empty() {
+            Adjacency::from_lists(rows.num_rows(), Vec::new(), 0)
+        } else {
+            let graph: Graph<'static> = Hnsw::new(
+                params.m,
+                data.len(),
+                16,
+                params.ef_construction,
+                graph_distance(metric),
+            );
+            let refs: Vec<(&[f32], usize)> = data.iter().map(|(v, r)| (v.as_slice(), *r)).collect();
+            graph.parallel_insert_slice(&refs);
+            adjacency_of(&graph, rows.num_rows())
+        };
+        let section = vec![(GRAPH_SECTION.to_string(), adjacency.encode())];
         Ok((
             VectorIndex {
-                holder: GraphHolder::Built(graph),
-                metric,
                 points: data.len(),
+                graph: Some(FlatGraph::new(adjacency, metric, dim, vectors)?),
             },
-            sections,
+            section,
         ))
     }
 
-    /// Load a graph from the sections [`VectorIndex::build`] wrote.
-    pub fn open(
+    /// Open the graph of a `vector/graph` section over the generation's `rows`.
+    pub fn open(rows: &RecordBatch, vcol: usize, metric: Metric, section: &[u8]) -> Result<Self> {
+        let adjacency = Adjacency::decode(section, rows.num_rows())
+            .map_err(|m| Error::internal(format!("section '{GRAPH_SECTION}' {m}")))?;
+        let (dim, vectors) = vectors_of(rows, vcol)?;
+        Ok(VectorIndex {
+            points: adjacency.nodes(),
+            graph: Some(FlatGraph::new(adjacency, metric, dim, vectors)?),
+        })
+    }
+
+    /// Open the graph of a format-1 bundle (hnsw_rs dump files in sections `hnsw/graph` and
+    /// `hnsw/data`, `meta` = largest norm and point count): the graph is reloaded through
+    /// hnsw_rs and converted to flat arrays.
+    pub fn open_hnsw_dump(
+        rows: &RecordBatch,
+        vcol: usize,
         metric: Metric,
         meta: &[u8],
         sections: impl FnOnce() -> Result<(bytes::Bytes, bytes::Bytes)>,
@@ -198,26 +207,23 @@ impl VectorIndex {
             return Err(Error::internal("hnsw/meta section has the wrong size"));
         }
         let points = u32::from_le_bytes(meta[4..8].try_into().expect("4")) as usize;
-        if points == 0 {
-            return Ok(VectorIndex {
-                holder: GraphHolder::Empty,
-                metric,
-                points,
-            });
-        }
-        let (graph, data) = sections()?;
-        let dir = tempfile::tempdir().map_err(hn)?;
-        std::fs::write(dir.path().join("g.hnsw.graph"), &graph).map_err(hn)?;
-        std::fs::write(dir.path().join("g.hnsw.data"), &data).map_err(hn)?;
-        let io = HnswIo::new(dir.path(), "g");
-        let loaded = LoadedGraph::try_new(io, |io| {
-            io.load_hnsw_with_dist::<f32, GraphDistance>(graph_distance(metric))
-                .map_err(hn)
-        })?;
+        let adjacency = if points == 0 {
+            Adjacency::from_lists(rows.num_rows(), Vec::new(), 0)
+        } else {
+            let (graph, data) = sections()?;
+            let dir = tempfile::tempdir().map_err(hn)?;
+            std::fs::write(dir.path().join("g.hnsw.graph"), &graph).map_err(hn)?;
+            std::fs::write(dir.path().join("g.hnsw.data"), &data).map_err(hn)?;
+            let io = HnswIo::new(dir.path(), "g");
+            let g: Graph<'_> = io
+                .load_hnsw_with_dist::<f32, GraphDistance>(graph_distance(metric))
+                .map_err(hn)?;
+            adjacency_of(&g, rows.num_rows())
+        };
+        let (dim, vectors) = vectors_of(rows, vcol)?;
         Ok(VectorIndex {
-            holder: GraphHolder::Loaded(loaded),
-            metric,
             points,
+            graph: Some(FlatGraph::new(adjacency, metric, dim, vectors)?),
         })
     }
 
@@ -226,8 +232,13 @@ impl VectorIndex {
         self.points
     }
 
+    /// Bytes the graph holds beyond the generation's rows.
+    pub fn heap_bytes(&self) -> usize {
+        self.graph.as_ref().map_or(0, FlatGraph::heap_bytes)
+    }
+
     /// Up to `k` candidate rows near `query` among rows `admit` accepts, from a graph walk with
-    /// candidate list `ef`. Distances are the graph's, not exact: callers re-score.
+    /// candidate list `ef`, nearest first by the graph's order: callers re-score exactly.
     pub fn candidates(
         &self,
         query: &[f32],
@@ -235,16 +246,9 @@ impl VectorIndex {
         ef: usize,
         admit: &dyn Fn(usize) -> bool,
     ) -> Vec<usize> {
-        let mut q = query.to_vec();
-        if self.metric == Metric::Dot {
-            q.push(0.0);
-        }
-        let search = |g: &Graph<'_>| walk(g, &q, k, ef, admit);
-        match &self.holder {
-            GraphHolder::Built(g) => search(g),
-            GraphHolder::Loaded(l) => l.with_dependent(|_, g| search(g)),
-            GraphHolder::Empty => Vec::new(),
-        }
+        self.graph
+            .as_ref()
+            .map_or_else(Vec::new, |g| g.search(query, k, ef, admit))
     }
 }
 

@@ -51,31 +51,15 @@ impl VectorSearchOptions {
     }
 }
 
-/// The distance between `a` and `b` under `metric`, in f32, accumulated in index order:
-/// Euclidean distance for `l2`, one minus the cosine similarity for `cosine` (1 when either
-/// vector is zero), the negated dot product for `dot`. Smaller is nearer.
+/// The distance between `a` and `b` under `metric`, in f32 (accumulated in fixed lanes, see
+/// [`crate::index::distance`]): Euclidean distance for `l2`, one minus the cosine similarity for
+/// `cosine` (1 when either vector is zero), the negated dot product for `dot`. Smaller is nearer.
 pub fn distance(metric: Metric, a: &[f32], b: &[f32]) -> f32 {
+    use crate::index::distance as d;
     match metric {
-        Metric::L2 => a
-            .iter()
-            .zip(b)
-            .map(|(x, y)| (x - y) * (x - y))
-            .sum::<f32>()
-            .sqrt(),
-        Metric::Dot => -a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>(),
-        Metric::Cosine => {
-            let (mut dot, mut na, mut nb) = (0f32, 0f32, 0f32);
-            for (x, y) in a.iter().zip(b) {
-                dot += x * y;
-                na += x * x;
-                nb += y * y;
-            }
-            if na == 0.0 || nb == 0.0 {
-                1.0
-            } else {
-                1.0 - dot / (na.sqrt() * nb.sqrt())
-            }
-        }
+        Metric::L2 => d::l2_sq(a, b).sqrt(),
+        Metric::Dot => -d::dot(a, b),
+        Metric::Cosine => d::cosine(a, b),
     }
 }
 

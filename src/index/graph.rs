@@ -1,0 +1,483 @@
+//! A generation's HNSW graph in flat arrays, searched in place.
+//!
+//! Graphs are built with hnsw_rs at flush; then their layers are copied into flat adjacency
+//! arrays ([`FlatGraph`]) that are written to the bundle's `vector/graph` section and searched
+//! directly: loading one is a copy of `u32` arrays (no per-node allocation), the vectors are
+//! the generation's own vector column (not a second copy), and a walk keeps its visited set
+//! in a bitmap.
+//!
+//! Point ids are row numbers of the generation. Rows without a graph node (tombstones, null
+//! vectors) have no neighbours at layer 0 and are never reached.
+//!
+//! Walks rank nodes by a *search key* that orders them as the graph's build distance does for a
+//! fixed query: squared Euclidean distance for `l2`, the negated cosine similarity scaled by the
+//! query's norm for `cosine`, the negated dot product for `dot` (whose graph is built over
+//! augmented vectors, where `|q' - x'|² = |q|² + M² - 2 q·x`). Callers re-score exactly.
+//!
+//! Section layout (`vector/graph`, all little-endian `u32`):
+//!
+//! ```text
+//! version (1) | rows | entry (u32::MAX: no node) | upper layer count L
+//! layer 0:  offsets[rows + 1] | neighbours[offsets[rows]]
+//! layer 1..=L, each: nodes n | node ids[n] (ascending) | offsets[n + 1] | neighbours[offsets[n]]
+//! ```
+
+use super::distance;
+use crate::schema::Metric;
+use crate::{Error, Result};
+use arrow::buffer::ScalarBuffer;
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+/// Version of the `vector/graph` section.
+pub const GRAPH_SECTION_VERSION: u32 = 1;
+
+/// The adjacency of one layer above 0: only its nodes have entries.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Upper {
+    nodes: Vec<u32>,
+    offsets: Vec<u32>,
+    neighbours: Vec<u32>,
+}
+
+impl Upper {
+    fn of(&self, node: u32) -> &[u32] {
+        match self.nodes.binary_search(&node) {
+            Ok(i) => &self.neighbours[self.offsets[i] as usize..self.offsets[i + 1] as usize],
+            Err(_) => &[],
+        }
+    }
+}
+
+/// The structure of an HNSW graph: per layer, each node's neighbours (row numbers).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Adjacency {
+    rows: u32,
+    entry: Option<u32>,
+    offsets: Vec<u32>,
+    neighbours: Vec<u32>,
+    upper: Vec<Upper>,
+}
+
+impl Adjacency {
+    /// From per-node neighbour lists: `nodes[i] = (row, lists)` where `lists[l]` holds the
+    /// node's neighbours at layer `l` (a node is in layers `0..lists.len()`); `entry` is a node
+    /// of the top layer.
+    pub fn from_lists(rows: usize, mut nodes: Vec<(u32, Vec<Vec<u32>>)>, entry: u32) -> Self {
+        nodes.sort_unstable_by_key(|n| n.0);
+        let top = nodes.iter().map(|n| n.1.len()).max().unwrap_or(0);
+        let mut degree0 = vec![0u32; rows + 1];
+        for (r, lists) in &nodes {
+            degree0[*r as usize + 1] = lists.first().map_or(0, |l| l.len() as u32);
+        }
+        for i in 0..rows {
+            degree0[i + 1] += degree0[i];
+        }
+        let mut neighbours = Vec::with_capacity(degree0[rows] as usize);
+        for (_, lists) in &nodes {
+            if let Some(l) = lists.first() {
+                neighbours.extend_from_slice(l);
+            }
+        }
+        let upper = (1..top)
+            .map(|layer| {
+                let mut u = Upper {
+                    offsets: vec![0],
+                    ..Default::default()
+                };
+                for (r, lists) in nodes.iter().filter(|n| n.1.len() > layer) {
+                    u.nodes.push(*r);
+                    u.neighbours.extend_from_slice(&lists[layer]);
+                    u.offsets.push(u.neighbours.len() as u32);
+                }
+                u
+            })
+            .collect();
+        Adjacency {
+            rows: rows as u32,
+            entry: (!nodes.is_empty()).then_some(entry),
+            offsets: degree0,
+            neighbours,
+            upper,
+        }
+    }
+
+    /// The section bytes (see the module documentation).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out: Vec<u32> = vec![
+            GRAPH_SECTION_VERSION,
+            self.rows,
+            self.entry.unwrap_or(u32::MAX),
+            self.upper.len() as u32,
+        ];
+        out.extend_from_slice(&self.offsets);
+        out.extend_from_slice(&self.neighbours);
+        for u in &self.upper {
+            out.push(u.nodes.len() as u32);
+            out.extend_from_slice(&u.nodes);
+            out.extend_from_slice(&u.offsets);
+            out.extend_from_slice(&u.neighbours);
+        }
+        out.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    /// Parse and check a section written by [`Adjacency::encode`] for a generation of `rows`
+    /// rows. The error message says what is wrong.
+    pub fn decode(bytes: &[u8], rows: usize) -> std::result::Result<Self, String> {
+        if bytes.len() % 4 != 0 {
+            return Err(format!(
+                "has {} bytes, not a whole number of u32",
+                bytes.len()
+            ));
+        }
+        let words: Vec<u32> = bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().expect("4")))
+            .collect();
+        let mut at = 0usize;
+        let mut take = |n: usize| -> std::result::Result<&[u32], String> {
+            let s = words
+                .get(at..at.checked_add(n).ok_or("is truncated")?)
+                .ok_or_else(|| "is truncated".to_string())?;
+            at += n;
+            Ok(s)
+        };
+        let head = take(4)?.to_vec();
+        if head[0] != GRAPH_SECTION_VERSION {
+            return Err(format!(
+                "has version {}; this build reads version {GRAPH_SECTION_VERSION}",
+                head[0]
+            ));
+        }
+        if head[1] as usize != rows {
+            return Err(format!(
+                "is for {} rows, the generation has {rows}",
+                head[1]
+            ));
+        }
+        let check_offsets = |o: &[u32]| -> std::result::Result<usize, String> {
+            if o.first() != Some(&0) || o.windows(2).any(|w| w[0] > w[1]) {
+                return Err("has offsets that are not ascending from 0".into());
+            }
+            Ok(*o.last().expect("non-empty") as usize)
+        };
+        let check_ids = |ids: &[u32]| -> std::result::Result<(), String> {
+            match ids.iter().find(|&&r| r as usize >= rows) {
+                Some(r) => Err(format!("names row {r} of {rows}")),
+                None => Ok(()),
+            }
+        };
+        let offsets = take(rows + 1)?.to_vec();
+        let n = check_offsets(&offsets)?;
+        let neighbours = take(n)?.to_vec();
+        check_ids(&neighbours)?;
+        let mut upper = Vec::new();
+        for _ in 0..head[3] {
+            let n = take(1)?[0] as usize;
+            let nodes = take(n)?.to_vec();
+            check_ids(&nodes)?;
+            if nodes.windows(2).any(|w| w[0] >= w[1]) {
+                return Err("has upper-layer nodes that are not ascending".into());
+            }
+            let offsets = take(n + 1)?.to_vec();
+            let m = check_offsets(&offsets)?;
+            let neighbours = take(m)?.to_vec();
+            check_ids(&neighbours)?;
+            upper.push(Upper {
+                nodes,
+                offsets,
+                neighbours,
+            });
+        }
+        if at != words.len() {
+            return Err(format!("has {} trailing bytes", (words.len() - at) * 4));
+        }
+        let entry = (head[2] != u32::MAX).then_some(head[2]);
+        match entry {
+            Some(e) if e as usize >= rows => return Err(format!("has entry row {e} of {rows}")),
+            Some(e)
+                if upper
+                    .last()
+                    .is_some_and(|u| u.nodes.binary_search(&e).is_err()) =>
+            {
+                return Err("has an entry point outside its top layer".into())
+            }
+            _ => {}
+        }
+        Ok(Adjacency {
+            rows: rows as u32,
+            entry,
+            offsets,
+            neighbours,
+            upper,
+        })
+    }
+
+    /// Nodes in the graph (nodes with a layer-0 list or the entry).
+    pub fn nodes(&self) -> usize {
+        (0..self.rows as usize)
+            .filter(|r| self.offsets[r + 1] > self.offsets[*r] || self.entry == Some(*r as u32))
+            .count()
+    }
+
+    /// Bytes held.
+    pub fn heap_bytes(&self) -> usize {
+        4 * (self.offsets.len()
+            + self.neighbours.len()
+            + self
+                .upper
+                .iter()
+                .map(|u| u.nodes.len() + u.offsets.len() + u.neighbours.len())
+                .sum::<usize>())
+    }
+
+    fn layer0(&self, node: u32) -> &[u32] {
+        let n = node as usize;
+        &self.neighbours[self.offsets[n] as usize..self.offsets[n + 1] as usize]
+    }
+}
+
+/// A node and its search key, ordered by key then row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Scored(f32, u32);
+
+impl Eq for Scored {}
+
+impl PartialOrd for Scored {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Scored {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.total_cmp(&other.0).then(self.1.cmp(&other.1))
+    }
+}
+
+/// An HNSW graph over a generation's vector column, ready to walk.
+#[derive(Debug)]
+pub struct FlatGraph {
+    adjacency: Adjacency,
+    metric: Metric,
+    dim: usize,
+    /// Row `r`'s vector is `vectors[r * dim..(r + 1) * dim]`.
+    vectors: ScalarBuffer<f32>,
+    /// `cosine`: each row's inverse norm (0 for a zero vector).
+    inverse_norms: Vec<f32>,
+}
+
+impl FlatGraph {
+    /// A graph over `vectors` (row-major, `dim` per row, one per row of the adjacency).
+    pub fn new(
+        adjacency: Adjacency,
+        metric: Metric,
+        dim: usize,
+        vectors: ScalarBuffer<f32>,
+    ) -> Result<Self> {
+        if vectors.len() != adjacency.rows as usize * dim {
+            return Err(Error::internal(format!(
+                "graph over {} rows given {} values of dimension {dim}",
+                adjacency.rows,
+                vectors.len()
+            )));
+        }
+        let inverse_norms = if metric == Metric::Cosine && dim > 0 {
+            vectors
+                .chunks_exact(dim)
+                .map(|v| {
+                    let n = distance::dot(v, v).sqrt();
+                    if n > 0.0 {
+                        1.0 / n
+                    } else {
+                        0.0
+                    }
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Ok(FlatGraph {
+            adjacency,
+            metric,
+            dim,
+            vectors,
+            inverse_norms,
+        })
+    }
+
+    /// The graph's structure.
+    pub fn adjacency(&self) -> &Adjacency {
+        &self.adjacency
+    }
+
+    /// Bytes held beyond the shared vectors.
+    pub fn heap_bytes(&self) -> usize {
+        self.adjacency.heap_bytes() + 4 * self.inverse_norms.len()
+    }
+
+    fn key(&self, q: &[f32], row: u32) -> f32 {
+        let r = row as usize;
+        let v = &self.vectors[r * self.dim..(r + 1) * self.dim];
+        match self.metric {
+            Metric::L2 => distance::l2_sq(q, v),
+            Metric::Cosine => -distance::dot(q, v) * self.inverse_norms[r],
+            Metric::Dot => -distance::dot(q, v),
+        }
+    }
+
+    /// Up to `k` rows near `query` that `admit` accepts, nearest first, from a walk with a
+    /// candidate list of `max(ef, k)`: greedy descent through the upper layers, then a beam
+    /// search of layer 0 that walks through rejected rows but keeps only admitted ones.
+    pub fn search(
+        &self,
+        query: &[f32],
+        k: usize,
+        ef: usize,
+        admit: &dyn Fn(usize) -> bool,
+    ) -> Vec<usize> {
+        let Some(mut entry) = self.adjacency.entry else {
+            return Vec::new();
+        };
+        if k == 0 || query.len() != self.dim {
+            return Vec::new();
+        }
+        let ef = ef.max(k);
+        let mut best = self.key(query, entry);
+        for layer in self.adjacency.upper.iter().rev() {
+            loop {
+                let mut moved = false;
+                for &n in layer.of(entry) {
+                    let d = self.key(query, n);
+                    if d < best {
+                        (best, entry, moved) = (d, n, true);
+                    }
+                }
+                if !moved {
+                    break;
+                }
+            }
+        }
+        let rows = self.adjacency.rows as usize;
+        let mut visited = vec![0u64; rows.div_ceil(64)];
+        let mut seen = |r: u32| {
+            let (w, b) = (r as usize / 64, 1u64 << (r % 64));
+            let was = visited[w] & b != 0;
+            visited[w] |= b;
+            was
+        };
+        seen(entry);
+        let mut frontier = BinaryHeap::new();
+        let mut found: BinaryHeap<Scored> = BinaryHeap::with_capacity(ef + 1);
+        frontier.push(std::cmp::Reverse(Scored(best, entry)));
+        if admit(entry as usize) {
+            found.push(Scored(best, entry));
+        }
+        while let Some(std::cmp::Reverse(Scored(d, node))) = frontier.pop() {
+            if found.len() >= ef && found.peek().is_some_and(|w| d > w.0) {
+                break;
+            }
+            for &n in self.adjacency.layer0(node) {
+                if seen(n) {
+                    continue;
+                }
+                let dn = self.key(query, n);
+                let bound = if found.len() >= ef {
+                    found.peek().map_or(f32::INFINITY, |w| w.0)
+                } else {
+                    f32::INFINITY
+                };
+                if dn < bound {
+                    frontier.push(std::cmp::Reverse(Scored(dn, n)));
+                    if admit(n as usize) {
+                        found.push(Scored(dn, n));
+                        if found.len() > ef {
+                            found.pop();
+                        }
+                    }
+                }
+            }
+        }
+        let mut out = found.into_sorted_vec();
+        out.truncate(k);
+        out.into_iter().map(|s| s.1 as usize).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Adjacency {
+        // Rows 0..6; row 4 has no node (a tombstone); rows 1 and 3 reach layer 1, row 3 layer 2.
+        let nodes = vec![
+            (0, vec![vec![1, 2]]),
+            (1, vec![vec![0, 2, 3], vec![3]]),
+            (2, vec![vec![0, 1, 5]]),
+            (3, vec![vec![1, 5], vec![1], vec![]]),
+            (5, vec![vec![2, 3]]),
+        ];
+        Adjacency::from_lists(6, nodes, 3)
+    }
+
+    #[test]
+    fn adjacency_round_trips_and_rejects_damage() {
+        let a = sample();
+        assert_eq!(a.nodes(), 5);
+        let bytes = a.encode();
+        assert_eq!(Adjacency::decode(&bytes, 6).unwrap(), a);
+        assert!(Adjacency::decode(&bytes, 7).unwrap_err().contains("6 rows"));
+        assert!(Adjacency::decode(&bytes[..bytes.len() - 4], 6).is_err());
+        let mut extra = bytes.clone();
+        extra.extend_from_slice(&[0; 4]);
+        assert!(Adjacency::decode(&extra, 6)
+            .unwrap_err()
+            .contains("trailing"));
+        // A neighbour id out of range.
+        let mut bad = bytes.clone();
+        let first_neighbour = 4 * (4 + 7);
+        bad[first_neighbour..first_neighbour + 4].copy_from_slice(&99u32.to_le_bytes());
+        assert!(Adjacency::decode(&bad, 6).unwrap_err().contains("row 99"));
+        let mut v2 = bytes;
+        v2[0] = 2;
+        assert!(Adjacency::decode(&v2, 6).unwrap_err().contains("version 2"));
+        let empty = Adjacency::from_lists(3, vec![], 0);
+        assert_eq!(Adjacency::decode(&empty.encode(), 3).unwrap(), empty);
+    }
+
+    #[test]
+    fn a_walk_over_a_complete_graph_is_exact_and_honours_admit() {
+        let rows = 40usize;
+        let dim = 3;
+        let vectors: Vec<f32> = (0..rows * dim).map(|i| ((i * 37) % 101) as f32).collect();
+        let nodes = (0..rows as u32)
+            .map(|r| (r, vec![(0..rows as u32).filter(|&n| n != r).collect()]))
+            .collect();
+        let g = FlatGraph::new(
+            Adjacency::from_lists(rows, nodes, 0),
+            Metric::L2,
+            dim,
+            ScalarBuffer::from(vectors.clone()),
+        )
+        .unwrap();
+        let q = [10.0, 50.0, 20.0];
+        let mut exact: Vec<(f32, usize)> = (0..rows)
+            .map(|r| (distance::l2_sq(&q, &vectors[r * dim..(r + 1) * dim]), r))
+            .collect();
+        exact.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let want: Vec<usize> = exact.iter().take(5).map(|e| e.1).collect();
+        assert_eq!(g.search(&q, 5, 10, &|_| true), want);
+        let odd: Vec<usize> = exact
+            .iter()
+            .filter(|e| e.1 % 2 == 1)
+            .take(5)
+            .map(|e| e.1)
+            .collect();
+        assert_eq!(g.search(&q, 5, 10, &|r| r % 2 == 1), odd);
+        assert!(g.search(&q, 5, 10, &|_| false).is_empty());
+        assert!(
+            g.search(&[1.0], 5, 10, &|_| true).is_empty(),
+            "wrong dimension"
+        );
+    }
+}
