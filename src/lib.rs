@@ -61,6 +61,7 @@ pub mod wal;
 
 pub use db::{Index, IndexStats, ReadOnlyIndex, ScanOptions, WriteReceipt};
 pub use error::{Error, ErrorKind, Result};
+pub use generation::cache::CacheStats;
 pub use key::{Key, KeyType, PK_HASH_SEED};
 pub use query::{
     distance, Conjunction, SearchOptions, VectorSearchOptions, DISTANCE_COLUMN, SCORE_COLUMN,

@@ -48,6 +48,11 @@ pub struct Settings {
     /// scans anyway. The graph costs background CPU (about 1,000 to 2,800 784-d rows/s on 2
     /// cores): raise it (or set `usize::MAX`) for ingest-bound workloads.
     pub memtable_graph_above: usize,
+    /// Budget, in bytes, of a handle's cache of decoded generations (rows, key sets, text
+    /// indexes, vector graphs; each weighs about its object's size). Queries fetch the
+    /// generations that are not cached (concurrently) and evict the least used beyond the
+    /// budget; within it, warm queries do no object-store I/O. Default 4 GiB.
+    pub cache_bytes: u64,
 }
 
 impl Default for Settings {
@@ -65,6 +70,7 @@ impl Default for Settings {
             hnsw_ef_search: 100,
             vector_exact_below: 2048,
             memtable_graph_above: 2048,
+            cache_bytes: 4 << 30,
         }
     }
 }
@@ -99,6 +105,7 @@ impl Settings {
         check(self.hnsw_m > 1, "hnsw_m")?;
         check(self.hnsw_ef_construction > 0, "hnsw_ef_construction")?;
         check(self.hnsw_ef_search > 0, "hnsw_ef_search")?;
+        check(self.cache_bytes > 0, "cache_bytes")?;
         Ok(())
     }
 }

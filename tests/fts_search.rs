@@ -366,3 +366,76 @@ async fn filters_work_beside_tombstones_of_a_vector_schema() {
     keys.sort();
     assert_eq!(keys, vec!["r3", "r4", "r5"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_generation_cache_keeps_to_its_byte_budget_and_results_do_not_change() {
+    let inner: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let s = schema();
+    let index = Index::create(
+        Location::from_store(inner.clone(), "idx"),
+        s.clone(),
+        Settings::default(),
+    )
+    .await
+    .unwrap();
+    for g in 0..6 {
+        let rows: Rows = (0..20)
+            .map(|i| {
+                let text = format!("flow over a wing number {i} of {g} {}", "lift ".repeat(i));
+                row(
+                    &format!("k{}", (g * 7 + i) % 50),
+                    "wing",
+                    &text,
+                    i as i64,
+                    "en",
+                )
+            })
+            .collect();
+        index.append(&batch(&s, &rows)).await.unwrap();
+        index.flush().await.unwrap();
+    }
+    let stats = index.stats();
+    let sizes: Vec<u64> = stats.generations.iter().map(|g| g.bytes).collect();
+    let opts = SearchOptions::with_k(15);
+    let want = results(&index.search_fts("lift wing", &opts).await.unwrap());
+    let all = index.cache_stats().await;
+    assert_eq!(all.generations, 6, "the writer caches what it flushes");
+    index.close().await.unwrap();
+
+    // A budget of about two generations: every query still sees all six.
+    let budget = 2 * sizes.iter().max().unwrap() + 1000;
+    let delayed = LatencyStore::new(inner, LatencyConfig::default());
+    let settings = Settings {
+        cache_bytes: budget,
+        ..Settings::default()
+    };
+    let ro = Index::open_read_only(Location::from_store(delayed.clone(), "idx"), settings)
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        delayed.reset();
+        let got = results(&ro.search_fts("lift wing", &opts).await.unwrap());
+        assert_eq!(got, want, "results depend on what the cache holds");
+        assert!(
+            delayed.counters().gets > 0,
+            "six generations cannot stay within a budget of two"
+        );
+        let c = ro.cache_stats().await;
+        assert!(c.bytes <= budget, "{c:?} over its budget");
+        assert!(c.generations < 6, "{c:?}");
+    }
+    // With the default budget the same queries are served without any request.
+    let ro = Index::open_read_only(
+        Location::from_store(delayed.clone(), "idx"),
+        Settings::default(),
+    )
+    .await
+    .unwrap();
+    delayed.reset();
+    assert_eq!(
+        results(&ro.search_fts("lift wing", &opts).await.unwrap()),
+        want
+    );
+    assert_eq!(delayed.counters(), lsmsearch::StoreCounters::default());
+    assert_eq!(ro.cache_stats().await.generations, 6);
+}

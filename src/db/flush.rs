@@ -93,11 +93,12 @@ async fn flush_one(inner: &Arc<Inner>, m: &SharedMemtable) -> Result<()> {
             });
         }
     }
+    // Cached first, so the first query that sees the generation finds it decoded.
+    inner.generations.insert(Arc::new(generation)).await;
     // The visibility point: swap the frozen memtable for its generation in one step.
     {
         let mut st = inner.write_state();
         st.manifest = next.clone();
-        st.generations.push(Arc::new(generation));
         match st.frozen.front() {
             Some(f) if read_memtable(f).id() == mid => {
                 st.frozen.pop_front();

@@ -14,7 +14,8 @@ mod readonly;
 
 pub use readonly::ReadOnlyIndex;
 
-use crate::generation::{Generation, GenerationMeta};
+use crate::generation::cache::GenerationCache;
+use crate::generation::GenerationMeta;
 use crate::index::text::TextSchema;
 use crate::key::Key;
 use crate::manifest::{Manifest, ManifestStore, WriteOutcome};
@@ -34,10 +35,8 @@ use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::SchemaRef;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::{collect, execute_stream, ExecutionPlan};
-use futures::{StreamExt, TryStreamExt};
-use object_store::ObjectStoreExt;
 use serde::Serialize;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
@@ -91,8 +90,6 @@ pub(crate) struct State {
     pub active: SharedMemtable,
     /// Oldest first.
     pub frozen: VecDeque<SharedMemtable>,
-    /// Oldest first, parallel to `manifest.generations`.
-    pub generations: Vec<Arc<Generation>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -113,6 +110,8 @@ pub(crate) struct Inner {
     pub settings: Settings,
     pub epoch: u64,
     pub state: RwLock<State>,
+    /// Decoded generations (`manifest.generations` says which are current).
+    pub generations: GenerationCache,
     pub fenced: AtomicBool,
     pub closed: AtomicBool,
     pub next_wal_id: AtomicU64,
@@ -250,56 +249,6 @@ pub struct Index {
     tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
-/// Load generations concurrently (bounded), reusing already loaded ones from `cache`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn load_generations(
-    loc: &Location,
-    paths: &Paths,
-    schema: &SchemaRef,
-    text: Option<&Arc<TextSchema>>,
-    vector: Option<(usize, crate::Metric, crate::index::vector::GraphParams)>,
-    metas: &[GenerationMeta],
-    cache: &HashMap<u64, Arc<Generation>>,
-    concurrency: usize,
-) -> Result<Vec<Arc<Generation>>> {
-    futures::stream::iter(metas.iter().cloned())
-        .map(|meta| async move {
-            if let Some(g) = cache.get(&meta.id) {
-                return Ok(g.clone());
-            }
-            let p = paths.generation(meta.id, meta.epoch);
-            let bytes = loc
-                .store
-                .get(&p)
-                .await
-                .map_err(|e| Error::store(&p, e))?
-                .bytes()
-                .await
-                .map_err(|e| Error::store(&p, e))?;
-            let schema = schema.clone();
-            let text = text.cloned();
-            let p2 = p.clone();
-            let g = tokio::task::spawn_blocking(move || {
-                let spec = crate::generation::IndexSpec {
-                    text: text.as_deref(),
-                    vector,
-                };
-                Generation::decode(bytes, &schema, spec, &p2)
-            })
-            .await??;
-            if g.meta() != &meta {
-                return Err(Error::data(
-                    &p,
-                    "generation statistics differ from the manifest's record of it",
-                ));
-            }
-            Ok(Arc::new(g))
-        })
-        .buffered(concurrency.max(1))
-        .try_collect()
-        .await
-}
-
 impl Index {
     /// Create a new index at `loc` and open it as its writer. Fails with `Invalid` if an index
     /// already exists there.
@@ -360,18 +309,17 @@ impl Index {
         let stored_schema = schema.stored_schema();
         let text_schema = TextSchema::new(&schema);
         let epoch = manifest.epoch;
-        let no_cache = HashMap::new();
+        let cache = GenerationCache::new(
+            loc.clone(),
+            paths.clone(),
+            stored_schema.clone(),
+            text_schema.clone(),
+            schema.vector_spec(&settings),
+            settings.io_concurrency,
+            settings.cache_bytes,
+        );
         let (generations, replayed) = futures::try_join!(
-            load_generations(
-                &loc,
-                &paths,
-                &stored_schema,
-                text_schema.as_ref(),
-                schema.vector_spec(&settings),
-                &manifest.generations,
-                &no_cache,
-                settings.io_concurrency
-            ),
+            cache.get_all(&manifest.generations),
             replay(
                 &loc.store,
                 &paths,
@@ -415,8 +363,8 @@ impl Index {
                 manifest,
                 active: Arc::new(RwLock::new(mem)),
                 frozen: VecDeque::new(),
-                generations,
             }),
+            generations: cache,
             fenced: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             next_wal_id: AtomicU64::new(replayed.next_id),
@@ -569,15 +517,20 @@ impl Index {
         Ok(())
     }
 
-    pub(crate) fn snapshot(&self) -> Result<Snapshot> {
-        let st = self.inner.read_state();
-        let mut memtables = vec![read_memtable(&st.active).newest_rows()?];
-        for m in st.frozen.iter().rev() {
-            memtables.push(read_memtable(m).newest_rows()?);
-        }
+    pub(crate) async fn snapshot(&self) -> Result<Snapshot> {
+        let (memtables, metas) = {
+            let st = self.inner.read_state();
+            let mut memtables = vec![read_memtable(&st.active).newest_rows()?];
+            for m in st.frozen.iter().rev() {
+                memtables.push(read_memtable(m).newest_rows()?);
+            }
+            (memtables, st.manifest.generations.clone())
+        };
+        let mut generations = self.inner.generations.get_all(&metas).await?;
+        generations.reverse();
         Ok(Snapshot {
             memtables,
-            generations: st.generations.iter().rev().cloned().collect(),
+            generations,
         })
     }
 
@@ -586,7 +539,7 @@ impl Index {
         if self.inner.closed.load(Ordering::SeqCst) {
             return Err(Error::closed());
         }
-        let rows = self.snapshot()?.live_rows(&self.inner.user_schema)?;
+        let rows = self.snapshot().await?.live_rows(&self.inner.user_schema)?;
         match &options.filter {
             Some(f) => filter_rows(rows, &self.inner.user_schema, f).await,
             None => Ok(rows),
@@ -594,21 +547,25 @@ impl Index {
     }
 
     /// The sources of a search, newest first: active memtable, frozen memtables, generations.
-    pub(crate) fn search_sources(&self) -> Vec<Source> {
-        let st = self.inner.read_state();
-        let mut v = vec![Source::from_memtable(
-            "active memtable".into(),
-            read_memtable(&st.active).search_view(),
-        )];
-        for m in st.frozen.iter().rev() {
-            let m = read_memtable(m);
-            v.push(Source::from_memtable(
-                format!("frozen memtable {}", m.id()),
-                m.search_view(),
-            ));
-        }
-        v.extend(st.generations.iter().rev().map(Source::from_generation));
-        v
+    pub(crate) async fn search_sources(&self) -> Result<Vec<Source>> {
+        let (mut v, metas) = {
+            let st = self.inner.read_state();
+            let mut v = vec![Source::from_memtable(
+                "active memtable".into(),
+                read_memtable(&st.active).search_view(),
+            )];
+            for m in st.frozen.iter().rev() {
+                let m = read_memtable(m);
+                v.push(Source::from_memtable(
+                    format!("frozen memtable {}", m.id()),
+                    m.search_view(),
+                ));
+            }
+            (v, st.manifest.generations.clone())
+        };
+        let generations = self.inner.generations.get_all(&metas).await?;
+        v.extend(generations.iter().rev().map(Source::from_generation));
+        Ok(v)
     }
 
     /// The physical plan of a full-text search: one leaf per source (its top k, block list and
@@ -622,7 +579,7 @@ impl Index {
         if self.inner.closed.load(Ordering::SeqCst) {
             return Err(Error::closed());
         }
-        let sources = self.search_sources();
+        let sources = self.search_sources().await?;
         let schema = self.inner.schema.clone();
         let text = self.inner.text_schema.clone();
         let query = query.to_string();
@@ -665,7 +622,7 @@ impl Index {
         if self.inner.closed.load(Ordering::SeqCst) {
             return Err(Error::closed());
         }
-        let sources = self.search_sources();
+        let sources = self.search_sources().await?;
         let schema = self.inner.schema.clone();
         let settings = self.inner.settings.clone();
         let query = query.to_vec();
@@ -685,6 +642,11 @@ impl Index {
     ) -> Result<Vec<RecordBatch>> {
         let plan = self.plan_vector(query, options).await?;
         Ok(collect(plan, Arc::new(TaskContext::default())).await?)
+    }
+
+    /// What this handle's generation cache holds (see [`Settings::cache_bytes`]).
+    pub async fn cache_stats(&self) -> crate::CacheStats {
+        self.inner.generations.stats().await
     }
 
     /// Generations, memtable and WAL figures.

@@ -1,7 +1,7 @@
 //! Read-only handles: any number of them, in any process, beside the one writer.
 
-use super::{load_generations, IndexStats, ScanOptions};
-use crate::generation::Generation;
+use super::{IndexStats, ScanOptions};
+use crate::generation::cache::GenerationCache;
 use crate::index::text::TextSchema;
 use crate::manifest::{Manifest, ManifestStore};
 use crate::memtable::Memtable;
@@ -20,13 +20,11 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::{collect, ExecutionPlan};
-use std::collections::HashMap;
 use std::sync::Arc;
 
 #[derive(Debug)]
 struct View {
     manifest: Manifest,
-    generations: Vec<Arc<Generation>>,
     /// Rows of the WAL objects not yet covered by a generation.
     wal: Memtable,
     wal_objects: u64,
@@ -45,6 +43,7 @@ pub struct ReadOnlyIndex {
     user_schema: SchemaRef,
     stored_schema: SchemaRef,
     text_schema: Option<Arc<TextSchema>>,
+    generations: GenerationCache,
     view: tokio::sync::RwLock<View>,
 }
 
@@ -61,6 +60,15 @@ impl ReadOnlyIndex {
         let schema = m.schema.clone();
         let stored_schema = schema.stored_schema();
         let text_schema = TextSchema::new(&schema);
+        let generations = GenerationCache::new(
+            loc.clone(),
+            paths.clone(),
+            stored_schema.clone(),
+            text_schema.clone(),
+            schema.vector_spec(&settings),
+            settings.io_concurrency,
+            settings.cache_bytes,
+        );
         let view = Self::load_view(
             &loc,
             &paths,
@@ -69,14 +77,14 @@ impl ReadOnlyIndex {
             text_schema.as_ref(),
             &settings,
             Some(m),
-            &HashMap::new(),
+            &generations,
         )
         .await?;
         tracing::debug!(
             "opened {} read-only in {:?}: {} generations, {} rows from the WAL",
             loc.display,
             started.elapsed(),
-            view.generations.len(),
+            view.manifest.generations.len(),
             view.wal.rows()
         );
         Ok(ReadOnlyIndex {
@@ -88,6 +96,7 @@ impl ReadOnlyIndex {
             paths,
             manifests,
             settings,
+            generations,
             view: tokio::sync::RwLock::new(view),
         })
     }
@@ -101,7 +110,7 @@ impl ReadOnlyIndex {
         text_schema: Option<&Arc<TextSchema>>,
         settings: &Settings,
         mut manifest: Option<Manifest>,
-        cache: &HashMap<u64, Arc<Generation>>,
+        cache: &GenerationCache,
     ) -> Result<View> {
         let mut attempts = 0;
         loop {
@@ -113,16 +122,7 @@ impl ReadOnlyIndex {
                     .ok_or_else(|| Error::invalid(format!("no index at {}", loc.display)))?,
             };
             let r = futures::try_join!(
-                load_generations(
-                    loc,
-                    paths,
-                    stored_schema,
-                    text_schema,
-                    m.schema.vector_spec(settings),
-                    &m.generations,
-                    cache,
-                    settings.io_concurrency
-                ),
+                cache.get_all(&m.generations),
                 replay(
                     &loc.store,
                     paths,
@@ -133,7 +133,7 @@ impl ReadOnlyIndex {
                 )
             );
             match r {
-                Ok((generations, replayed)) => {
+                Ok((_, replayed)) => {
                     let mut wal = Memtable::new(0, stored_schema.clone(), text_schema, None)?;
                     for (id, e) in replayed.entries {
                         if let Some(rows) = e.rows {
@@ -144,7 +144,6 @@ impl ReadOnlyIndex {
                     return Ok(View {
                         wal_objects: replayed.next_id.saturating_sub(m.wal_replay_from),
                         manifest: m,
-                        generations,
                         wal,
                     });
                 }
@@ -158,15 +157,8 @@ impl ReadOnlyIndex {
         }
     }
 
-    /// Move to the newest manifest and WAL. Already loaded generations are reused.
+    /// Move to the newest manifest and WAL. Cached generations are reused.
     pub async fn refresh(&self) -> Result<()> {
-        let cache: HashMap<u64, Arc<Generation>> = {
-            let v = self.view.read().await;
-            v.generations
-                .iter()
-                .map(|g| (g.meta().id, g.clone()))
-                .collect()
-        };
         let view = Self::load_view(
             &self.loc,
             &self.paths,
@@ -175,11 +167,23 @@ impl ReadOnlyIndex {
             self.text_schema.as_ref(),
             &self.settings,
             None,
-            &cache,
+            &self.generations,
         )
         .await?;
         *self.view.write().await = view;
         Ok(())
+    }
+
+    /// The sources of a search, newest first: the WAL's rows, then the generations.
+    async fn sources(&self) -> Result<Vec<Source>> {
+        let (wal, metas) = {
+            let v = self.view.read().await;
+            (v.wal.search_view(), v.manifest.generations.clone())
+        };
+        let generations = self.generations.get_all(&metas).await?;
+        let mut s = vec![Source::from_memtable("wal".into(), wal)];
+        s.extend(generations.iter().rev().map(Source::from_generation));
+        Ok(s)
     }
 
     /// The index schema.
@@ -189,12 +193,15 @@ impl ReadOnlyIndex {
 
     /// Every live row of the view, optionally filtered.
     pub async fn scan(&self, options: ScanOptions) -> Result<Vec<RecordBatch>> {
-        let snapshot = {
+        let (memtables, metas) = {
             let v = self.view.read().await;
-            Snapshot {
-                memtables: vec![v.wal.newest_rows()?],
-                generations: v.generations.iter().rev().cloned().collect(),
-            }
+            (vec![v.wal.newest_rows()?], v.manifest.generations.clone())
+        };
+        let mut generations = self.generations.get_all(&metas).await?;
+        generations.reverse();
+        let snapshot = Snapshot {
+            memtables,
+            generations,
         };
         let rows = snapshot.live_rows(&self.user_schema)?;
         match &options.filter {
@@ -209,12 +216,7 @@ impl ReadOnlyIndex {
         query: &str,
         options: &SearchOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let sources = {
-            let v = self.view.read().await;
-            let mut s = vec![Source::from_memtable("wal".into(), v.wal.search_view())];
-            s.extend(v.generations.iter().rev().map(Source::from_generation));
-            s
-        };
+        let sources = self.sources().await?;
         let schema = self.schema.clone();
         let text = self.text_schema.clone();
         let query = query.to_string();
@@ -242,12 +244,7 @@ impl ReadOnlyIndex {
         query: &[f32],
         options: &VectorSearchOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let sources = {
-            let v = self.view.read().await;
-            let mut s = vec![Source::from_memtable("wal".into(), v.wal.search_view())];
-            s.extend(v.generations.iter().rev().map(Source::from_generation));
-            s
-        };
+        let sources = self.sources().await?;
         let schema = self.schema.clone();
         let settings = self.settings.clone();
         let query = query.to_vec();
@@ -266,6 +263,11 @@ impl ReadOnlyIndex {
     ) -> Result<Vec<RecordBatch>> {
         let plan = self.plan_vector(query, options).await?;
         Ok(collect(plan, Arc::new(TaskContext::default())).await?)
+    }
+
+    /// What this handle's generation cache holds (see [`Settings::cache_bytes`]).
+    pub async fn cache_stats(&self) -> crate::CacheStats {
+        self.generations.stats().await
     }
 
     /// Figures of the view.

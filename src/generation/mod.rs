@@ -25,6 +25,8 @@
 //! see [`crate::index::graph`]) or `hnsw/meta`, `hnsw/graph`, `hnsw/data` (version 1: hnsw_rs
 //! dump files). Every section also has its own CRC so it can be read by range.
 
+pub mod cache;
+
 use crate::codec::{ipc_decode, ipc_encode, Reader};
 use crate::index::text::{TextIndex, TextSchema};
 use crate::index::vector::{GraphParams, VectorIndex, GRAPH_SECTION};
@@ -408,6 +410,12 @@ impl Generation {
     /// What the manifest records about it.
     pub fn meta(&self) -> &GenerationMeta {
         &self.meta
+    }
+
+    /// Approximate bytes it holds in memory, as the cache counts them: the size of its object
+    /// (rows, key set, text index, graph) plus 24 bytes per row of key-hash tables.
+    pub fn weight(&self) -> u64 {
+        self.meta.bytes + 24 * self.meta.rows
     }
 
     /// Stored rows: one version per key, tombstones included.

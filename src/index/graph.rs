@@ -124,7 +124,7 @@ impl Adjacency {
     /// Parse and check a section written by [`Adjacency::encode`] for a generation of `rows`
     /// rows. The error message says what is wrong.
     pub fn decode(bytes: &[u8], rows: usize) -> std::result::Result<Self, String> {
-        if bytes.len() % 4 != 0 {
+        if !bytes.len().is_multiple_of(4) {
             return Err(format!(
                 "has {} bytes, not a whole number of u32",
                 bytes.len()
