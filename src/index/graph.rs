@@ -263,6 +263,8 @@ pub struct FlatGraph {
     dim: usize,
     /// Row `r`'s vector is `vectors[r * dim..(r + 1) * dim]`.
     vectors: ScalarBuffer<f32>,
+    /// `cosine`: each row's norm, `sqrt(x·x)` with the lanes of [`distance::dot`].
+    norms: Vec<f32>,
     /// `cosine`: each row's inverse norm (0 for a zero vector).
     inverse_norms: Vec<f32>,
 }
@@ -282,26 +284,24 @@ impl FlatGraph {
                 vectors.len()
             )));
         }
-        let inverse_norms = if metric == Metric::Cosine && dim > 0 {
+        let norms: Vec<f32> = if metric == Metric::Cosine && dim > 0 {
             vectors
                 .chunks_exact(dim)
-                .map(|v| {
-                    let n = distance::dot(v, v).sqrt();
-                    if n > 0.0 {
-                        1.0 / n
-                    } else {
-                        0.0
-                    }
-                })
+                .map(|v| distance::dot(v, v).sqrt())
                 .collect()
         } else {
             Vec::new()
         };
+        let inverse_norms = norms
+            .iter()
+            .map(|n| if *n > 0.0 { 1.0 / n } else { 0.0 })
+            .collect();
         Ok(FlatGraph {
             adjacency,
             metric,
             dim,
             vectors,
+            norms,
             inverse_norms,
         })
     }
@@ -313,7 +313,14 @@ impl FlatGraph {
 
     /// Bytes held beyond the shared vectors.
     pub fn heap_bytes(&self) -> usize {
-        self.adjacency.heap_bytes() + 4 * self.inverse_norms.len()
+        self.adjacency.heap_bytes() + 4 * (self.norms.len() + self.inverse_norms.len())
+    }
+
+    /// `cosine`: each row's norm (`sqrt(x·x)`, summed in the lanes of [`distance::dot`], so
+    /// `1 - q·x / (|q| |x|)` from it equals [`distance::cosine`] bit for bit); empty for the
+    /// other metrics.
+    pub fn norms(&self) -> &[f32] {
+        &self.norms
     }
 
     fn key(&self, q: &[f32], row: u32) -> f32 {
@@ -407,6 +414,33 @@ impl FlatGraph {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cosine_from_kept_norms_equals_the_distance_kernel_bit_for_bit() {
+        let dim = 37;
+        let mut s = 11u64;
+        let mut next = || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        let mut values: Vec<f32> = (0..6 * dim).map(|_| next()).collect();
+        values[2 * dim..3 * dim].fill(0.0); // a zero vector
+        let rows = Adjacency::from_lists(6, Vec::new(), 0);
+        let g = FlatGraph::new(rows, Metric::Cosine, dim, values.clone().into()).unwrap();
+        let q: Vec<f32> = (0..dim).map(|_| next()).collect();
+        let qn = distance::dot(&q, &q).sqrt();
+        for (r, v) in values.chunks_exact(dim).enumerate() {
+            let n = g.norms()[r];
+            let ours = if qn == 0.0 || n == 0.0 {
+                1.0
+            } else {
+                1.0 - distance::dot(&q, v) / (qn * n)
+            };
+            assert_eq!(ours.to_bits(), distance::cosine(&q, v).to_bits(), "row {r}");
+        }
+    }
 
     fn sample() -> Adjacency {
         // Rows 0..6; row 4 has no node (a tombstone); rows 1 and 3 reach layer 1, row 3 layer 2.

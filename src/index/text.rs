@@ -144,6 +144,46 @@ pub struct TextIndex {
     nfields: usize,
     /// Tokens per field over every row, computed at first use.
     totals: Arc<std::sync::OnceLock<Vec<u64>>>,
+    /// Per segment, each document's row (a generation's, read once when it is opened);
+    /// `None` for a memtable's index, whose documents are looked up in the `_row` fast field.
+    doc_rows: Option<Arc<Vec<Vec<u32>>>>,
+}
+
+/// How a segment's documents map to rows: a table read once, or the `_row` fast field.
+pub enum DocRows<'a> {
+    /// `table[doc]` is the document's row.
+    Table(&'a [u32]),
+    /// The segment's `_row` fast field.
+    Column(tantivy::columnar::Column<u64>),
+}
+
+impl DocRows<'_> {
+    /// The row of `doc`.
+    #[inline]
+    pub fn get(&self, doc: tantivy::DocId) -> Option<usize> {
+        match self {
+            DocRows::Table(t) => t.get(doc as usize).map(|r| *r as usize),
+            DocRows::Column(c) => c.first(doc).map(|r| r as usize),
+        }
+    }
+}
+
+/// Each segment's document → row table.
+fn doc_row_tables(searcher: &Searcher) -> Result<Vec<Vec<u32>>> {
+    searcher
+        .segment_readers()
+        .iter()
+        .map(|seg| {
+            let col = seg.fast_fields().u64(ROW_FIELD).map_err(tv)?;
+            (0..seg.max_doc())
+                .map(|d| {
+                    col.first(d)
+                        .and_then(|r| u32::try_from(r).ok())
+                        .ok_or_else(|| Error::internal(format!("document {d} has no row number")))
+                })
+                .collect()
+        })
+        .collect()
 }
 
 impl std::fmt::Debug for TextIndex {
@@ -156,6 +196,23 @@ impl TextIndex {
     /// The searcher.
     pub fn searcher(&self) -> &Searcher {
         &self.searcher
+    }
+
+    /// How the documents of segment `ord` map to rows.
+    pub fn doc_rows(&self, ord: usize) -> Result<DocRows<'_>> {
+        match &self.doc_rows {
+            Some(t) => t
+                .get(ord)
+                .map(|t| DocRows::Table(t))
+                .ok_or_else(|| Error::internal(format!("no segment {ord}"))),
+            None => Ok(DocRows::Column(
+                self.searcher
+                    .segment_reader(ord as u32)
+                    .fast_fields()
+                    .u64(ROW_FIELD)
+                    .map_err(tv)?,
+            )),
+        }
     }
 
     /// Rows covered by the token counts.
@@ -199,6 +256,7 @@ impl TextIndex {
         let searcher = open_reader(&index)?.searcher();
         Ok((
             TextIndex {
+                doc_rows: Some(Arc::new(doc_row_tables(&searcher)?)),
                 searcher,
                 counts: Arc::new(counts),
                 totals: Arc::default(),
@@ -223,6 +281,7 @@ impl TextIndex {
         }
         let searcher = open_reader(&index)?.searcher();
         Ok(TextIndex {
+            doc_rows: Some(Arc::new(doc_row_tables(&searcher)?)),
             searcher,
             counts: Arc::new(counts),
             totals: Arc::default(),
@@ -353,6 +412,7 @@ impl MemTextIndex {
         }
         if st.searcher.is_none() {
             st.searcher = Some(TextIndex {
+                doc_rows: None,
                 searcher: st.reader.searcher(),
                 counts: Arc::new(st.counts.clone()),
                 totals: Arc::default(),

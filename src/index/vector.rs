@@ -232,6 +232,11 @@ impl VectorIndex {
         self.points
     }
 
+    /// `cosine`: each row's norm (see [`FlatGraph::norms`]); empty otherwise.
+    pub fn norms(&self) -> &[f32] {
+        self.graph.as_ref().map_or(&[], |g| g.norms())
+    }
+
     /// Bytes the graph holds beyond the generation's rows.
     pub fn heap_bytes(&self) -> usize {
         self.graph.as_ref().map_or(0, FlatGraph::heap_bytes)
