@@ -9,12 +9,13 @@
 use crate::schema::IndexSchema;
 use crate::{Error, Result};
 use arrow::array::{Array, AsArray, RecordBatch};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tantivy::directory::{Directory, RamDirectory};
 use tantivy::schema::{
     Field, IndexRecordOption, Schema, TextFieldIndexing, TextOptions, FAST, INDEXED,
 };
-use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, Searcher, TantivyDocument};
+use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, Searcher, TantivyDocument, Term};
 
 /// The files of a tantivy index: `(name, bytes)`.
 pub type IndexFiles = Vec<(String, Vec<u8>)>;
@@ -147,7 +148,14 @@ pub struct TextIndex {
     /// Per segment, each document's row (a generation's, read once when it is opened);
     /// `None` for a memtable's index, whose documents are looked up in the `_row` fast field.
     doc_rows: Option<Arc<Vec<Vec<u32>>>>,
+    /// A generation's document frequencies of recently queried terms (a generation never
+    /// changes, so neither do they); `None` for a memtable's index.
+    doc_freqs: Option<Arc<Mutex<HashMap<Term, u64>>>>,
 }
+
+/// Terms whose document frequencies a generation's index remembers; the memo starts over
+/// when it is full.
+const DOC_FREQ_MEMO: usize = 4096;
 
 /// How a segment's documents map to rows: a table read once, or the `_row` fast field.
 pub enum DocRows<'a> {
@@ -215,6 +223,23 @@ impl TextIndex {
         }
     }
 
+    /// Documents containing `term` (a generation's index remembers the answer).
+    pub fn doc_freq(&self, term: &Term) -> Result<u64> {
+        let Some(memo) = &self.doc_freqs else {
+            return self.searcher.doc_freq(term).map_err(tv);
+        };
+        if let Some(n) = memo.lock().unwrap_or_else(|e| e.into_inner()).get(term) {
+            return Ok(*n);
+        }
+        let n = self.searcher.doc_freq(term).map_err(tv)?;
+        let mut memo = memo.lock().unwrap_or_else(|e| e.into_inner());
+        if memo.len() >= DOC_FREQ_MEMO {
+            memo.clear();
+        }
+        memo.insert(term.clone(), n);
+        Ok(n)
+    }
+
     /// Rows covered by the token counts.
     pub fn rows(&self) -> usize {
         self.counts.len() / self.nfields.max(1)
@@ -257,6 +282,7 @@ impl TextIndex {
         Ok((
             TextIndex {
                 doc_rows: Some(Arc::new(doc_row_tables(&searcher)?)),
+                doc_freqs: Some(Arc::default()),
                 searcher,
                 counts: Arc::new(counts),
                 totals: Arc::default(),
@@ -282,6 +308,7 @@ impl TextIndex {
         let searcher = open_reader(&index)?.searcher();
         Ok(TextIndex {
             doc_rows: Some(Arc::new(doc_row_tables(&searcher)?)),
+            doc_freqs: Some(Arc::default()),
             searcher,
             counts: Arc::new(counts),
             totals: Arc::default(),
@@ -413,6 +440,7 @@ impl MemTextIndex {
         if st.searcher.is_none() {
             st.searcher = Some(TextIndex {
                 doc_rows: None,
+                doc_freqs: None,
                 searcher: st.reader.searcher(),
                 counts: Arc::new(st.counts.clone()),
                 totals: Arc::default(),

@@ -196,7 +196,7 @@ pub(crate) fn plan(
                 }
                 for term in &terms {
                     let df = if hidden.is_empty() {
-                        ti.searcher().doc_freq(term).map_err(tv)?
+                        ti.doc_freq(term)?
                     } else {
                         live_doc_freq(ti, term, &live.mask)?
                     };
