@@ -1,4 +1,10 @@
-//! The DataFusion leaf of one arm: it yields the arm's top k rows, already ordered.
+//! The DataFusion leaf of a search: one output partition per arm, each yielding that arm's top k
+//! rows, already ordered, for a `SortPreservingMergeExec` to merge.
+//!
+//! One leaf with a partition per arm instead of a leaf per arm under a `UnionExec`: building a
+//! `UnionExec` folds its children's equivalence properties one by one, measured at about 22 µs
+//! per child (1.4 ms of planning at 64 generations, 17 ms at 800), for a result every arm
+//! already states (the same schema and ordering).
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
@@ -17,49 +23,59 @@ use std::sync::Arc;
 /// The work of one arm: search its source and return its top rows, sorted.
 pub(crate) type ArmWork = Arc<dyn Fn() -> crate::Result<RecordBatch> + Send + Sync>;
 
-/// A leaf producing one arm's top k rows in the plan's sort order.
+/// One arm of a search: what the plan shows and the work it runs.
+pub(crate) struct Arm {
+    /// Shown in the plan, e.g. `source=generation 3, rows=…, candidates=…`.
+    pub description: String,
+    /// The arm's search.
+    pub work: ArmWork,
+}
+
+/// A leaf with one partition per arm, each producing its arm's top k rows in the plan's sort
+/// order.
 pub(crate) struct ArmExec {
     kind: &'static str,
-    description: String,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
-    work: ArmWork,
+    arms: Vec<Arm>,
 }
 
 impl ArmExec {
     pub fn new(
         kind: &'static str,
-        description: String,
         schema: SchemaRef,
         ordering: LexOrdering,
-        work: ArmWork,
+        arms: Vec<Arm>,
     ) -> Self {
         let eq = EquivalenceProperties::new_with_orderings(schema.clone(), [ordering]);
         let properties = Arc::new(PlanProperties::new(
             eq,
-            Partitioning::UnknownPartitioning(1),
+            Partitioning::UnknownPartitioning(arms.len().max(1)),
             EmissionType::Final,
             Boundedness::Bounded,
         ));
         ArmExec {
             kind,
-            description,
             schema,
             properties,
-            work,
+            arms,
         }
     }
 }
 
 impl fmt::Debug for ArmExec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.kind, self.description)
+        write!(f, "{}: arms={}", self.kind, self.arms.len())
     }
 }
 
 impl DisplayAs for ArmExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.kind, self.description)
+        write!(f, "{}: arms={}", self.kind, self.arms.len())?;
+        for (i, arm) in self.arms.iter().enumerate() {
+            write!(f, ", [arm {i}: {}]", arm.description)?;
+        }
+        Ok(())
     }
 }
 
@@ -102,13 +118,20 @@ impl ExecutionPlan for ArmExec {
         partition: usize,
         _context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
-        if partition != 0 {
+        let Some(arm) = self.arms.get(partition) else {
+            if self.arms.is_empty() && partition == 0 {
+                return Ok(Box::pin(RecordBatchStreamAdapter::new(
+                    self.schema.clone(),
+                    futures::stream::empty(),
+                )));
+            }
             return Err(DataFusionError::Internal(format!(
-                "{} has one partition, asked for {partition}",
-                self.kind
+                "{} has {} partitions, asked for {partition}",
+                self.kind,
+                self.arms.len()
             )));
-        }
-        let work = self.work.clone();
+        };
+        let work = arm.work.clone();
         let fut = async move {
             tokio::task::spawn_blocking(move || work())
                 .await

@@ -2,7 +2,7 @@
 //! run one tantivy search per arm with its block list and filter applied inside the collector,
 //! merge the arms' top k in DataFusion.
 
-use super::exec::{ArmExec, ArmWork};
+use super::exec::{Arm as ArmSpec, ArmExec, ArmWork};
 use super::source::{live_masks, Source};
 use super::{Conjunction, SearchOptions, SCORE_COLUMN};
 use crate::index::text::{TextIndex, TextSchema};
@@ -16,7 +16,6 @@ use datafusion::common::DFSchema;
 use datafusion::physical_expr::{LexOrdering, PhysicalExpr, PhysicalSortExpr};
 use datafusion::physical_plan::expressions::col;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
-use datafusion::physical_plan::union::UnionExec;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
 use std::collections::{BinaryHeap, HashMap};
@@ -235,7 +234,7 @@ pub(crate) fn plan(
         None => None,
     };
 
-    let mut arms: Vec<Arc<dyn ExecutionPlan>> = Vec::with_capacity(sources.len());
+    let mut arms: Vec<ArmSpec> = Vec::with_capacity(sources.len());
     let payload: Arc<[usize]> = (0..schema.payload.len())
         .map(|i| user.fields().len() - schema.payload.len() + i)
         .collect();
@@ -280,17 +279,16 @@ pub(crate) fn plan(
                 Arc::new(move || Ok(RecordBatch::new_empty(out_schema.clone())))
             }
         };
-        arms.push(Arc::new(ArmExec::new(
-            "FtsArmExec",
-            description,
-            out_schema.clone(),
-            ordering.clone(),
-            work,
-        )));
+        arms.push(ArmSpec { description, work });
     }
-    let union = UnionExec::try_new(arms)?;
+    let leaf = Arc::new(ArmExec::new(
+        "FtsArmExec",
+        out_schema,
+        ordering.clone(),
+        arms,
+    ));
     Ok(Arc::new(
-        SortPreservingMergeExec::new(ordering, union).with_fetch(Some(opts.k)),
+        SortPreservingMergeExec::new(ordering, leaf).with_fetch(Some(opts.k)),
     ))
 }
 

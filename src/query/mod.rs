@@ -1,5 +1,5 @@
 //! Query planning and execution: sources, block lists, global statistics and the DataFusion plan
-//! (one leaf per arm → `UnionExec` → `SortPreservingMergeExec(fetch = k)`).
+//! (one leaf with a partition per arm → `SortPreservingMergeExec(fetch = k)`).
 
 pub(crate) mod exec;
 pub(crate) mod fts;

@@ -1,7 +1,7 @@
 //! Vector k-nearest-neighbour search: exact distances in every arm, block lists and filters
 //! applied before each arm's top k, arms merged by `_distance` ascending then key.
 
-use super::exec::{ArmExec, ArmWork};
+use super::exec::{Arm as ArmSpec, ArmExec, ArmWork};
 use super::fts::{compile_filter, sort_ordering};
 use super::source::{live_masks, Source};
 use super::DISTANCE_COLUMN;
@@ -11,7 +11,6 @@ use crate::{Error, Result};
 use arrow::array::{Array, ArrayRef, AsArray, Float32Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Float32Type, Schema, SchemaRef};
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
-use datafusion::physical_plan::union::UnionExec;
 use datafusion::physical_plan::ExecutionPlan;
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -150,7 +149,7 @@ pub(crate) fn plan(
     let payload: Vec<usize> = (0..schema.payload.len())
         .map(|i| user.fields().len() - schema.payload.len() + i)
         .collect();
-    let mut arms: Vec<Arc<dyn ExecutionPlan>> = Vec::with_capacity(sources.len());
+    let mut arms: Vec<ArmSpec> = Vec::with_capacity(sources.len());
     for (source, live) in sources.into_iter().zip(live) {
         let live_rows = live.count();
         let mut mask = live.mask;
@@ -225,17 +224,16 @@ pub(crate) fn plan(
                 arm.output(hits, &out_schema, &payload)
             })
         };
-        arms.push(Arc::new(ArmExec::new(
-            "VectorArmExec",
-            description,
-            out_schema.clone(),
-            ordering.clone(),
-            work,
-        )));
+        arms.push(ArmSpec { description, work });
     }
-    let union = UnionExec::try_new(arms)?;
+    let leaf = Arc::new(ArmExec::new(
+        "VectorArmExec",
+        out_schema,
+        ordering.clone(),
+        arms,
+    ));
     Ok(Arc::new(
-        SortPreservingMergeExec::new(ordering, union).with_fetch(Some(opts.k)),
+        SortPreservingMergeExec::new(ordering, leaf).with_fetch(Some(opts.k)),
     ))
 }
 
