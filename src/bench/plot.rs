@@ -39,6 +39,15 @@ pub(super) fn latency(report: &Report, path: &Path) -> Result<(), String> {
     register_font()?;
     let err = |e: &dyn std::fmt::Display| format!("plot {}: {e}", path.display());
     let max_g = report.runs.iter().map(|r| r.generations).max().unwrap_or(1) as f64;
+    // Ticks at the measured generation counts only.
+    let ticks: Vec<f64> = report
+        .runs
+        .iter()
+        .map(|r| r.generations)
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .map(|g| g as f64)
+        .collect();
     let panels = [
         ("cold", "cold: new handle + query"),
         ("warm", "warm: loaded handle"),
@@ -65,11 +74,17 @@ pub(super) fn latency(report: &Report, path: &Path) -> Result<(), String> {
             .margin(15)
             .x_label_area_size(40)
             .y_label_area_size(60)
-            .build_cartesian_2d((1f64..max_g.max(2.0)).log_scale(), 0f64..max_ms)
+            .build_cartesian_2d(
+                (1f64..max_g.max(2.0))
+                    .log_scale()
+                    .with_key_points(ticks.clone()),
+                0f64..max_ms,
+            )
             .map_err(|e| err(&e))?;
         chart
             .configure_mesh()
             .x_desc("generations")
+            .x_label_formatter(&|g| format!("{g:.0}"))
             .y_desc("p50 latency (ms)")
             .draw()
             .map_err(|e| err(&e))?;
