@@ -87,7 +87,7 @@ impl Default for Options {
 }
 
 /// One measured (generations, query kind, mode).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Run {
     /// Generations in the index (plus a memtable).
     pub generations: usize,
@@ -114,7 +114,7 @@ pub struct Run {
 }
 
 /// Everything the benchmark measured.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Report {
     /// Documents per index.
     pub docs: usize,
