@@ -6,7 +6,7 @@ use crate::settings::Durability;
 use crate::wal::{decode, decode_header, encode, WalEntry, WalKind};
 use crate::{Error, Result};
 use arrow::array::RecordBatch;
-use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use object_store::{PutMode, PutOptions, PutPayload};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 use tokio::sync::{mpsc, oneshot};
@@ -270,16 +270,8 @@ impl Committer {
                 Err(object_store::Error::AlreadyExists { .. }) => {
                     // Either a newer writer's fence (or rows), or our own earlier attempt whose
                     // PUT succeeded although we saw an error.
-                    let existing = self
-                        .inner
-                        .loc
-                        .store
-                        .get(&p)
-                        .await
-                        .map_err(|e| Error::store(&p, e))?
-                        .bytes()
-                        .await
-                        .map_err(|e| Error::store(&p, e))?;
+                    let existing =
+                        crate::storage::read_object(self.inner.loc.store.as_ref(), &p).await?;
                     let header = decode_header(&existing, &p);
                     match header {
                         Ok(h) if h.epoch == self.inner.epoch && h.kind == WalKind::Rows => {

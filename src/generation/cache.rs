@@ -19,7 +19,6 @@ use crate::storage::Location;
 use crate::{Error, Result};
 use arrow::datatypes::SchemaRef;
 use futures::{StreamExt, TryStreamExt};
-use object_store::ObjectStoreExt;
 use std::sync::Arc;
 
 /// What a cache holds right now.
@@ -148,15 +147,7 @@ impl GenerationCache {
 impl Loader {
     async fn load(&self, meta: GenerationMeta) -> Result<Arc<Generation>> {
         let p = self.paths.generation(meta.id, meta.epoch);
-        let bytes = self
-            .loc
-            .store
-            .get(&p)
-            .await
-            .map_err(|e| Error::store(&p, e))?
-            .bytes()
-            .await
-            .map_err(|e| Error::store(&p, e))?;
+        let bytes = crate::storage::read_object(self.loc.store.as_ref(), &p).await?;
         let schema = self.schema.clone();
         let text = self.text.clone();
         let vector = self.vector;

@@ -121,7 +121,7 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn f64_ref(a: &[f32], b: &[f32]) -> (f64, f64, f64, f64) {
@@ -136,15 +136,20 @@ mod tests {
         (l2, d, na, nb)
     }
 
-    #[test]
-    fn kernels_match_an_f64_reference_and_both_builds_agree_bit_for_bit() {
-        let mut s = 7u64;
-        let mut next = || {
+    /// Deterministic values in [-1, 1) from `seed` (a 64-bit LCG), for kernel tests.
+    pub(crate) fn uniform(seed: u64) -> impl FnMut() -> f32 {
+        let mut s = seed;
+        move || {
             s = s
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        };
+        }
+    }
+
+    #[test]
+    fn kernels_match_an_f64_reference_and_both_builds_agree_bit_for_bit() {
+        let mut next = uniform(7);
         for dim in [1, 3, 31, 32, 33, 100, 128, 768, 784, 1000] {
             let a: Vec<f32> = (0..dim).map(|_| next()).collect();
             let b: Vec<f32> = (0..dim).map(|_| next()).collect();

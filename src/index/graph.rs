@@ -418,13 +418,7 @@ mod tests {
     #[test]
     fn cosine_from_kept_norms_equals_the_distance_kernel_bit_for_bit() {
         let dim = 37;
-        let mut s = 11u64;
-        let mut next = || {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        };
+        let mut next = distance::tests::uniform(11);
         let mut values: Vec<f32> = (0..6 * dim).map(|_| next()).collect();
         values[2 * dim..3 * dim].fill(0.0); // a zero vector
         let rows = Adjacency::from_lists(6, Vec::new(), 0);

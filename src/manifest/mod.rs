@@ -120,14 +120,7 @@ impl ManifestStore {
     /// Read one version.
     pub async fn read(&self, version: u64) -> Result<Manifest> {
         let p = self.paths.manifest(version);
-        let bytes = self
-            .store
-            .get(&p)
-            .await
-            .map_err(|e| Error::store(&p, e))?
-            .bytes()
-            .await
-            .map_err(|e| Error::store(&p, e))?;
+        let bytes = crate::storage::read_object(self.store.as_ref(), &p).await?;
         let m = Manifest::decode(&bytes, &p)?;
         if m.version != version {
             return Err(Error::data(

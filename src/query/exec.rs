@@ -24,7 +24,7 @@ use std::sync::Arc;
 pub(crate) type ArmWork = Arc<dyn Fn() -> crate::Result<RecordBatch> + Send + Sync>;
 
 /// One arm of a search: what the plan shows and the work it runs.
-pub(crate) struct Arm {
+pub(crate) struct ArmSpec {
     /// Shown in the plan, e.g. `source=generation 3, rows=…, candidates=…`.
     pub description: String,
     /// The arm's search.
@@ -37,7 +37,7 @@ pub(crate) struct ArmExec {
     kind: &'static str,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
-    arms: Vec<Arm>,
+    arms: Vec<ArmSpec>,
 }
 
 impl ArmExec {
@@ -45,7 +45,7 @@ impl ArmExec {
         kind: &'static str,
         schema: SchemaRef,
         ordering: LexOrdering,
-        arms: Vec<Arm>,
+        arms: Vec<ArmSpec>,
     ) -> Self {
         let eq = EquivalenceProperties::new_with_orderings(schema.clone(), [ordering]);
         let properties = Arc::new(PlanProperties::new(

@@ -2,8 +2,8 @@
 //! run one tantivy search per arm with its block list and filter applied inside the collector,
 //! merge the arms' top k in DataFusion.
 
-use super::exec::{Arm as ArmSpec, ArmExec, ArmWork};
-use super::source::{live_masks, Source};
+use super::exec::{ArmExec, ArmSpec, ArmWork};
+use super::source::{live_masks, Live, Source};
 use super::{Conjunction, SearchOptions, SCORE_COLUMN};
 use crate::index::text::{TextIndex, TextSchema};
 use crate::key::Key;
@@ -180,9 +180,10 @@ pub(crate) fn plan(
     terms.sort();
     terms.dedup();
     let mut stats = GlobalStats::default();
+    let live_rows: Vec<usize> = live.iter().map(Live::count).collect();
     for (i, ti) in indexes.iter().enumerate() {
         let live = &live[i];
-        stats.docs += live.count() as u64;
+        stats.docs += live_rows[i] as u64;
         match &live.hidden {
             // A generation: its totals (cached) minus the rows newer sources hide.
             Some(hidden) => {
@@ -238,8 +239,9 @@ pub(crate) fn plan(
     let payload: Arc<[usize]> = (0..schema.payload.len())
         .map(|i| user.fields().len() - schema.payload.len() + i)
         .collect();
-    for ((source, ti), live) in sources.into_iter().zip(indexes).zip(live) {
-        let live_rows = live.count();
+    for (((source, ti), live), live_rows) in
+        sources.into_iter().zip(indexes).zip(live).zip(live_rows)
+    {
         let mut mask = live.mask;
         if let Some(f) = &filter {
             let fm = source.filter_mask(f, &user)?;

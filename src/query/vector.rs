@@ -1,7 +1,7 @@
 //! Vector k-nearest-neighbour search: exact distances in every arm, block lists and filters
 //! applied before each arm's top k, arms merged by `_distance` ascending then key.
 
-use super::exec::{Arm as ArmSpec, ArmExec, ArmWork};
+use super::exec::{ArmExec, ArmSpec, ArmWork};
 use super::fts::{compile_filter, sort_ordering};
 use super::source::{live_masks, Source};
 use super::DISTANCE_COLUMN;

@@ -25,6 +25,16 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
+/// The whole object at `path`; an error names the object.
+pub(crate) async fn read_object(store: &dyn ObjectStore, path: &Path) -> Result<Bytes> {
+    object_store::ObjectStoreExt::get(store, path)
+        .await
+        .map_err(|e| Error::store(path, e))?
+        .bytes()
+        .await
+        .map_err(|e| Error::store(path, e))
+}
+
 /// An object store and the root of an index inside it.
 #[derive(Debug, Clone)]
 pub struct Location {

@@ -70,13 +70,7 @@ pub async fn replay(
         let fetched: Vec<(u64, bytes::Bytes)> = futures::stream::iter(ids.iter().copied())
             .map(|id| async move {
                 let p = paths.wal(id);
-                let b = store
-                    .get(&p)
-                    .await
-                    .map_err(|e| Error::store(&p, e))?
-                    .bytes()
-                    .await
-                    .map_err(|e| Error::store(&p, e))?;
+                let b = crate::storage::read_object(store.as_ref(), &p).await?;
                 Ok::<_, Error>((id, b))
             })
             .buffered(concurrency.max(1))
