@@ -12,7 +12,7 @@ use lsmsearch::bench::corpus::Corpus;
 use lsmsearch::{Durability, Index, Location, SearchOptions, Settings, WriteOptions};
 use std::time::{Duration, Instant};
 
-const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/data/cranfield");
+const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/cranfield");
 
 fn pct(sorted: &[Duration], p: f64) -> f64 {
     if sorted.is_empty() {

@@ -12,7 +12,7 @@ fn main() {
     let env = |name: &str| std::env::var(name).ok();
     let mut o = Options {
         out: concat!(env!("CARGO_MANIFEST_DIR"), "/target/bench-generations").into(),
-        data: concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/data/cranfield").into(),
+        data: None,
         ..Options::default()
     };
     if let Some(d) = env("LSMSEARCH_BENCH_DOCS").and_then(|v| v.parse().ok()) {

@@ -37,7 +37,7 @@ struct Corpus {
 fn corpus() -> Corpus {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../shared/data/cranfield/docs.jsonl"
+        "/tests/data/cranfield/docs.jsonl"
     );
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
     let mut words = Vec::new();

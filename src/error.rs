@@ -1,9 +1,14 @@
-//! The public error type.
+//! Errors: the public [`Error`] with its [`ErrorKind`], and the internal [`Reason`] the code
+//! branches on.
 //!
 //! Every fallible call returns [`Error`], whose [`ErrorKind`] tells the caller what to do about it:
 //! fix the input ([`ErrorKind::Invalid`]), stop writing because a newer writer took over
 //! ([`ErrorKind::Fenced`]), investigate a corrupt object ([`ErrorKind::Data`]), retry later
 //! ([`ErrorKind::Unavailable`]). The message names the object, column, row or value that was wrong.
+//!
+//! Inside the crate an error is built from a [`Reason`], and code that must tell failures apart
+//! (an object that is gone, a conditional create that lost) matches on the reason, never on the
+//! message text. `From<Reason> for Error` is the one place that decides the public kind.
 
 use std::fmt;
 use std::sync::Arc;
@@ -42,25 +47,107 @@ impl fmt::Display for ErrorKind {
     }
 }
 
+/// Why an operation failed, as the crate's own code tells failures apart.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Reason {
+    /// The caller's input was rejected.
+    #[error("{0}")]
+    Invalid(String),
+    /// An object that should exist does not (or vanished between a LIST and a GET).
+    #[error("object '{object}': {detail}")]
+    NotFound { object: String, detail: String },
+    /// An object's bytes are wrong: short, bad magic, CRC mismatch, bad contents.
+    #[error("object '{object}': {detail}")]
+    Corrupt { object: String, detail: String },
+    /// An object of a format version this build does not read.
+    #[error("object '{object}': {what} has format version {found}; this build reads {}", versions(*oldest, *newest))]
+    UnsupportedVersion {
+        object: String,
+        what: &'static str,
+        found: u64,
+        oldest: u64,
+        newest: u64,
+    },
+    /// A newer writer claimed the index.
+    #[error("{0}")]
+    Fenced(String),
+    /// A conditional create lost: the object exists.
+    #[error("object '{object}' already exists")]
+    Conflict { object: String },
+    /// The object store failed while touching `object`.
+    #[error("object '{object}': {source}")]
+    Store {
+        object: String,
+        #[source]
+        source: object_store::Error,
+    },
+    /// A local I/O failure outside the object store (creating a directory).
+    #[error("{0}")]
+    Io(String),
+    /// The handle was closed.
+    #[error("the index handle is closed")]
+    Closed,
+    /// A bug or an unexpected internal state.
+    #[error("{0}")]
+    Internal(String),
+    /// An error an application built with [`Error::new`].
+    #[error("{msg}")]
+    Other { kind: ErrorKind, msg: String },
+}
+
+fn versions(oldest: u64, newest: u64) -> String {
+    if oldest == newest {
+        format!("version {newest}")
+    } else {
+        format!("versions {oldest} to {newest}")
+    }
+}
+
 /// The error returned by every fallible lsmsearch call.
 #[derive(Clone)]
 pub struct Error {
     kind: ErrorKind,
     msg: String,
+    reason: Arc<Reason>,
     source: Option<Arc<dyn std::error::Error + Send + Sync>>,
 }
 
 /// Result alias used throughout the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+impl From<Reason> for Error {
+    /// The one mapping from internal reasons to public kinds.
+    fn from(reason: Reason) -> Self {
+        let kind = match &reason {
+            Reason::Invalid(_) => ErrorKind::Invalid,
+            Reason::NotFound { .. } => ErrorKind::Data,
+            Reason::Corrupt { .. } => ErrorKind::Data,
+            Reason::UnsupportedVersion { .. } => ErrorKind::Data,
+            Reason::Fenced(_) => ErrorKind::Fenced,
+            Reason::Conflict { .. } => ErrorKind::Internal,
+            Reason::Store { .. } => ErrorKind::Unavailable,
+            Reason::Io(_) => ErrorKind::Unavailable,
+            Reason::Closed => ErrorKind::Closed,
+            Reason::Internal(_) => ErrorKind::Internal,
+            Reason::Other { kind, .. } => *kind,
+        };
+        Error {
+            kind,
+            msg: reason.to_string(),
+            reason: Arc::new(reason),
+            source: None,
+        }
+    }
+}
+
 impl Error {
     /// A new error of `kind` with a message.
     pub fn new(kind: ErrorKind, msg: impl Into<String>) -> Self {
-        Error {
+        Reason::Other {
             kind,
             msg: msg.into(),
-            source: None,
         }
+        .into()
     }
 
     /// Attach an underlying cause.
@@ -79,40 +166,84 @@ impl Error {
         &self.msg
     }
 
-    /// An `Invalid` error: the caller's input was rejected.
-    pub fn invalid(msg: impl Into<String>) -> Self {
-        Self::new(ErrorKind::Invalid, msg)
-    }
-
-    pub(crate) fn data(object: impl fmt::Display, msg: impl fmt::Display) -> Self {
-        Self::new(ErrorKind::Data, format!("object '{object}': {msg}"))
-    }
-
-    pub(crate) fn fenced(msg: impl Into<String>) -> Self {
-        Self::new(ErrorKind::Fenced, msg)
-    }
-
-    pub(crate) fn internal(msg: impl Into<String>) -> Self {
-        Self::new(ErrorKind::Internal, msg)
-    }
-
-    pub(crate) fn closed() -> Self {
-        Self::new(ErrorKind::Closed, "the index handle is closed")
-    }
-
-    /// An object-store failure while touching `object`.
-    pub(crate) fn store(object: impl fmt::Display, e: object_store::Error) -> Self {
-        let kind = match &e {
-            object_store::Error::NotFound { .. } => ErrorKind::Data,
-            _ => ErrorKind::Unavailable,
-        };
-        Self::new(kind, format!("object '{object}': {e}")).with_source(e)
-    }
-
     /// Prefix the message with some context.
     pub fn context(mut self, ctx: impl fmt::Display) -> Self {
         self.msg = format!("{ctx}: {}", self.msg);
         self
+    }
+
+    /// An `Invalid` error: the caller's input was rejected.
+    pub fn invalid(msg: impl Into<String>) -> Self {
+        Reason::Invalid(msg.into()).into()
+    }
+
+    /// Whether an object this operation needed does not exist (anymore).
+    pub(crate) fn is_not_found(&self) -> bool {
+        matches!(*self.reason, Reason::NotFound { .. })
+    }
+
+    pub(crate) fn data(object: impl fmt::Display, detail: impl fmt::Display) -> Self {
+        Reason::Corrupt {
+            object: object.to_string(),
+            detail: detail.to_string(),
+        }
+        .into()
+    }
+
+    pub(crate) fn not_found(object: impl fmt::Display, detail: impl fmt::Display) -> Self {
+        Reason::NotFound {
+            object: object.to_string(),
+            detail: detail.to_string(),
+        }
+        .into()
+    }
+
+    pub(crate) fn unsupported_version(
+        object: impl fmt::Display,
+        what: &'static str,
+        found: u64,
+        oldest: u64,
+        newest: u64,
+    ) -> Self {
+        Reason::UnsupportedVersion {
+            object: object.to_string(),
+            what,
+            found,
+            oldest,
+            newest,
+        }
+        .into()
+    }
+
+    pub(crate) fn fenced(msg: impl Into<String>) -> Self {
+        Reason::Fenced(msg.into()).into()
+    }
+
+    pub(crate) fn internal(msg: impl Into<String>) -> Self {
+        Reason::Internal(msg.into()).into()
+    }
+
+    pub(crate) fn io(msg: impl Into<String>) -> Self {
+        Reason::Io(msg.into()).into()
+    }
+
+    pub(crate) fn closed() -> Self {
+        Reason::Closed.into()
+    }
+
+    /// An object-store failure while touching `object`: `NotFound` when the store says the
+    /// object does not exist, `Conflict` when a conditional create lost, `Store` otherwise.
+    pub(crate) fn store(object: impl fmt::Display, e: object_store::Error) -> Self {
+        let object = object.to_string();
+        match e {
+            object_store::Error::NotFound { .. } => Reason::NotFound {
+                detail: e.to_string(),
+                object,
+            },
+            object_store::Error::AlreadyExists { .. } => Reason::Conflict { object },
+            source => Reason::Store { object, source },
+        }
+        .into()
     }
 }
 
@@ -125,7 +256,7 @@ impl fmt::Display for Error {
 impl fmt::Debug for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Error {{ kind: {:?}, msg: {:?}", self.kind, self.msg)?;
-        if let Some(s) = &self.source {
+        if let Some(s) = std::error::Error::source(self) {
             write!(f, ", source: {s:?}")?;
         }
         write!(f, " }}")
@@ -134,9 +265,10 @@ impl fmt::Debug for Error {
 
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
-            .as_deref()
-            .map(|s| s as &(dyn std::error::Error + 'static))
+        match &self.source {
+            Some(s) => Some(s.as_ref() as &(dyn std::error::Error + 'static)),
+            None => std::error::Error::source(self.reason.as_ref()),
+        }
     }
 }
 
@@ -155,5 +287,31 @@ impl From<datafusion::error::DataFusionError> for Error {
 impl From<tokio::task::JoinError> for Error {
     fn from(e: tokio::task::JoinError) -> Self {
         Error::internal(format!("background task failed: {e}")).with_source(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_errors_keep_their_reason() {
+        let nf = Error::store(
+            "wal/1.wal",
+            object_store::Error::NotFound {
+                path: "wal/1.wal".into(),
+                source: "gone".into(),
+            },
+        );
+        assert!(nf.is_not_found());
+        assert_eq!(nf.kind(), ErrorKind::Data);
+        assert!(nf.message().starts_with("object 'wal/1.wal'"));
+        let v = Error::unsupported_version("m", "manifest", 9, 1, 1);
+        assert_eq!(v.kind(), ErrorKind::Data);
+        assert!(v.message().contains("version 9"), "{v}");
+        assert!(matches!(
+            *v.reason,
+            Reason::UnsupportedVersion { found: 9, .. }
+        ));
     }
 }

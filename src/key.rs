@@ -69,11 +69,11 @@ impl Key {
     }
 
     /// Build a key column of `key_type` from keys. Fails with `Invalid` on a key of another type.
-    pub fn to_array(keys: &[Key], key_type: KeyType) -> crate::Result<ArrayRef> {
+    pub fn to_array(keys: &[Key], key_type: KeyType) -> crate::error::Result<ArrayRef> {
         use arrow::array::{Int64Array, StringArray, UInt64Array};
         use std::sync::Arc;
         let wrong = |k: &Key| {
-            crate::Error::invalid(format!(
+            crate::error::Error::invalid(format!(
                 "key {k} does not match the primary-key type {key_type:?}"
             ))
         };
@@ -84,7 +84,7 @@ impl Key {
                         Key::Str(s) => Ok(Some(s.as_str())),
                         other => Err(wrong(other)),
                     })
-                    .collect::<crate::Result<StringArray>>()?,
+                    .collect::<crate::error::Result<StringArray>>()?,
             ),
             KeyType::Int64 => Arc::new(
                 keys.iter()
@@ -92,7 +92,7 @@ impl Key {
                         Key::I64(v) => Ok(Some(*v)),
                         other => Err(wrong(other)),
                     })
-                    .collect::<crate::Result<Int64Array>>()?,
+                    .collect::<crate::error::Result<Int64Array>>()?,
             ),
             KeyType::Uint64 => Arc::new(
                 keys.iter()
@@ -100,20 +100,20 @@ impl Key {
                         Key::U64(v) => Ok(Some(*v)),
                         other => Err(wrong(other)),
                     })
-                    .collect::<crate::Result<UInt64Array>>()?,
+                    .collect::<crate::error::Result<UInt64Array>>()?,
             ),
         })
     }
 
     /// Parse a key from text (as typed on a command line) for a key column of `key_type`.
-    pub fn parse(s: &str, key_type: KeyType) -> crate::Result<Key> {
+    pub fn parse(s: &str, key_type: KeyType) -> crate::error::Result<Key> {
         match key_type {
             KeyType::Utf8 => Ok(Key::Str(s.to_string())),
             KeyType::Int64 => s.parse().map(Key::I64).map_err(|_| {
-                crate::Error::invalid(format!("key '{s}' is not a valid int64 primary key"))
+                crate::error::Error::invalid(format!("key '{s}' is not a valid int64 primary key"))
             }),
             KeyType::Uint64 => s.parse().map(Key::U64).map_err(|_| {
-                crate::Error::invalid(format!("key '{s}' is not a valid uint64 primary key"))
+                crate::error::Error::invalid(format!("key '{s}' is not a valid uint64 primary key"))
             }),
         }
     }

@@ -28,46 +28,63 @@
 //!
 //! ## Core concepts
 //!
-//! - **WAL** ([`wal`]): every group commit is one immutable, checksummed object; acknowledged
-//!   means written (and fsynced on local disk) with [`Durability::Durable`].
-//! - **Memtable** ([`memtable`]): the rows since the last flush, newest version per key.
-//! - **Generation** ([`generation`]): a flushed memtable, one bundle object with the rows and
-//!   the set of primary-key hashes.
-//! - **Manifest** ([`manifest`]): versioned, conditionally created descriptions of the index;
-//!   publishing one is the visibility point of a flush.
+//! - **WAL**: every group commit is one immutable, checksummed object; acknowledged means
+//!   written (and fsynced on local disk) with [`Durability::Durable`].
+//! - **Memtable**: the rows since the last flush, newest version per key, with a full-text
+//!   index and a vector graph of their own.
+//! - **Generation**: a flushed memtable, one bundle object with the rows, the set of
+//!   primary-key hashes, a tantivy index and a vector graph ([`GenerationMeta`]).
+//! - **Manifest**: versioned, conditionally created descriptions of the index; publishing one
+//!   is the visibility point of a flush.
 //! - **Epochs**: opening a writer claims a new epoch and fences the previous writer.
-//! - **Storage** ([`storage`]): object names and store wrappers, among them
-//!   [`LatencyStore`], which adds an object store's latency to any store and counts requests
-//!   and sequential round trips.
+//! - **Snapshot and block lists**: a read fixes its sources (memtables and generations) when it
+//!   starts; the keys of newer sources hide older versions, so each key is seen once, newest.
+//! - **Locations** ([`Location`]): a local directory, `memory://` or `s3://`; [`LatencyStore`]
+//!   adds an object store's latency to any store and counts requests and round trips.
+//!
+//! The module layers, the read and write paths and the persisted formats are described in
+//! `docs/architecture.md` and `docs/format.md`.
+//!
+//! ## Features
+//!
+//! - `cli` (default): the `lsmsearch` command line and its benchmark harness ([`bench`]), with
+//!   their plots and progress bars. `default-features = false` builds the library alone.
 
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
 #![deny(clippy::unwrap_used)]
 
+// Layers, lowest first; a module uses only modules of lower layers (tests/layers.rs):
+// error ← key, settings ← schema ← storage ← format ← text, vector ← memtable, generation,
+// wal, manifest ← read ← query ← db ← bench.
+#[cfg(feature = "cli")]
 pub mod bench;
-mod codec;
 mod db;
 mod error;
-pub mod generation;
-pub mod index;
+mod format;
+mod generation;
 mod key;
-pub mod manifest;
-pub mod memtable;
+mod manifest;
+mod memtable;
 mod query;
 mod read;
 mod schema;
 mod settings;
-pub mod storage;
-pub mod wal;
+mod storage;
+mod text;
+mod vector;
+mod wal;
 
 pub use db::{Index, IndexStats, ReadOnlyIndex, ScanOptions, WriteReceipt};
 pub use error::{Error, ErrorKind, Result};
+pub use format::GenerationMeta;
 pub use generation::cache::CacheStats;
 pub use key::{Key, KeyType, PK_HASH_SEED};
-pub use query::{
-    distance, Conjunction, SearchOptions, VectorSearchOptions, DISTANCE_COLUMN, SCORE_COLUMN,
-};
+pub use query::{Conjunction, SearchOptions, VectorSearchOptions, DISTANCE_COLUMN, SCORE_COLUMN};
 pub use schema::{
     IndexSchema, Metric, PayloadColumn, PayloadType, VectorColumn, DELETED_COLUMN, SEQ_COLUMN,
+    TOKENIZERS,
 };
 pub use settings::{Durability, Settings, WriteOptions};
-pub use storage::{LatencyConfig, LatencyStore, Location, StoreCounters};
+pub use storage::{LatencyConfig, LatencyStore, Location, StoreCounters, SyncedLocalStore};
+pub use vector::distance;

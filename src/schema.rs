@@ -1,8 +1,9 @@
 //! The index schema: primary key, text columns, optional vector column, payload columns; and the
 //! validation every appended batch passes before anything is written.
 
+use crate::error::{Error, Result};
 use crate::key::{Key, KeyType};
-use crate::{Error, Result};
+use crate::settings::{GraphParams, Settings};
 use arrow::array::{
     new_null_array, Array, ArrayRef, AsArray, BooleanArray, FixedSizeListArray, RecordBatch,
     UInt64Array,
@@ -182,10 +183,7 @@ impl IndexSchema {
     }
 
     /// Position of the vector column in the Arrow schema, its metric, and the graph parameters.
-    pub(crate) fn vector_spec(
-        &self,
-        settings: &crate::Settings,
-    ) -> Option<(usize, Metric, crate::index::vector::GraphParams)> {
+    pub(crate) fn vector_spec(&self, settings: &Settings) -> Option<(usize, Metric, GraphParams)> {
         let v = self.vector.as_ref()?;
         Some((1 + self.text.len(), v.metric, settings.graph_params()))
     }
@@ -354,6 +352,14 @@ impl IndexSchema {
         }
         Key::to_array(keys, self.primary_key_type)
     }
+}
+
+/// Whether each stored row is a tombstone (all false for batches without `_deleted`).
+pub(crate) fn deleted_flags(batch: &RecordBatch) -> BooleanArray {
+    batch
+        .column_by_name(DELETED_COLUMN)
+        .map(|c| c.as_boolean().clone())
+        .unwrap_or_else(|| BooleanArray::from(vec![false; batch.num_rows()]))
 }
 
 fn first_null(a: &ArrayRef) -> Option<usize> {

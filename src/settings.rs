@@ -75,9 +75,19 @@ impl Default for Settings {
     }
 }
 
+/// Parameters of an HNSW graph build (from [`Settings::hnsw_m`] and
+/// [`Settings::hnsw_ef_construction`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GraphParams {
+    /// Maximum connections per node and layer (hnsw M).
+    pub(crate) m: usize,
+    /// Candidate list size while building.
+    pub(crate) ef_construction: usize,
+}
+
 impl Settings {
-    pub(crate) fn graph_params(&self) -> crate::index::vector::GraphParams {
-        crate::index::vector::GraphParams {
+    pub(crate) fn graph_params(&self) -> GraphParams {
+        GraphParams {
             m: self.hnsw_m,
             ef_construction: self.hnsw_ef_construction,
         }
@@ -87,12 +97,12 @@ impl Settings {
         Duration::from_millis(self.wal_buffer_interval_ms.max(1))
     }
 
-    pub(crate) fn validate(&self) -> crate::Result<()> {
+    pub(crate) fn validate(&self) -> crate::error::Result<()> {
         let check = |ok: bool, name: &str| {
             if ok {
                 Ok(())
             } else {
-                Err(crate::Error::invalid(format!(
+                Err(crate::error::Error::invalid(format!(
                     "setting '{name}' is out of range (see its documentation)"
                 )))
             }
@@ -124,12 +134,12 @@ pub enum Durability {
 }
 
 impl std::str::FromStr for Durability {
-    type Err = crate::Error;
-    fn from_str(s: &str) -> crate::Result<Self> {
+    type Err = crate::error::Error;
+    fn from_str(s: &str) -> crate::error::Result<Self> {
         match s {
             "durable" => Ok(Durability::Durable),
             "buffered" => Ok(Durability::Buffered),
-            other => Err(crate::Error::invalid(format!(
+            other => Err(crate::error::Error::invalid(format!(
                 "unknown durability '{other}' (expected 'durable' or 'buffered')"
             ))),
         }

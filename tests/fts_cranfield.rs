@@ -11,7 +11,7 @@ use lsmsearch::{Index, IndexSchema, Key, SearchOptions, Settings};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/data/cranfield");
+const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/cranfield");
 
 struct Doc {
     id: i64,

@@ -115,7 +115,7 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--lsmsearch", default="target/release/lsmsearch", help="lsmsearch binary")
     p.add_argument("--out", default="bench-out/peers", help="output directory")
-    p.add_argument("--data", default="../shared/data/cranfield", help="the Cranfield collection")
+    p.add_argument("--data", default="tests/data/cranfield", help="the Cranfield collection")
     p.add_argument(
         "--max-seconds-per-series",
         type=float,

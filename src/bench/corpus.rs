@@ -88,8 +88,18 @@ impl Embedder {
     }
 }
 
+/// The Cranfield collection kept in the repository (`tests/data/cranfield`), carried in the
+/// binary so the benchmarks run anywhere.
+const BUNDLED_DOCS: &str = include_str!("../../tests/data/cranfield/docs.jsonl");
+const BUNDLED_QUERIES: &str = include_str!("../../tests/data/cranfield/queries.jsonl");
+
 impl Corpus {
-    /// Read `docs.jsonl` and `queries.jsonl` of the Cranfield collection in `dir`.
+    /// The Cranfield collection this build carries (`tests/data/cranfield`).
+    pub fn bundled() -> Result<Corpus> {
+        Self::parse(BUNDLED_DOCS, BUNDLED_QUERIES, "the bundled collection")
+    }
+
+    /// Read `docs.jsonl` and `queries.jsonl` of a Cranfield collection in `dir`.
     pub fn cranfield(dir: &Path) -> Result<Corpus> {
         let read = |name: &str| {
             std::fs::read_to_string(dir.join(name)).map_err(|e| {
@@ -99,13 +109,29 @@ impl Corpus {
                 ))
             })
         };
+        Self::parse(
+            &read("docs.jsonl")?,
+            &read("queries.jsonl")?,
+            &dir.display().to_string(),
+        )
+    }
+
+    /// The collection or `dir` when given.
+    pub fn load(dir: Option<&Path>) -> Result<Corpus> {
+        match dir {
+            Some(d) => Self::cranfield(d),
+            None => Self::bundled(),
+        }
+    }
+
+    fn parse(docs: &str, queries: &str, origin: &str) -> Result<Corpus> {
         let field = |l: &str, f: &str| -> Result<String> {
             let v: serde_json::Value = serde_json::from_str(l)
                 .map_err(|e| Error::invalid(format!("Cranfield line '{l}': {e}")))?;
             Ok(v[f].as_str().unwrap_or("").to_string())
         };
         let (mut titles, mut texts) = (Vec::new(), Vec::new());
-        for l in read("docs.jsonl")?.lines() {
+        for l in docs.lines() {
             titles.push(field(l, "title")?);
             texts.push(
                 field(l, "text")?
@@ -114,7 +140,7 @@ impl Corpus {
                     .collect(),
             );
         }
-        let queries = read("queries.jsonl")?
+        let queries = queries
             .lines()
             .map(|l| {
                 Ok(field(l, "text")?
@@ -125,8 +151,7 @@ impl Corpus {
             .collect::<Result<Vec<String>>>()?;
         if titles.is_empty() || queries.is_empty() {
             return Err(Error::invalid(format!(
-                "no Cranfield documents or queries in {}",
-                dir.display()
+                "no Cranfield documents or queries in {origin}"
             )));
         }
         Ok(Corpus {

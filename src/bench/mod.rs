@@ -12,10 +12,9 @@
 pub mod corpus;
 mod plot;
 
-use crate::storage::{LatencyConfig, LatencyStore};
 use crate::{
-    Durability, Error, Index, IndexSchema, Location, Result, SearchOptions, Settings,
-    VectorSearchOptions, WriteOptions,
+    Durability, Error, Index, IndexSchema, LatencyConfig, LatencyStore, Location, Result,
+    SearchOptions, Settings, VectorSearchOptions, WriteOptions,
 };
 use corpus::{Corpus, Embedder};
 use serde::Serialize;
@@ -47,8 +46,8 @@ pub struct Options {
     pub put_latency: Duration,
     /// Where indexes, `results.json` and the plot go.
     pub out: PathBuf,
-    /// The Cranfield collection.
-    pub data: PathBuf,
+    /// A Cranfield collection directory; `None`: the one this build carries.
+    pub data: Option<PathBuf>,
     /// Warm queries per kind. Default 200.
     pub warm_queries: usize,
     /// Cold queries (new handles) per kind. Default 7.
@@ -74,7 +73,7 @@ impl Default for Options {
             get_latency: Duration::from_millis(10),
             put_latency: Duration::from_millis(20),
             out: PathBuf::from("bench-out"),
-            data: PathBuf::from("../shared/data/cranfield"),
+            data: None,
             warm_queries: 200,
             cold_queries: 7,
             dim: 128,
@@ -418,7 +417,7 @@ pub async fn run(o: &Options) -> Result<Report> {
     };
     match o.shape {
         Shape::Generations => {
-            let corpus = Corpus::cranfield(&o.data)?;
+            let corpus = Corpus::load(o.data.as_deref())?;
             let mut embedder = Embedder::new(o.dim);
             let fts: Vec<Query> = corpus
                 .queries()

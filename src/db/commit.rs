@@ -1,9 +1,9 @@
 //! The committer: group commit, sequence numbers, WAL writes, memtable application, freezing.
 
 use super::{read_memtable, write_memtable, Inner, Request, WriteReceipt, WriteRows};
+use crate::format::wal::{decode, decode_header, encode, WalEntry, WalKind};
 use crate::memtable::Memtable;
 use crate::settings::Durability;
-use crate::wal::{decode, decode_header, encode, WalEntry, WalKind};
 use crate::{Error, Result};
 use arrow::array::RecordBatch;
 use object_store::{PutMode, PutOptions, PutPayload};
@@ -51,7 +51,7 @@ impl Committer {
         loop {
             let deadline = self
                 .pending_since
-                .map(|t| t + self.inner.settings.wal_buffer_interval());
+                .map(|t| t + self.inner.reader.settings.wal_buffer_interval());
             let req = tokio::select! {
                 r = self.rx.recv() => r,
                 _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
@@ -72,7 +72,7 @@ impl Committer {
             };
             let mut rows = request_rows(&first);
             let mut group = vec![first];
-            while rows < self.inner.settings.max_commit_rows {
+            while rows < self.inner.reader.settings.max_commit_rows {
                 match self.rx.try_recv() {
                     Ok(r) => {
                         rows += request_rows(&r);
@@ -105,8 +105,8 @@ impl Committer {
         let full = {
             let st = self.inner.read_state();
             let m = read_memtable(&st.active);
-            m.rows() >= self.inner.settings.memtable_max_rows
-                || m.bytes() >= self.inner.settings.memtable_max_bytes
+            m.rows() >= self.inner.reader.settings.memtable_max_rows
+                || m.bytes() >= self.inner.reader.settings.memtable_max_bytes
         };
         if full || !freezes.is_empty() {
             let r = self.freeze().await;
@@ -131,7 +131,7 @@ impl Committer {
         &mut self,
         writes: Vec<(
             WriteRows,
-            crate::WriteOptions,
+            crate::settings::WriteOptions,
             oneshot::Sender<Result<WriteReceipt>>,
         )>,
     ) {
@@ -145,8 +145,8 @@ impl Committer {
         for (rows, options, ack) in writes {
             let first = self.next_seq;
             let stored = match &rows {
-                WriteRows::Append(b) => self.inner.schema.to_stored(b, first),
-                WriteRows::Delete(k) => self.inner.schema.tombstones(k, first),
+                WriteRows::Append(b) => self.inner.reader.schema.to_stored(b, first),
+                WriteRows::Delete(k) => self.inner.reader.schema.tombstones(k, first),
             };
             match stored {
                 Ok(stored) => {
@@ -237,7 +237,7 @@ impl Committer {
 
     /// Write one WAL object holding `batches`; returns its id.
     async fn write_wal(&mut self, batches: &[RecordBatch]) -> Result<u64> {
-        let schema = self.inner.stored_schema.clone();
+        let schema = self.inner.reader.stored_schema.clone();
         let rows = arrow::compute::concat_batches(&schema, batches)?;
         let (first_seq, last_seq) = seq_range(&rows);
         let entry = WalEntry {
@@ -310,7 +310,9 @@ impl Committer {
         // Backpressure: wait while too many frozen memtables await their flush.
         loop {
             let notified = self.inner.backpressure.notified();
-            if self.inner.read_state().frozen.len() < self.inner.settings.max_frozen_memtables {
+            if self.inner.read_state().frozen.len()
+                < self.inner.reader.settings.max_frozen_memtables
+            {
                 break;
             }
             if self.inner.fenced.load(Ordering::SeqCst) {
@@ -325,8 +327,8 @@ impl Committer {
         self.next_memtable_id += 1;
         let fresh = Arc::new(RwLock::new(Memtable::new(
             id,
-            self.inner.stored_schema.clone(),
-            self.inner.text_schema.as_ref(),
+            self.inner.reader.stored_schema.clone(),
+            self.inner.reader.text_schema.as_ref(),
             self.inner.mem_graph_spec(),
         )?));
         let frozen_id = {

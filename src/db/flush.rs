@@ -53,9 +53,9 @@ async fn flush_one(inner: &Arc<Inner>, m: &SharedMemtable) -> Result<()> {
     let base = inner.read_state().manifest.clone();
     let gen_id = base.next_generation_id;
     let epoch = inner.epoch;
-    let schema = inner.stored_schema.clone();
-    let text = inner.text_schema.clone();
-    let vector = inner.schema.vector_spec(&inner.settings);
+    let schema = inner.reader.stored_schema.clone();
+    let text = inner.reader.text_schema.clone();
+    let vector = inner.reader.schema.vector_spec(&inner.reader.settings);
     let (generation, bytes) = tokio::task::spawn_blocking(move || {
         let spec = IndexSpec {
             text: text.as_deref(),
@@ -94,7 +94,7 @@ async fn flush_one(inner: &Arc<Inner>, m: &SharedMemtable) -> Result<()> {
         }
     }
     // Cached first, so the first query that sees the generation finds it decoded.
-    inner.generations.insert(Arc::new(generation)).await;
+    inner.reader.generations.insert(Arc::new(generation)).await;
     // The visibility point: swap the frozen memtable for its generation in one step.
     {
         let mut st = inner.write_state();
@@ -123,15 +123,15 @@ async fn flush_one(inner: &Arc<Inner>, m: &SharedMemtable) -> Result<()> {
     let wal: Vec<_> = (base.wal_replay_from..next.wal_replay_from)
         .map(|id| inner.paths.wal(id))
         .collect();
-    let conc = inner.settings.io_concurrency;
+    let conc = inner.reader.settings.io_concurrency;
     let manifests = inner.manifests.clone();
     tokio::join!(
         delete_all(&inner.loc.store, wal, conc),
         manifests.publish_hint(next.version),
     );
-    if next.version > inner.settings.manifest_retention {
+    if next.version > inner.reader.settings.manifest_retention {
         manifests
-            .prune(next.version, inner.settings.manifest_retention, conc)
+            .prune(next.version, inner.reader.settings.manifest_retention, conc)
             .await;
     }
     Ok(())

@@ -9,32 +9,35 @@
 //! row twice or not at all.
 
 mod commit;
+#[cfg(test)]
+mod fixtures;
 mod flush;
+mod reader;
 mod readonly;
 
 pub use readonly::ReadOnlyIndex;
 
-use crate::generation::cache::GenerationCache;
-use crate::generation::GenerationMeta;
-use crate::index::text::TextSchema;
+use crate::format::manifest::Manifest;
+use crate::format::GenerationMeta;
+use crate::generation::cache::CacheStats;
 use crate::key::Key;
-use crate::manifest::{Manifest, ManifestStore, WriteOutcome};
+use crate::manifest::{ManifestStore, WriteOutcome};
 use crate::memtable::Memtable;
-use crate::query::fts;
-use crate::query::source::Source;
-use crate::query::vector::{self, VectorSearchOptions};
+use crate::query::vector::VectorSearchOptions;
 use crate::query::SearchOptions;
-use crate::read::{filter_rows, Snapshot};
+use crate::read::{Snapshot, Source};
 use crate::schema::IndexSchema;
 use crate::settings::{Settings, WriteOptions};
 use crate::storage::paths::Paths;
 use crate::storage::Location;
-use crate::wal::replay::{replay, Mode};
+use crate::vector::MemGraphSpec;
+use crate::wal::{replay, Mode};
 use crate::{Error, ErrorKind, Result};
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::SchemaRef;
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_plan::{collect, execute_stream, ExecutionPlan};
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::physical_plan::ExecutionPlan;
+use reader::Reader;
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -103,15 +106,11 @@ pub(crate) struct Inner {
     pub loc: Location,
     pub paths: Paths,
     pub manifests: ManifestStore,
-    pub schema: IndexSchema,
-    pub user_schema: SchemaRef,
-    pub stored_schema: SchemaRef,
-    pub text_schema: Option<Arc<TextSchema>>,
-    pub settings: Settings,
+    /// Schemas, settings, the generation cache (`manifest.generations` says which are
+    /// current) and the block lists.
+    pub reader: Reader,
     pub epoch: u64,
     pub state: RwLock<State>,
-    /// Decoded generations (`manifest.generations` says which are current).
-    pub generations: GenerationCache,
     pub fenced: AtomicBool,
     pub closed: AtomicBool,
     pub next_wal_id: AtomicU64,
@@ -123,8 +122,8 @@ pub(crate) struct Inner {
 
 impl Inner {
     /// The vector graph a new active memtable keeps (none without a vector column).
-    pub(crate) fn mem_graph_spec(&self) -> Option<crate::index::vector::MemGraphSpec> {
-        mem_graph_spec(&self.schema, &self.settings)
+    pub(crate) fn mem_graph_spec(&self) -> Option<MemGraphSpec> {
+        mem_graph_spec(&self.reader.schema, &self.reader.settings)
     }
 
     pub(crate) fn read_state(&self) -> std::sync::RwLockReadGuard<'_, State> {
@@ -159,12 +158,9 @@ pub(crate) fn read_memtable(m: &SharedMemtable) -> std::sync::RwLockReadGuard<'_
     m.read().unwrap_or_else(|e| e.into_inner())
 }
 
-fn mem_graph_spec(
-    schema: &IndexSchema,
-    settings: &Settings,
-) -> Option<crate::index::vector::MemGraphSpec> {
+fn mem_graph_spec(schema: &IndexSchema, settings: &Settings) -> Option<MemGraphSpec> {
     let (vcol, metric, params) = schema.vector_spec(settings)?;
-    Some(crate::index::vector::MemGraphSpec {
+    Some(MemGraphSpec {
         vcol,
         metric,
         params,
@@ -304,22 +300,11 @@ impl Index {
             }
         };
         manifests.publish_hint(manifest.version).await;
-        let schema = manifest.schema.clone();
-        let user_schema = schema.arrow_schema();
-        let stored_schema = schema.stored_schema();
-        let text_schema = TextSchema::new(&schema);
         let epoch = manifest.epoch;
-        let cache = GenerationCache::new(
-            loc.clone(),
-            paths.clone(),
-            stored_schema.clone(),
-            text_schema.clone(),
-            schema.vector_spec(&settings),
-            settings.io_concurrency,
-            settings.cache_bytes,
-        );
+        let reader = Reader::new(&loc, &paths, manifest.schema.clone(), settings.clone());
+        let stored_schema = reader.stored_schema.clone();
         let (generations, replayed) = futures::try_join!(
-            cache.get_all(&manifest.generations),
+            reader.generations.get_all(&manifest.generations),
             replay(
                 &loc.store,
                 &paths,
@@ -331,9 +316,9 @@ impl Index {
         )?;
         let mut mem = Memtable::new(
             1,
-            stored_schema.clone(),
-            text_schema.as_ref(),
-            mem_graph_spec(&schema, &settings),
+            stored_schema,
+            reader.text_schema.as_ref(),
+            mem_graph_spec(&reader.schema, &settings),
         )?;
         let mut last_seq = manifest.last_seq;
         for (id, e) in replayed.entries {
@@ -353,18 +338,13 @@ impl Index {
         let inner = Arc::new(Inner {
             paths,
             manifests,
-            user_schema,
-            stored_schema,
-            text_schema,
-            schema,
-            settings: settings.clone(),
+            reader,
             epoch,
             state: RwLock::new(State {
                 manifest,
                 active: Arc::new(RwLock::new(mem)),
                 frozen: VecDeque::new(),
             }),
-            generations: cache,
             fenced: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             next_wal_id: AtomicU64::new(replayed.next_id),
@@ -395,12 +375,12 @@ impl Index {
 
     /// The index schema.
     pub fn schema(&self) -> &IndexSchema {
-        &self.inner.schema
+        &self.inner.reader.schema
     }
 
     /// The Arrow schema of appended and returned rows.
     pub fn arrow_schema(&self) -> SchemaRef {
-        self.inner.user_schema.clone()
+        self.inner.reader.user_schema.clone()
     }
 
     /// The epoch this writer claimed.
@@ -446,7 +426,7 @@ impl Index {
         options: WriteOptions,
     ) -> Result<WriteReceipt> {
         self.check_open()?;
-        let batch = self.inner.schema.validate_batch(batch)?;
+        let batch = self.inner.reader.schema.validate_batch(batch)?;
         self.submit(|ack| Request::Write {
             rows: WriteRows::Append(batch),
             options,
@@ -463,7 +443,7 @@ impl Index {
     /// Write tombstones for `keys`: older versions are hidden from every later search.
     pub async fn delete_with(&self, keys: &[Key], options: WriteOptions) -> Result<WriteReceipt> {
         self.check_open()?;
-        let keys = self.inner.schema.key_column(keys)?;
+        let keys = self.inner.reader.schema.key_column(keys)?;
         self.submit(|ack| Request::Write {
             rows: WriteRows::Delete(keys),
             options,
@@ -517,77 +497,49 @@ impl Index {
         Ok(())
     }
 
-    pub(crate) async fn snapshot(&self) -> Result<Snapshot> {
-        let (memtables, metas) = {
-            let st = self.inner.read_state();
-            let mut memtables = vec![read_memtable(&st.active).newest_rows()?];
-            for m in st.frozen.iter().rev() {
-                memtables.push(read_memtable(m).newest_rows()?);
-            }
-            (memtables, st.manifest.generations.clone())
-        };
-        let mut generations = self.inner.generations.get_all(&metas).await?;
-        generations.reverse();
-        Ok(Snapshot {
-            memtables,
-            generations,
-        })
-    }
-
-    /// Every live row (newest version of each key, deleted keys excluded), optionally filtered.
-    pub async fn scan(&self, options: ScanOptions) -> Result<Vec<RecordBatch>> {
+    /// What a read started now sees: the active memtable, the frozen ones (newest first) and
+    /// the generations of the handle's manifest.
+    async fn snapshot(&self) -> Result<Snapshot> {
         if self.inner.closed.load(Ordering::SeqCst) {
             return Err(Error::closed());
         }
-        let rows = self.snapshot().await?.live_rows(&self.inner.user_schema)?;
-        match &options.filter {
-            Some(f) => filter_rows(rows, &self.inner.user_schema, f).await,
-            None => Ok(rows),
-        }
-    }
-
-    /// The sources of a search, newest first: active memtable, frozen memtables, generations.
-    pub(crate) async fn search_sources(&self) -> Result<Vec<Source>> {
-        let (mut v, metas) = {
+        let (memtables, metas) = {
             let st = self.inner.read_state();
-            let mut v = vec![Source::from_memtable(
-                "active memtable".into(),
+            let mut v = vec![Source::memtable(
+                "active memtable",
                 read_memtable(&st.active).search_view(),
             )];
             for m in st.frozen.iter().rev() {
                 let m = read_memtable(m);
-                v.push(Source::from_memtable(
+                v.push(Source::memtable(
                     format!("frozen memtable {}", m.id()),
                     m.search_view(),
                 ));
             }
             (v, st.manifest.generations.clone())
         };
-        let generations = self.inner.generations.get_all(&metas).await?;
-        v.extend(generations.iter().rev().map(Source::from_generation));
-        Ok(v)
+        self.inner.reader.snapshot(memtables, &metas).await
     }
 
-    /// The physical plan of a full-text search: one leaf per source (its top k, block list and
-    /// filter applied inside), `UnionExec`, `SortPreservingMergeExec(fetch = k)` ordered by
-    /// `_score` descending then key.
+    /// Every live row (newest version of each key, deleted keys excluded), optionally filtered.
+    pub async fn scan(&self, options: ScanOptions) -> Result<Vec<RecordBatch>> {
+        let snapshot = self.snapshot().await?;
+        self.inner
+            .reader
+            .scan(snapshot, options.filter.as_deref())
+            .await
+    }
+
+    /// The physical plan of a full-text search: one `FtsArmExec` leaf with a partition per
+    /// source (each arm's top k, with its block list and the filter applied inside) under a
+    /// `SortPreservingMergeExec(fetch = k)` ordered by `_score` descending then key.
     pub async fn plan_fts(
         &self,
         query: &str,
         options: &SearchOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        if self.inner.closed.load(Ordering::SeqCst) {
-            return Err(Error::closed());
-        }
-        let sources = self.search_sources().await?;
-        let schema = self.inner.schema.clone();
-        let text = self.inner.text_schema.clone();
-        let query = query.to_string();
-        let options = options.clone();
-        tokio::task::spawn_blocking(move || {
-            fts::plan(&schema, text.as_ref(), sources, &query, &options)
-        })
-        .await?
+        let snapshot = self.snapshot().await?;
+        self.inner.reader.plan_fts(snapshot, query, options).await
     }
 
     /// Full-text search with BM25 over global statistics of the snapshot's live rows: the top
@@ -597,8 +549,7 @@ impl Index {
         query: &str,
         options: &SearchOptions,
     ) -> Result<SendableRecordBatchStream> {
-        let plan = self.plan_fts(query, options).await?;
-        Ok(execute_stream(plan, Arc::new(TaskContext::default()))?)
+        reader::stream(self.plan_fts(query, options).await?)
     }
 
     /// Full-text search, collected (see [`Index::search_fts_stream`]).
@@ -607,30 +558,22 @@ impl Index {
         query: &str,
         options: &SearchOptions,
     ) -> Result<Vec<RecordBatch>> {
-        let plan = self.plan_fts(query, options).await?;
-        Ok(collect(plan, Arc::new(TaskContext::default())).await?)
+        reader::run(self.plan_fts(query, options).await?).await
     }
 
-    /// The physical plan of a vector search: one leaf per source computing exact distances to
-    /// its live rows that pass the filter (its top k), `UnionExec`, `SortPreservingMergeExec(fetch
-    /// = k)` ordered by `_distance` ascending then key.
+    /// The physical plan of a vector search: one `VectorArmExec` leaf with a partition per
+    /// source (each arm's top k by exact distance among its live rows that pass the filter)
+    /// under a `SortPreservingMergeExec(fetch = k)` ordered by `_distance` ascending then key.
     pub async fn plan_vector(
         &self,
         query: &[f32],
         options: &VectorSearchOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        if self.inner.closed.load(Ordering::SeqCst) {
-            return Err(Error::closed());
-        }
-        let sources = self.search_sources().await?;
-        let schema = self.inner.schema.clone();
-        let settings = self.inner.settings.clone();
-        let query = query.to_vec();
-        let options = options.clone();
-        tokio::task::spawn_blocking(move || {
-            vector::plan(&schema, &settings, sources, &query, &options)
-        })
-        .await?
+        let snapshot = self.snapshot().await?;
+        self.inner
+            .reader
+            .plan_vector(snapshot, query, options)
+            .await
     }
 
     /// Vector k-nearest-neighbour search: the `k` live rows nearest to `query` (key, `_distance`,
@@ -640,13 +583,12 @@ impl Index {
         query: &[f32],
         options: &VectorSearchOptions,
     ) -> Result<Vec<RecordBatch>> {
-        let plan = self.plan_vector(query, options).await?;
-        Ok(collect(plan, Arc::new(TaskContext::default())).await?)
+        reader::run(self.plan_vector(query, options).await?).await
     }
 
     /// What this handle's generation cache holds (see [`Settings::cache_bytes`]).
-    pub async fn cache_stats(&self) -> crate::CacheStats {
-        self.inner.generations.stats().await
+    pub async fn cache_stats(&self) -> CacheStats {
+        self.inner.reader.cache_stats().await
     }
 
     /// Generations, memtable and WAL figures.

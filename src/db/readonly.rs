@@ -1,25 +1,23 @@
 //! Read-only handles: any number of them, in any process, beside the one writer.
 
+use super::reader::{self, Reader};
 use super::{IndexStats, ScanOptions};
-use crate::generation::cache::GenerationCache;
-use crate::index::text::TextSchema;
-use crate::manifest::{Manifest, ManifestStore};
+use crate::format::manifest::Manifest;
+use crate::generation::cache::CacheStats;
+use crate::manifest::ManifestStore;
 use crate::memtable::Memtable;
-use crate::query::fts;
-use crate::query::source::Source;
-use crate::query::vector::{self, VectorSearchOptions};
+use crate::query::vector::VectorSearchOptions;
 use crate::query::SearchOptions;
-use crate::read::{filter_rows, Snapshot};
+use crate::read::{Snapshot, Source};
 use crate::schema::IndexSchema;
 use crate::settings::Settings;
 use crate::storage::paths::Paths;
 use crate::storage::Location;
-use crate::wal::replay::{replay, Mode};
-use crate::{Error, ErrorKind, Result};
+use crate::wal::{replay, Mode};
+use crate::{Error, Result};
 use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
-use datafusion::execution::TaskContext;
-use datafusion::physical_plan::{collect, ExecutionPlan};
+use datafusion::physical_plan::ExecutionPlan;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 #[derive(Debug)]
@@ -38,12 +36,10 @@ pub struct ReadOnlyIndex {
     loc: Location,
     paths: Paths,
     manifests: ManifestStore,
-    settings: Settings,
-    schema: IndexSchema,
-    user_schema: SchemaRef,
-    stored_schema: SchemaRef,
-    text_schema: Option<Arc<TextSchema>>,
-    generations: GenerationCache,
+    reader: Reader,
+    /// Ids of the memtables holding the WAL rows of successive views (block lists are kept
+    /// per memtable id).
+    next_view_id: AtomicU64,
     view: tokio::sync::RwLock<View>,
 }
 
@@ -57,84 +53,60 @@ impl ReadOnlyIndex {
             .load_latest()
             .await?
             .ok_or_else(|| Error::invalid(format!("no index at {}", loc.display)))?;
-        let schema = m.schema.clone();
-        let stored_schema = schema.stored_schema();
-        let text_schema = TextSchema::new(&schema);
-        let generations = GenerationCache::new(
-            loc.clone(),
-            paths.clone(),
-            stored_schema.clone(),
-            text_schema.clone(),
-            schema.vector_spec(&settings),
-            settings.io_concurrency,
-            settings.cache_bytes,
-        );
-        let view = Self::load_view(
-            &loc,
-            &paths,
-            &manifests,
-            &stored_schema,
-            text_schema.as_ref(),
-            &settings,
-            Some(m),
-            &generations,
-        )
-        .await?;
+        let reader = Reader::new(&loc, &paths, m.schema.clone(), settings);
+        let handle = ReadOnlyIndex {
+            view: tokio::sync::RwLock::new(View {
+                manifest: m.clone(),
+                wal: Memtable::new(0, reader.stored_schema.clone(), None, None)?,
+                wal_objects: 0,
+            }),
+            loc,
+            paths,
+            manifests,
+            reader,
+            next_view_id: AtomicU64::new(1),
+        };
+        let view = handle.load_view(Some(m)).await?;
         tracing::debug!(
             "opened {} read-only in {:?}: {} generations, {} rows from the WAL",
-            loc.display,
+            handle.loc.display,
             started.elapsed(),
             view.manifest.generations.len(),
             view.wal.rows()
         );
-        Ok(ReadOnlyIndex {
-            user_schema: schema.arrow_schema(),
-            stored_schema,
-            text_schema,
-            schema,
-            loc,
-            paths,
-            manifests,
-            settings,
-            generations,
-            view: tokio::sync::RwLock::new(view),
-        })
+        *handle.view.write().await = view;
+        Ok(handle)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    async fn load_view(
-        loc: &Location,
-        paths: &Paths,
-        manifests: &ManifestStore,
-        stored_schema: &SchemaRef,
-        text_schema: Option<&Arc<TextSchema>>,
-        settings: &Settings,
-        mut manifest: Option<Manifest>,
-        cache: &GenerationCache,
-    ) -> Result<View> {
+    /// The newest manifest (or `manifest`), its generations (fetched into the cache) and the
+    /// WAL written since.
+    async fn load_view(&self, mut manifest: Option<Manifest>) -> Result<View> {
+        let r = &self.reader;
         let mut attempts = 0;
         loop {
-            let m = match manifest.take() {
-                Some(m) => m,
-                None => manifests
-                    .load_latest()
-                    .await?
-                    .ok_or_else(|| Error::invalid(format!("no index at {}", loc.display)))?,
-            };
-            let r = futures::try_join!(
-                cache.get_all(&m.generations),
+            let m =
+                match manifest.take() {
+                    Some(m) => m,
+                    None => self.manifests.load_latest().await?.ok_or_else(|| {
+                        Error::invalid(format!("no index at {}", self.loc.display))
+                    })?,
+                };
+            let loaded = futures::try_join!(
+                r.generations.get_all(&m.generations),
                 replay(
-                    &loc.store,
-                    paths,
-                    stored_schema,
+                    &self.loc.store,
+                    &self.paths,
+                    &r.stored_schema,
                     m.wal_replay_from,
                     Mode::ReadOnly,
-                    settings.io_concurrency
+                    r.settings.io_concurrency
                 )
             );
-            match r {
+            match loaded {
                 Ok((_, replayed)) => {
-                    let mut wal = Memtable::new(0, stored_schema.clone(), text_schema, None)?;
+                    let id = self.next_view_id.fetch_add(1, Ordering::Relaxed);
+                    let mut wal =
+                        Memtable::new(id, r.stored_schema.clone(), r.text_schema.as_ref(), None)?;
                     for (id, e) in replayed.entries {
                         if let Some(rows) = e.rows {
                             wal.apply(rows)?;
@@ -148,10 +120,9 @@ impl ReadOnlyIndex {
                     });
                 }
                 // A flush published a new manifest and deleted WAL objects (or the writer
-                // pruned what we were reading) between our LIST and GET: start over.
-                Err(e) if e.kind() == ErrorKind::Data && is_not_found(&e) && attempts < 5 => {
-                    attempts += 1;
-                }
+                // pruned what we were reading) between our LIST and GET: start over. Real
+                // damage persists and is reported after the retries.
+                Err(e) if e.is_not_found() && attempts < 5 => attempts += 1,
                 Err(e) => return Err(e),
             }
         }
@@ -159,55 +130,31 @@ impl ReadOnlyIndex {
 
     /// Move to the newest manifest and WAL. Cached generations are reused.
     pub async fn refresh(&self) -> Result<()> {
-        let view = Self::load_view(
-            &self.loc,
-            &self.paths,
-            &self.manifests,
-            &self.stored_schema,
-            self.text_schema.as_ref(),
-            &self.settings,
-            None,
-            &self.generations,
-        )
-        .await?;
+        let view = self.load_view(None).await?;
         *self.view.write().await = view;
         Ok(())
     }
 
-    /// The sources of a search, newest first: the WAL's rows, then the generations.
-    async fn sources(&self) -> Result<Vec<Source>> {
+    /// What a read started now sees: the WAL's rows, then the generations.
+    async fn snapshot(&self) -> Result<Snapshot> {
         let (wal, metas) = {
             let v = self.view.read().await;
             (v.wal.search_view(), v.manifest.generations.clone())
         };
-        let generations = self.generations.get_all(&metas).await?;
-        let mut s = vec![Source::from_memtable("wal".into(), wal)];
-        s.extend(generations.iter().rev().map(Source::from_generation));
-        Ok(s)
+        self.reader
+            .snapshot(vec![Source::memtable("wal", wal)], &metas)
+            .await
     }
 
     /// The index schema.
     pub fn schema(&self) -> &IndexSchema {
-        &self.schema
+        &self.reader.schema
     }
 
     /// Every live row of the view, optionally filtered.
     pub async fn scan(&self, options: ScanOptions) -> Result<Vec<RecordBatch>> {
-        let (memtables, metas) = {
-            let v = self.view.read().await;
-            (vec![v.wal.newest_rows()?], v.manifest.generations.clone())
-        };
-        let mut generations = self.generations.get_all(&metas).await?;
-        generations.reverse();
-        let snapshot = Snapshot {
-            memtables,
-            generations,
-        };
-        let rows = snapshot.live_rows(&self.user_schema)?;
-        match &options.filter {
-            Some(f) => filter_rows(rows, &self.user_schema, f).await,
-            None => Ok(rows),
-        }
+        let snapshot = self.snapshot().await?;
+        self.reader.scan(snapshot, options.filter.as_deref()).await
     }
 
     /// The physical plan of a full-text search over the view (see [`crate::Index::plan_fts`]).
@@ -216,15 +163,8 @@ impl ReadOnlyIndex {
         query: &str,
         options: &SearchOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let sources = self.sources().await?;
-        let schema = self.schema.clone();
-        let text = self.text_schema.clone();
-        let query = query.to_string();
-        let options = options.clone();
-        tokio::task::spawn_blocking(move || {
-            fts::plan(&schema, text.as_ref(), sources, &query, &options)
-        })
-        .await?
+        let snapshot = self.snapshot().await?;
+        self.reader.plan_fts(snapshot, query, options).await
     }
 
     /// Full-text search over the view, collected.
@@ -233,26 +173,18 @@ impl ReadOnlyIndex {
         query: &str,
         options: &SearchOptions,
     ) -> Result<Vec<RecordBatch>> {
-        let plan = self.plan_fts(query, options).await?;
-        Ok(collect(plan, Arc::new(TaskContext::default())).await?)
+        reader::run(self.plan_fts(query, options).await?).await
     }
 
-    /// The physical plan of an exact vector search over the view (see
+    /// The physical plan of a vector search over the view (see
     /// [`crate::Index::plan_vector`]).
     pub async fn plan_vector(
         &self,
         query: &[f32],
         options: &VectorSearchOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let sources = self.sources().await?;
-        let schema = self.schema.clone();
-        let settings = self.settings.clone();
-        let query = query.to_vec();
-        let options = options.clone();
-        tokio::task::spawn_blocking(move || {
-            vector::plan(&schema, &settings, sources, &query, &options)
-        })
-        .await?
+        let snapshot = self.snapshot().await?;
+        self.reader.plan_vector(snapshot, query, options).await
     }
 
     /// Vector search over the view, collected.
@@ -261,13 +193,12 @@ impl ReadOnlyIndex {
         query: &[f32],
         options: &VectorSearchOptions,
     ) -> Result<Vec<RecordBatch>> {
-        let plan = self.plan_vector(query, options).await?;
-        Ok(collect(plan, Arc::new(TaskContext::default())).await?)
+        reader::run(self.plan_vector(query, options).await?).await
     }
 
     /// What this handle's generation cache holds (see [`Settings::cache_bytes`]).
-    pub async fn cache_stats(&self) -> crate::CacheStats {
-        self.generations.stats().await
+    pub async fn cache_stats(&self) -> CacheStats {
+        self.reader.cache_stats().await
     }
 
     /// Figures of the view.
@@ -286,14 +217,4 @@ impl ReadOnlyIndex {
             last_seq: v.manifest.last_seq.max(v.wal.max_seq()),
         }
     }
-}
-
-fn is_not_found(e: &Error) -> bool {
-    let m = e.message();
-    // A WAL object deleted by a concurrent flush shows up as a failed GET or as a gap at the
-    // start of the listing; real damage persists and is reported after the retries.
-    m.contains("not found")
-        || m.contains("NotFound")
-        || m.contains("No such file")
-        || m.contains("is missing")
 }

@@ -10,12 +10,13 @@
 //! the decoded generations outgrow the budget, the least recently and least frequently used
 //! are dropped; a query holding one keeps it alive until it finishes.
 
-use super::{Generation, GenerationMeta, IndexSpec};
-use crate::index::text::TextSchema;
-use crate::index::vector::GraphParams;
+use super::{Generation, IndexSpec};
+use crate::format::GenerationMeta;
 use crate::schema::Metric;
+use crate::settings::GraphParams;
 use crate::storage::paths::Paths;
 use crate::storage::Location;
+use crate::text::TextSchema;
 use crate::{Error, Result};
 use arrow::datatypes::SchemaRef;
 use futures::{StreamExt, TryStreamExt};
@@ -62,7 +63,7 @@ impl std::fmt::Debug for GenerationCache {
 
 impl GenerationCache {
     /// An empty cache of generations stored under `paths` at `loc`.
-    pub fn new(
+    pub(crate) fn new(
         loc: Location,
         paths: Paths,
         schema: SchemaRef,
@@ -92,7 +93,7 @@ impl GenerationCache {
     /// The generations `metas` describes, in the same order: from the cache, or fetched and
     /// decoded concurrently. A generation whose object is missing, corrupt or disagrees with
     /// its `meta` is an error naming the object.
-    pub async fn get_all(&self, metas: &[GenerationMeta]) -> Result<Vec<Arc<Generation>>> {
+    pub(crate) async fn get_all(&self, metas: &[GenerationMeta]) -> Result<Vec<Arc<Generation>>> {
         let missed = std::sync::atomic::AtomicBool::new(false);
         let out = futures::stream::iter(metas.iter().cloned())
             .map(|meta| self.get(meta, &missed))
@@ -125,7 +126,7 @@ impl GenerationCache {
     }
 
     /// Put a generation this handle built in the cache.
-    pub async fn insert(&self, g: Arc<Generation>) {
+    pub(crate) async fn insert(&self, g: Arc<Generation>) {
         self.inner
             .cache
             .insert((g.meta().id, g.meta().epoch), g)
@@ -134,7 +135,7 @@ impl GenerationCache {
     }
 
     /// What the cache holds (after applying pending evictions).
-    pub async fn stats(&self) -> CacheStats {
+    pub(crate) async fn stats(&self) -> CacheStats {
         self.inner.cache.run_pending_tasks().await;
         CacheStats {
             generations: self.inner.cache.entry_count(),

@@ -41,7 +41,7 @@ pub(crate) struct ArmExec {
 }
 
 impl ArmExec {
-    pub fn new(
+    pub(crate) fn new(
         kind: &'static str,
         schema: SchemaRef,
         ordering: LexOrdering,

@@ -3,21 +3,19 @@
 //! merge the arms' top k in DataFusion.
 
 use super::exec::{ArmExec, ArmSpec, ArmWork};
-use super::source::{live_masks, Live, Source};
 use super::{Conjunction, SearchOptions, SCORE_COLUMN};
-use crate::index::text::{TextIndex, TextSchema};
 use crate::key::Key;
+use crate::read::{compile_filter, Live, Snapshot, Source};
 use crate::schema::IndexSchema;
+use crate::text::{TextIndex, TextSchema};
 use crate::{Error, Result};
 use arrow::array::{Array, ArrayRef, Float32Array, RecordBatch};
 use arrow::compute::SortOptions;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use datafusion::common::DFSchema;
-use datafusion::physical_expr::{LexOrdering, PhysicalExpr, PhysicalSortExpr};
+use datafusion::physical_expr::{LexOrdering, PhysicalSortExpr};
 use datafusion::physical_plan::expressions::col;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::prelude::SessionContext;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 use tantivy::query::{Bm25StatisticsProvider, EnableScoring, Query, QueryParser, Weight};
@@ -97,25 +95,6 @@ pub(crate) fn parse_query(
     Ok(q)
 }
 
-/// Compile a SQL predicate over the user columns.
-pub(crate) fn compile_filter(user: &SchemaRef, filter: &str) -> Result<Arc<dyn PhysicalExpr>> {
-    let invalid =
-        |e: datafusion::error::DataFusionError| Error::invalid(format!("filter '{filter}': {e}"));
-    let ctx = SessionContext::new();
-    let df_schema = DFSchema::try_from(user.as_ref().clone())?;
-    let expr = ctx.parse_sql_expr(filter, &df_schema).map_err(invalid)?;
-    let phys = ctx
-        .create_physical_expr(expr, &df_schema)
-        .map_err(invalid)?;
-    let t = phys.data_type(user).map_err(invalid)?;
-    if t != DataType::Boolean {
-        return Err(Error::invalid(format!(
-            "filter '{filter}': the predicate has type {t}, not Boolean"
-        )));
-    }
-    Ok(phys)
-}
-
 pub(crate) fn sort_ordering(
     schema: &SchemaRef,
     score_descending: bool,
@@ -141,11 +120,11 @@ pub(crate) fn sort_ordering(
     .ok_or_else(|| Error::internal("empty ordering"))
 }
 
-/// Build the physical plan of a full-text search over `sources` (newest first).
+/// Build the physical plan of a full-text search over a snapshot.
 pub(crate) fn plan(
     schema: &IndexSchema,
     text: Option<&Arc<TextSchema>>,
-    sources: Vec<Source>,
+    snapshot: Snapshot,
     query: &str,
     opts: &SearchOptions,
 ) -> Result<Arc<dyn ExecutionPlan>> {
@@ -165,7 +144,8 @@ pub(crate) fn plan(
     let ordering = sort_ordering(&out_schema, true, SCORE_COLUMN)?;
 
     // Block lists, then each source's text index (a memtable's is caught up here).
-    let live = live_masks(&sources);
+    let live = snapshot.live();
+    let sources = snapshot.sources;
     let indexes: Vec<TextIndex> = sources
         .iter()
         .map(|s| {
@@ -256,7 +236,9 @@ pub(crate) fn plan(
         };
         let description = format!(
             "source={}, rows={}, live={live_rows}, candidates={candidates}, k={}",
-            source.name, source.rows, opts.k
+            source.name(),
+            source.rows(),
+            opts.k
         );
         let work: ArmWork = match &weight {
             Some(weight) if candidates > 0 => {
@@ -429,7 +411,7 @@ fn search_arm(
     let idx: Vec<(usize, usize)> = rows.iter().map(|r| source.locate(r.row)).collect();
     let take = |c: usize| -> Result<ArrayRef> {
         let arrays: Vec<&dyn Array> = source
-            .batches
+            .batches()
             .iter()
             .map(|b| b.column(c).as_ref())
             .collect();

@@ -1,12 +1,12 @@
-//! Query planning and execution: sources, block lists, global statistics and the DataFusion plan
+//! Search planning and execution over a snapshot ([`crate::read`]): global BM25 statistics,
+//! one arm per source with its block list and filter applied inside, and the DataFusion plan
 //! (one leaf with a partition per arm → `SortPreservingMergeExec(fetch = k)`).
 
 pub(crate) mod exec;
 pub(crate) mod fts;
-pub(crate) mod source;
 pub(crate) mod vector;
 
-pub use vector::{distance, VectorSearchOptions};
+pub use vector::VectorSearchOptions;
 
 use serde::{Deserialize, Serialize};
 

@@ -2,11 +2,13 @@
 //! applied before each arm's top k, arms merged by `_distance` ascending then key.
 
 use super::exec::{ArmExec, ArmSpec, ArmWork};
-use super::fts::{compile_filter, sort_ordering};
-use super::source::{live_masks, Source};
+use super::fts::sort_ordering;
 use super::DISTANCE_COLUMN;
 use crate::key::Key;
+use crate::read::{compile_filter, Snapshot, Source};
 use crate::schema::{IndexSchema, Metric};
+use crate::settings::Settings;
+use crate::vector::{distance, MemVectorIndex, VectorIndex};
 use crate::{Error, Result};
 use arrow::array::{Array, ArrayRef, AsArray, Float32Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Float32Type, Schema, SchemaRef};
@@ -47,18 +49,6 @@ impl VectorSearchOptions {
             k,
             ..Default::default()
         }
-    }
-}
-
-/// The distance between `a` and `b` under `metric`, in f32 (accumulated in fixed lanes, see
-/// [`crate::index::distance`]): Euclidean distance for `l2`, one minus the cosine similarity for
-/// `cosine` (1 when either vector is zero), the negated dot product for `dot`. Smaller is nearer.
-pub fn distance(metric: Metric, a: &[f32], b: &[f32]) -> f32 {
-    use crate::index::distance as d;
-    match metric {
-        Metric::L2 => d::l2_sq(a, b).sqrt(),
-        Metric::Dot => -d::dot(a, b),
-        Metric::Cosine => d::cosine(a, b),
     }
 }
 
@@ -119,11 +109,11 @@ impl Ord for Hit {
     }
 }
 
-/// Build the physical plan of an exact vector search over `sources` (newest first).
+/// Build the physical plan of a vector search over a snapshot.
 pub(crate) fn plan(
     schema: &IndexSchema,
-    settings: &crate::Settings,
-    sources: Vec<Source>,
+    settings: &Settings,
+    snapshot: Snapshot,
     query: &[f32],
     opts: &VectorSearchOptions,
 ) -> Result<Arc<dyn ExecutionPlan>> {
@@ -144,7 +134,8 @@ pub(crate) fn plan(
         .transpose()?;
     let out_schema = output_schema(schema);
     let ordering = sort_ordering(&out_schema, false, DISTANCE_COLUMN)?;
-    let live = live_masks(&sources);
+    let live = snapshot.live();
+    let sources = snapshot.sources;
     let query: Arc<Vec<f32>> = Arc::new(query.to_vec());
     let payload: Vec<usize> = (0..schema.payload.len())
         .map(|i| user.fields().len() - schema.payload.len() + i)
@@ -164,7 +155,7 @@ pub(crate) fn plan(
         let candidates = mask.iter().filter(|l| **l).count();
         let ef = opts.ef.unwrap_or(settings.hnsw_ef_search).max(opts.k);
         let walk = !opts.exact && candidates >= settings.vector_exact_below;
-        let graph = match (&source.vector, &source.mem_graph) {
+        let graph = match (source.vector(), source.mem_graph()) {
             (Some(g), _) if walk => ArmGraph::Generation(g.clone()),
             (_, Some(g)) if walk && g.indexed() > 0 => ArmGraph::Memtable(g.clone()),
             _ => ArmGraph::None,
@@ -178,7 +169,9 @@ pub(crate) fn plan(
         };
         let description = format!(
             "source={}, rows={}, live={live_rows}, candidates={candidates}, metric={metric:?}, {mode}, k={}",
-            source.name, source.rows, opts.k
+            source.name(),
+            source.rows(),
+            opts.k
         );
         let work: ArmWork = {
             let query = query.clone();
@@ -239,8 +232,8 @@ pub(crate) fn plan(
 
 /// The graph an arm walks, if any.
 enum ArmGraph {
-    Generation(Arc<crate::index::vector::VectorIndex>),
-    Memtable(Arc<crate::index::vector::MemVectorIndex>),
+    Generation(Arc<VectorIndex>),
+    Memtable(Arc<MemVectorIndex>),
     None,
 }
 
@@ -262,14 +255,13 @@ impl Arm<'_> {
         let dim = self.query.len();
         let norms = self
             .source
-            .vector
-            .as_ref()
+            .vector()
             .map(|v| v.norms())
-            .filter(|n| self.metric == Metric::Cosine && n.len() == self.source.rows);
-        let query_norm = crate::index::distance::dot(self.query, self.query).sqrt();
+            .filter(|n| self.metric == Metric::Cosine && n.len() == self.source.rows());
+        let query_norm = crate::vector::distance::dot(self.query, self.query).sqrt();
         let columns: Vec<(&arrow::array::FixedSizeListArray, &[f32])> = self
             .source
-            .batches
+            .batches()
             .iter()
             .map(|b| {
                 let list = b.column(self.vidx).as_fixed_size_list();
@@ -301,7 +293,7 @@ impl Arm<'_> {
             let v = &values[start..start + dim];
             let d = match norms {
                 Some(norms) => {
-                    let dot = crate::index::distance::dot(self.query, v);
+                    let dot = crate::vector::distance::dot(self.query, v);
                     let n = norms[ord];
                     if query_norm == 0.0 || n == 0.0 {
                         1.0
@@ -342,7 +334,7 @@ impl Arm<'_> {
         let idx: Vec<(usize, usize)> = hits.iter().map(|h| source.locate(h.ord)).collect();
         let take = |c: usize| -> Result<ArrayRef> {
             let arrays: Vec<&dyn Array> = source
-                .batches
+                .batches()
                 .iter()
                 .map(|b| b.column(c).as_ref())
                 .collect();

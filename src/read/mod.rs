@@ -1,55 +1,82 @@
-//! The read path: snapshots of sources and the live rows they hold.
+//! The read path: a snapshot of sources, the live rows of each (block lists), SQL filters, and
+//! scans. Searches (`query`) plan over the same snapshot with the same live masks and filters.
 //!
-//! A *source* is the active memtable, a frozen memtable or a generation. Sources are ordered
-//! newest first; the first source holding a key decides it (its newest version, or a tombstone
-//! that hides every older version).
+//! A *source* is the active memtable, a frozen memtable, the WAL rows a read-only handle
+//! replayed, or a generation. Sources are ordered newest first; for each key only the newest
+//! version in the snapshot is live, and a tombstone hides every older version.
 
-use crate::generation::Generation;
-use crate::key::Key;
-use crate::memtable::deleted_flags;
+mod block_list;
+mod source;
+
+pub(crate) use block_list::{live_masks, BlockLists, Live};
+pub(crate) use source::Source;
+
 use crate::{Error, Result};
-use arrow::array::{RecordBatch, UInt32Array};
-use arrow::datatypes::SchemaRef;
+use arrow::array::{Array, RecordBatch};
+use arrow::datatypes::{DataType, SchemaRef};
+use datafusion::common::DFSchema;
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::prelude::SessionContext;
-use std::collections::HashSet;
 use std::sync::Arc;
 
-/// What a query reads: fixed when it starts.
-#[derive(Debug, Default)]
+/// What a query reads, fixed when it starts: its sources, newest first, and the handle's
+/// block lists.
+#[derive(Debug, Clone)]
 pub(crate) struct Snapshot {
-    /// Newest rows of each memtable, newest memtable first.
-    pub memtables: Vec<RecordBatch>,
-    /// Generations, newest first.
-    pub generations: Vec<Arc<Generation>>,
+    /// Memtable views first (newest first), then generations (newest first).
+    pub(crate) sources: Vec<Source>,
+    /// The handle's cached block lists.
+    pub(crate) block_lists: Arc<BlockLists>,
 }
 
 impl Snapshot {
-    /// Every live row (newest version per key, tombstones dropped), projected to `user_schema`.
-    pub fn live_rows(&self, user_schema: &SchemaRef) -> Result<Vec<RecordBatch>> {
-        let mut seen: HashSet<Key> = HashSet::new();
-        let sources = self
-            .memtables
-            .iter()
-            .chain(self.generations.iter().map(|g| g.rows()));
+    /// Sources and the block lists they are read with; what the block lists keep for sources
+    /// that are gone is dropped.
+    pub(crate) fn new(sources: Vec<Source>, block_lists: Arc<BlockLists>) -> Snapshot {
+        block_lists.retain(&sources);
+        Snapshot {
+            sources,
+            block_lists,
+        }
+    }
+
+    /// The live rows of each source.
+    pub(crate) fn live(&self) -> Vec<Live> {
+        live_masks(&self.sources, &self.block_lists)
+    }
+
+    /// Every live row that passes `filter`, projected to `user_schema`: one batch per source
+    /// holding any, newest source first, rows in their source's order.
+    pub(crate) fn scan(
+        &self,
+        user_schema: &SchemaRef,
+        filter: Option<&Arc<dyn PhysicalExpr>>,
+    ) -> Result<Vec<RecordBatch>> {
         let mut out = Vec::new();
-        for rows in sources {
-            let deleted = deleted_flags(rows);
-            let keys = rows.column(0);
-            let mut keep = Vec::new();
-            for r in 0..rows.num_rows() {
-                let Some(k) = Key::from_array(keys.as_ref(), r) else {
-                    continue;
-                };
-                if seen.insert(k) && !deleted.value(r) {
-                    keep.push(r as u32);
-                }
-            }
-            if keep.is_empty() {
+        for (source, live) in self.sources.iter().zip(self.live()) {
+            let filtered = match filter {
+                Some(f) => Some(source.filter_mask(f, user_schema)?),
+                None => None,
+            };
+            let idx: Vec<(usize, usize)> = live
+                .mask
+                .iter()
+                .enumerate()
+                .filter(|(ord, l)| **l && filtered.as_ref().is_none_or(|f| f[*ord]))
+                .map(|(ord, _)| source.locate(ord))
+                .collect();
+            if idx.is_empty() {
                 continue;
             }
-            let idx = UInt32Array::from(keep);
             let columns = (0..user_schema.fields().len())
-                .map(|c| arrow::compute::take(rows.column(c), &idx, None))
+                .map(|c| {
+                    let arrays: Vec<&dyn Array> = source
+                        .batches()
+                        .iter()
+                        .map(|b| b.column(c).as_ref())
+                        .collect();
+                    arrow::compute::interleave(&arrays, &idx)
+                })
                 .collect::<std::result::Result<Vec<_>, _>>()?;
             out.push(RecordBatch::try_new(user_schema.clone(), columns)?);
         }
@@ -57,18 +84,22 @@ impl Snapshot {
     }
 }
 
-/// Keep the rows matching a SQL predicate over the index's columns (parsed by DataFusion).
-pub(crate) async fn filter_rows(
-    batches: Vec<RecordBatch>,
-    schema: &SchemaRef,
-    filter: &str,
-) -> Result<Vec<RecordBatch>> {
+/// Compile a SQL predicate over the user columns; `Invalid` when it does not parse, names an
+/// unknown column or is not boolean.
+pub(crate) fn compile_filter(user: &SchemaRef, filter: &str) -> Result<Arc<dyn PhysicalExpr>> {
     let invalid =
         |e: datafusion::error::DataFusionError| Error::invalid(format!("filter '{filter}': {e}"));
     let ctx = SessionContext::new();
-    let table = datafusion::datasource::MemTable::try_new(schema.clone(), vec![batches])?;
-    let df = ctx.read_table(Arc::new(table))?;
-    let expr = df.parse_sql_expr(filter).map_err(invalid)?;
-    let df = df.filter(expr).map_err(invalid)?;
-    df.collect().await.map_err(invalid)
+    let df_schema = DFSchema::try_from(user.as_ref().clone())?;
+    let expr = ctx.parse_sql_expr(filter, &df_schema).map_err(invalid)?;
+    let phys = ctx
+        .create_physical_expr(expr, &df_schema)
+        .map_err(invalid)?;
+    let t = phys.data_type(user).map_err(invalid)?;
+    if t != DataType::Boolean {
+        return Err(Error::invalid(format!(
+            "filter '{filter}': the predicate has type {t}, not Boolean"
+        )));
+    }
+    Ok(phys)
 }

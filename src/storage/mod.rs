@@ -5,8 +5,8 @@
 //! environment variables: `AWS_ENDPOINT`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
 //! `AWS_REGION`, `AWS_ALLOW_HTTP`).
 
-pub mod latency;
-pub mod paths;
+pub(crate) mod latency;
+pub(crate) mod paths;
 
 pub use latency::{LatencyConfig, LatencyStore, StoreCounters};
 
@@ -125,18 +125,10 @@ pub struct SyncedLocalStore {
 impl SyncedLocalStore {
     /// Open (and create if needed) a local directory.
     pub fn new(dir: &str) -> Result<Self> {
-        std::fs::create_dir_all(dir).map_err(|e| {
-            Error::new(
-                crate::ErrorKind::Unavailable,
-                format!("cannot create directory '{dir}': {e}"),
-            )
-        })?;
-        let dir = std::fs::canonicalize(dir).map_err(|e| {
-            Error::new(
-                crate::ErrorKind::Unavailable,
-                format!("cannot open directory '{dir}': {e}"),
-            )
-        })?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("cannot create directory '{dir}': {e}")))?;
+        let dir = std::fs::canonicalize(dir)
+            .map_err(|e| Error::io(format!("cannot open directory '{dir}': {e}")))?;
         let inner = LocalFileSystem::new_with_prefix(&dir)
             .map_err(|e| Error::store(dir.display(), e))?
             .with_automatic_cleanup(true);

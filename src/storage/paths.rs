@@ -13,13 +13,13 @@ use object_store::path::Path;
 
 /// Names of the objects under one index root.
 #[derive(Debug, Clone)]
-pub struct Paths {
+pub(crate) struct Paths {
     root: Path,
 }
 
 impl Paths {
     /// Names under `root` (which may be empty).
-    pub fn new(root: Path) -> Self {
+    pub(crate) fn new(root: Path) -> Self {
         Paths { root }
     }
 
@@ -31,38 +31,33 @@ impl Paths {
         }
     }
 
-    /// The root of the index.
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
     /// The latest-manifest hint.
-    pub fn latest_hint(&self) -> Path {
+    pub(crate) fn latest_hint(&self) -> Path {
         self.child("LATEST")
     }
 
     /// The manifest folder.
-    pub fn manifest_dir(&self) -> Path {
+    pub(crate) fn manifest_dir(&self) -> Path {
         self.child("manifest")
     }
 
     /// Manifest `version`.
-    pub fn manifest(&self, version: u64) -> Path {
+    pub(crate) fn manifest(&self, version: u64) -> Path {
         self.child(&format!("manifest/{version:020}.manifest"))
     }
 
     /// The WAL folder.
-    pub fn wal_dir(&self) -> Path {
+    pub(crate) fn wal_dir(&self) -> Path {
         self.child("wal")
     }
 
     /// WAL object `id`.
-    pub fn wal(&self, id: u64) -> Path {
+    pub(crate) fn wal(&self, id: u64) -> Path {
         self.child(&format!("wal/{id:020}.wal"))
     }
 
     /// Generation `id` written by the writer of `epoch`.
-    pub fn generation(&self, id: u64, epoch: u64) -> Path {
+    pub(crate) fn generation(&self, id: u64, epoch: u64) -> Path {
         self.child(&format!("generations/{id:020}-{epoch:010}.gen"))
     }
 }
@@ -76,17 +71,18 @@ fn parse_number(name: &str, suffix: &str) -> Option<u64> {
 }
 
 /// The version of a manifest object, from its path.
-pub fn parse_manifest(path: &Path) -> Option<u64> {
+pub(crate) fn parse_manifest(path: &Path) -> Option<u64> {
     parse_number(path.filename()?, ".manifest")
 }
 
 /// The id of a WAL object, from its path.
-pub fn parse_wal(path: &Path) -> Option<u64> {
+pub(crate) fn parse_wal(path: &Path) -> Option<u64> {
     parse_number(path.filename()?, ".wal")
 }
 
 /// The (id, epoch) of a generation object, from its path.
-pub fn parse_generation(path: &Path) -> Option<(u64, u64)> {
+#[cfg(test)]
+pub(crate) fn parse_generation(path: &Path) -> Option<(u64, u64)> {
     let stem = path.filename()?.strip_suffix(".gen")?;
     let (id, epoch) = stem.split_once('-')?;
     if id.len() != 20 || epoch.len() != 10 {

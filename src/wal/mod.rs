@@ -1,216 +1,140 @@
-//! The write-ahead log: one immutable object per group commit.
-//!
-//! Objects are named `wal/{id:020}.wal` with consecutive ids and are written with a conditional
-//! PUT (`PutMode::Create`), so two writers can never both write the same id: the loser learns it
-//! was fenced. Layout (little-endian):
-//!
-//! ```text
-//! offset  size  field
-//!      0     4  magic "LSMW"
-//!      4     2  format version (1)
-//!      6     1  kind: 0 = rows, 1 = epoch fence (no rows)
-//!      7     1  reserved, 0
-//!      8     8  writer epoch
-//!     16     8  first sequence number (rows only)
-//!     24     8  last sequence number, inclusive (rows only)
-//!     32     8  row count
-//!     40     8  payload length P
-//!     48     P  Arrow IPC stream of stored rows (index columns, `_seq`, `_deleted`)
-//!   48+P     4  CRC32 (crc32fast) of bytes [0, 48+P)
-//! ```
+//! The write-ahead log on the object store: recovery (list, fetch and verify the WAL objects
+//! after a manifest's replay point) and the writer's epoch fence. Objects are named
+//! `wal/{id:020}.wal` with consecutive ids and written with a conditional PUT
+//! (`PutMode::Create`), so two writers can never both write the same id: the loser learns it
+//! was fenced. The object codec is `format::wal`.
 
-use crate::codec::{ipc_decode, ipc_encode, Reader};
-use crate::{Error, Result};
-use arrow::array::RecordBatch;
+use crate::format::wal::{decode, encode, WalEntry, WalKind};
+use crate::storage::paths::{parse_wal, Paths};
+use crate::{Error, ErrorKind, Result};
 use arrow::datatypes::SchemaRef;
-use std::fmt::Display;
+use futures::{StreamExt, TryStreamExt};
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use std::sync::Arc;
 
-/// Magic bytes opening every WAL object.
-pub const WAL_MAGIC: &[u8; 4] = b"LSMW";
-/// Current WAL format version.
-pub const WAL_FORMAT_VERSION: u16 = 1;
-const HEADER_LEN: usize = 48;
+/// The WAL objects found after a replay point.
+#[derive(Debug)]
+pub(crate) struct Replayed {
+    /// `(id, entry)` in id order, torn tail and fences removed.
+    pub entries: Vec<(u64, WalEntry)>,
+    /// The id after the last object seen (for a writer: after its fence).
+    pub next_id: u64,
+}
 
-/// What a WAL object holds.
+/// How recovery treats the WAL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WalKind {
-    /// Rows of one group commit.
-    Rows,
-    /// A marker written by a new writer to claim the next id: any older writer's next WAL write
-    /// collides with it and fails as fenced.
-    Fence,
+pub(crate) enum Mode {
+    /// A writer of `epoch`: deletes a torn last object, then claims the next id with a fence.
+    Writer {
+        /// The epoch the writer claimed.
+        epoch: u64,
+    },
+    /// A read-only handle: ignores a torn last object, writes nothing.
+    ReadOnly,
 }
 
-/// A decoded WAL object.
-#[derive(Debug, Clone)]
-pub struct WalEntry {
-    /// Rows or fence.
-    pub kind: WalKind,
-    /// Epoch of the writer that wrote it.
-    pub epoch: u64,
-    /// First sequence number of the rows.
-    pub first_seq: u64,
-    /// Last sequence number of the rows (inclusive).
-    pub last_seq: u64,
-    /// The stored rows (one batch; empty for fences).
-    pub rows: Option<RecordBatch>,
-}
-
-/// Encode a WAL object.
-pub fn encode(entry: &WalEntry, schema: &SchemaRef) -> Result<Vec<u8>> {
-    let (payload, rows) = match &entry.rows {
-        Some(b) => (
-            ipc_encode(schema, std::slice::from_ref(b))?,
-            b.num_rows() as u64,
-        ),
-        None => (Vec::new(), 0),
-    };
-    let mut out = Vec::with_capacity(HEADER_LEN + payload.len() + 4);
-    out.extend_from_slice(WAL_MAGIC);
-    out.extend_from_slice(&WAL_FORMAT_VERSION.to_le_bytes());
-    out.push(match entry.kind {
-        WalKind::Rows => 0,
-        WalKind::Fence => 1,
-    });
-    out.push(0);
-    out.extend_from_slice(&entry.epoch.to_le_bytes());
-    out.extend_from_slice(&entry.first_seq.to_le_bytes());
-    out.extend_from_slice(&entry.last_seq.to_le_bytes());
-    out.extend_from_slice(&rows.to_le_bytes());
-    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    out.extend_from_slice(&payload);
-    let crc = crc32fast::hash(&out);
-    out.extend_from_slice(&crc.to_le_bytes());
-    Ok(out)
-}
-
-/// Check only the header fields and the CRC (cheap; used to tell a fence from our own object).
-pub fn decode_header(bytes: &[u8], object: &dyn Display) -> Result<WalEntry> {
-    decode_inner(bytes, None, object)
-}
-
-/// Decode and verify a WAL object. Any defect (short, bad magic, CRC mismatch, unknown version,
-/// bad rows) is an error of kind `Data` naming `object`.
-pub fn decode(bytes: bytes::Bytes, schema: &SchemaRef, object: &dyn Display) -> Result<WalEntry> {
-    decode_inner(&bytes.clone(), Some((bytes, schema)), object)
-}
-
-fn decode_inner(
-    buf: &[u8],
-    rows: Option<(bytes::Bytes, &SchemaRef)>,
-    object: &dyn Display,
-) -> Result<WalEntry> {
-    let bad = |m: &str| Error::data(object, format!("WAL object {m}"));
-    if buf.len() < HEADER_LEN + 4 {
-        return Err(bad(&format!(
-            "is truncated: {} bytes, shorter than the {}-byte header and CRC",
-            buf.len(),
-            HEADER_LEN + 4
-        )));
-    }
-    if &buf[0..4] != WAL_MAGIC {
-        return Err(bad("has a bad magic number"));
-    }
-    let body = &buf[..buf.len() - 4];
-    let stored_crc = u32::from_le_bytes(buf[buf.len() - 4..].try_into().expect("4 bytes"));
-    let mut r = Reader::new(body);
-    r.take(4);
-    let version = u16::from_le_bytes(r.take(2).expect("header").try_into().expect("2"));
-    let kind = r.u8().expect("header");
-    r.u8();
-    let epoch = r.u64().expect("header");
-    let first_seq = r.u64().expect("header");
-    let last_seq = r.u64().expect("header");
-    let count = r.u64().expect("header");
-    let plen = r.u64().expect("header");
-    if plen != (body.len() - HEADER_LEN) as u64 {
-        return Err(bad(&format!(
-            "is truncated or padded: header says {plen} payload bytes, found {}",
-            body.len() - HEADER_LEN
-        )));
-    }
-    if crc32fast::hash(body) != stored_crc {
-        return Err(bad("fails its CRC32 check"));
-    }
-    if version != WAL_FORMAT_VERSION {
-        return Err(bad(&format!(
-            "has format version {version}; this build reads version {WAL_FORMAT_VERSION}"
-        )));
-    }
-    let kind = match kind {
-        0 => WalKind::Rows,
-        1 => WalKind::Fence,
-        k => return Err(bad(&format!("has unknown kind {k}"))),
-    };
-    let rows = match (kind, rows) {
-        (WalKind::Rows, Some((bytes, schema))) => {
-            let payload = bytes.slice(HEADER_LEN..HEADER_LEN + plen as usize);
-            let batches = ipc_decode(payload, schema, object)?;
-            let batch = arrow::compute::concat_batches(schema, &batches)?;
-            if batch.num_rows() as u64 != count {
-                return Err(bad(&format!(
-                    "holds {} rows, its header says {count}",
-                    batch.num_rows()
-                )));
+/// Read every WAL object from `from` on. A torn last object (short or failing its CRC) is
+/// discarded with a warning; a defect anywhere else, or a gap in the ids, is an error of kind
+/// `Data` naming the object. A listed object that vanished before it was read (a concurrent flush
+/// deleted it), or a gap, is reported as not found (kind `Data`) so the caller can reload the
+/// manifest and retry.
+pub(crate) async fn replay(
+    store: &Arc<dyn ObjectStore>,
+    paths: &Paths,
+    schema: &SchemaRef,
+    from: u64,
+    mode: Mode,
+    concurrency: usize,
+) -> Result<Replayed> {
+    loop {
+        let dir = paths.wal_dir();
+        let offset = paths.wal(from.saturating_sub(1));
+        let mut ids: Vec<u64> = store
+            .list_with_offset(Some(&dir), &offset)
+            .map_ok(|m| parse_wal(&m.location))
+            .try_collect::<Vec<_>>()
+            .await
+            .map_err(|e| Error::store(&dir, e))?
+            .into_iter()
+            .flatten()
+            .filter(|id| *id >= from)
+            .collect();
+        ids.sort_unstable();
+        for (i, id) in ids.iter().enumerate() {
+            let expect = from + i as u64;
+            if *id != expect {
+                return Err(Error::not_found(
+                    paths.wal(expect),
+                    format!(
+                        "WAL object is missing: the WAL jumps from id {} to id {id}",
+                        expect.saturating_sub(1)
+                    ),
+                ));
             }
-            Some(batch)
         }
-        _ => None,
-    };
-    Ok(WalEntry {
-        kind,
-        epoch,
-        first_seq,
-        last_seq,
-        rows,
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::schema::IndexSchema;
-    use arrow::array::StringArray;
-    use std::sync::Arc;
-
-    fn schema() -> IndexSchema {
-        IndexSchema::from_json(r#"{"primary_key": "id", "text": ["body"]}"#).unwrap()
-    }
-
-    #[test]
-    fn round_trip_and_every_corruption_is_detected() {
-        let s = schema();
-        let user = RecordBatch::try_new(
-            s.arrow_schema(),
-            vec![
-                Arc::new(StringArray::from(vec!["a", "b"])),
-                Arc::new(StringArray::from(vec![Some("x"), None])),
-            ],
-        )
-        .unwrap();
-        let stored = s.to_stored(&user, 10).unwrap();
-        let e = WalEntry {
-            kind: WalKind::Rows,
-            epoch: 3,
-            first_seq: 10,
-            last_seq: 11,
-            rows: Some(stored.clone()),
+        let fetched: Vec<(u64, bytes::Bytes)> = futures::stream::iter(ids.iter().copied())
+            .map(|id| async move {
+                let p = paths.wal(id);
+                let b = crate::storage::read_object(store.as_ref(), &p).await?;
+                Ok::<_, Error>((id, b))
+            })
+            .buffered(concurrency.max(1))
+            .try_collect()
+            .await?;
+        let mut entries = Vec::with_capacity(fetched.len());
+        let last = fetched.len().saturating_sub(1);
+        let mut next_id = from;
+        for (i, (id, bytes)) in fetched.into_iter().enumerate() {
+            let p = paths.wal(id);
+            match decode(bytes, schema, &p) {
+                Ok(e) => {
+                    next_id = id + 1;
+                    if e.kind == WalKind::Rows {
+                        entries.push((id, e));
+                    }
+                }
+                Err(e) if i == last && e.kind() == ErrorKind::Data => {
+                    tracing::warn!("discarding torn WAL tail {p}: {e}");
+                    if let Mode::Writer { .. } = mode {
+                        match store.delete(&p).await {
+                            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                            Err(e) => return Err(Error::store(&p, e)),
+                        }
+                    }
+                    next_id = id;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let Mode::Writer { epoch } = mode else {
+            return Ok(Replayed { entries, next_id });
         };
-        let bytes = encode(&e, &s.stored_schema()).unwrap();
-        let d = decode(bytes.clone().into(), &s.stored_schema(), &"w").unwrap();
-        assert_eq!(d.rows.unwrap(), stored);
-        assert_eq!((d.epoch, d.first_seq, d.last_seq), (3, 10, 11));
-        for i in (0..bytes.len()).step_by(7) {
-            let mut b = bytes.clone();
-            b[i] ^= 0x40;
-            let err = decode(b.into(), &s.stored_schema(), &"w").unwrap_err();
-            assert_eq!(err.kind(), crate::ErrorKind::Data, "flip at {i}");
-        }
-        for len in [0, 10, bytes.len() - 1] {
-            let err = decode(bytes[..len].to_vec().into(), &s.stored_schema(), &"w").unwrap_err();
-            assert_eq!(err.kind(), crate::ErrorKind::Data);
+        // Claim the next id: an older writer's next WAL write collides with this fence.
+        let fence = encode(
+            &WalEntry {
+                kind: WalKind::Fence,
+                epoch,
+                first_seq: 0,
+                last_seq: 0,
+                rows: None,
+            },
+            schema,
+        )?;
+        let p = paths.wal(next_id);
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        match store.put_opts(&p, PutPayload::from(fence), opts).await {
+            Ok(_) => {
+                return Ok(Replayed {
+                    entries,
+                    next_id: next_id + 1,
+                })
+            }
+            // The previous writer appended meanwhile: read again and retry.
+            Err(object_store::Error::AlreadyExists { .. }) => continue,
+            Err(e) => return Err(Error::store(&p, e)),
         }
     }
 }
-
-pub mod replay;

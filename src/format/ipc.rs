@@ -1,4 +1,4 @@
-//! Small helpers shared by the persisted formats: Arrow IPC and little-endian fields.
+//! Helpers shared by the codecs: Arrow IPC streams and a little-endian field reader.
 
 use crate::{Error, Result};
 use arrow::array::RecordBatch;
@@ -67,17 +67,8 @@ impl<'a> Reader<'a> {
         self.take(1).map(|b| b[0])
     }
 
-    pub(crate) fn u32(&mut self) -> Option<u32> {
-        self.take(4)
-            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
-    }
-
     pub(crate) fn u64(&mut self) -> Option<u64> {
         self.take(8)
             .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-    }
-
-    pub(crate) fn position(&self) -> usize {
-        self.pos
     }
 }

@@ -14,23 +14,19 @@
 //! query's norm for `cosine`, the negated dot product for `dot` (whose graph is built over
 //! augmented vectors, where `|q' - x'|² = |q|² + M² - 2 q·x`). Callers re-score exactly.
 //!
-//! Section layout (`vector/graph`, all little-endian `u32`):
-//!
-//! ```text
-//! version (1) | rows | entry (u32::MAX: no node) | upper layer count L
-//! layer 0:  offsets[rows + 1] | neighbours[offsets[rows]]
-//! layer 1..=L, each: nodes n | node ids[n] (ascending) | offsets[n + 1] | neighbours[offsets[n]]
-//! ```
+//! The `vector/graph` section's layout is in `docs/format.md`; its version is
+//! [`ObjectKind::GraphSection`] in the format registry.
 
 use super::distance;
+use crate::format::ObjectKind;
 use crate::schema::Metric;
 use crate::{Error, Result};
 use arrow::buffer::ScalarBuffer;
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-/// Version of the `vector/graph` section.
-pub const GRAPH_SECTION_VERSION: u32 = 1;
+/// Version of the `vector/graph` section this build writes and reads.
+const GRAPH_SECTION_VERSION: u32 = ObjectKind::GraphSection.written();
 
 /// The adjacency of one layer above 0: only its nodes have entries.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -51,7 +47,7 @@ impl Upper {
 
 /// The structure of an HNSW graph: per layer, each node's neighbours (row numbers).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Adjacency {
+pub(crate) struct Adjacency {
     rows: u32,
     entry: Option<u32>,
     offsets: Vec<u32>,
@@ -63,7 +59,11 @@ impl Adjacency {
     /// From per-node neighbour lists: `nodes[i] = (row, lists)` where `lists[l]` holds the
     /// node's neighbours at layer `l` (a node is in layers `0..lists.len()`); `entry` is a node
     /// of the top layer.
-    pub fn from_lists(rows: usize, mut nodes: Vec<(u32, Vec<Vec<u32>>)>, entry: u32) -> Self {
+    pub(crate) fn from_lists(
+        rows: usize,
+        mut nodes: Vec<(u32, Vec<Vec<u32>>)>,
+        entry: u32,
+    ) -> Self {
         nodes.sort_unstable_by_key(|n| n.0);
         let top = nodes.iter().map(|n| n.1.len()).max().unwrap_or(0);
         let mut degree0 = vec![0u32; rows + 1];
@@ -102,8 +102,8 @@ impl Adjacency {
         }
     }
 
-    /// The section bytes (see the module documentation).
-    pub fn encode(&self) -> Vec<u8> {
+    /// The section bytes (layout in `docs/format.md`).
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out: Vec<u32> = vec![
             GRAPH_SECTION_VERSION,
             self.rows,
@@ -123,7 +123,7 @@ impl Adjacency {
 
     /// Parse and check a section written by [`Adjacency::encode`] for a generation of `rows`
     /// rows. The error message says what is wrong.
-    pub fn decode(bytes: &[u8], rows: usize) -> std::result::Result<Self, String> {
+    pub(crate) fn decode(bytes: &[u8], rows: usize) -> std::result::Result<Self, String> {
         if !bytes.len().is_multiple_of(4) {
             return Err(format!(
                 "has {} bytes, not a whole number of u32",
@@ -143,7 +143,7 @@ impl Adjacency {
             Ok(s)
         };
         let head = take(4)?.to_vec();
-        if head[0] != GRAPH_SECTION_VERSION {
+        if !(ObjectKind::GraphSection.oldest_read()..=GRAPH_SECTION_VERSION).contains(&head[0]) {
             return Err(format!(
                 "has version {}; this build reads version {GRAPH_SECTION_VERSION}",
                 head[0]
@@ -214,21 +214,11 @@ impl Adjacency {
     }
 
     /// Nodes in the graph (nodes with a layer-0 list or the entry).
-    pub fn nodes(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn nodes(&self) -> usize {
         (0..self.rows as usize)
             .filter(|r| self.offsets[r + 1] > self.offsets[*r] || self.entry == Some(*r as u32))
             .count()
-    }
-
-    /// Bytes held.
-    pub fn heap_bytes(&self) -> usize {
-        4 * (self.offsets.len()
-            + self.neighbours.len()
-            + self
-                .upper
-                .iter()
-                .map(|u| u.nodes.len() + u.offsets.len() + u.neighbours.len())
-                .sum::<usize>())
     }
 
     fn layer0(&self, node: u32) -> &[u32] {
@@ -257,7 +247,7 @@ impl Ord for Scored {
 
 /// An HNSW graph over a generation's vector column, ready to walk.
 #[derive(Debug)]
-pub struct FlatGraph {
+pub(crate) struct FlatGraph {
     adjacency: Adjacency,
     metric: Metric,
     dim: usize,
@@ -271,7 +261,7 @@ pub struct FlatGraph {
 
 impl FlatGraph {
     /// A graph over `vectors` (row-major, `dim` per row, one per row of the adjacency).
-    pub fn new(
+    pub(crate) fn new(
         adjacency: Adjacency,
         metric: Metric,
         dim: usize,
@@ -306,20 +296,10 @@ impl FlatGraph {
         })
     }
 
-    /// The graph's structure.
-    pub fn adjacency(&self) -> &Adjacency {
-        &self.adjacency
-    }
-
-    /// Bytes held beyond the shared vectors.
-    pub fn heap_bytes(&self) -> usize {
-        self.adjacency.heap_bytes() + 4 * (self.norms.len() + self.inverse_norms.len())
-    }
-
     /// `cosine`: each row's norm (`sqrt(x·x)`, summed in the lanes of [`distance::dot`], so
     /// `1 - q·x / (|q| |x|)` from it equals [`distance::cosine`] bit for bit); empty for the
     /// other metrics.
-    pub fn norms(&self) -> &[f32] {
+    pub(crate) fn norms(&self) -> &[f32] {
         &self.norms
     }
 
@@ -336,7 +316,7 @@ impl FlatGraph {
     /// Up to `k` rows near `query` that `admit` accepts, nearest first, from a walk with a
     /// candidate list of `max(ef, k)`: greedy descent through the upper layers, then a beam
     /// search of layer 0 that walks through rejected rows but keeps only admitted ones.
-    pub fn search(
+    pub(crate) fn search(
         &self,
         query: &[f32],
         k: usize,

@@ -6,7 +6,7 @@
 //! output, as tantivy counts it for fieldnorms) so that the snapshot's total token count can be
 //! computed over live rows only.
 
-use crate::schema::IndexSchema;
+use crate::schema::{deleted_flags, IndexSchema};
 use crate::{Error, Result};
 use arrow::array::{Array, AsArray, RecordBatch};
 use std::collections::HashMap;
@@ -15,13 +15,13 @@ use tantivy::directory::{Directory, RamDirectory};
 use tantivy::schema::{
     Field, IndexRecordOption, Schema, TextFieldIndexing, TextOptions, FAST, INDEXED,
 };
-use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, Searcher, TantivyDocument, Term};
+use tantivy::{IndexReader, IndexWriter, ReloadPolicy, Searcher, TantivyDocument, Term};
 
 /// The files of a tantivy index: `(name, bytes)`.
-pub type IndexFiles = Vec<(String, Vec<u8>)>;
+pub(crate) type IndexFiles = Vec<(String, Vec<u8>)>;
 
 /// Name of the fast field mapping a tantivy document to its row in the source.
-pub const ROW_FIELD: &str = "_row";
+pub(crate) const ROW_FIELD: &str = "_row";
 /// Writer heap of a memtable's text index (tantivy's minimum per thread is 15 MB).
 const MEMTABLE_WRITER_HEAP: usize = 20_000_000;
 /// Writer heap used to build a generation's text index at flush.
@@ -33,7 +33,7 @@ fn tv(e: impl std::fmt::Display) -> Error {
 
 /// The tantivy schema shared by every source of an index.
 #[derive(Debug, Clone)]
-pub struct TextSchema {
+pub(crate) struct TextSchema {
     schema: Schema,
     /// One field per text column, in schema order.
     fields: Vec<Field>,
@@ -44,7 +44,7 @@ pub struct TextSchema {
 
 impl TextSchema {
     /// The text schema of `schema`, or `None` when it declares no text column.
-    pub fn new(schema: &IndexSchema) -> Option<Arc<TextSchema>> {
+    pub(crate) fn new(schema: &IndexSchema) -> Option<Arc<TextSchema>> {
         if schema.text.is_empty() {
             return None;
         }
@@ -69,35 +69,35 @@ impl TextSchema {
     }
 
     /// The tantivy schema.
-    pub fn schema(&self) -> &Schema {
+    pub(crate) fn schema(&self) -> &Schema {
         &self.schema
     }
 
     /// The text fields, in schema order.
-    pub fn fields(&self) -> &[Field] {
+    pub(crate) fn fields(&self) -> &[Field] {
         &self.fields
     }
 
     /// Position of `field` among the text fields.
-    pub fn field_position(&self, field: Field) -> Option<usize> {
+    pub(crate) fn field_position(&self, field: Field) -> Option<usize> {
         self.fields.iter().position(|f| *f == field)
     }
 
     /// An empty in-memory index with this schema (used to parse queries and as a template).
-    pub fn empty_index(&self) -> Index {
-        Index::create_in_ram(self.schema.clone())
+    pub(crate) fn empty_index(&self) -> tantivy::Index {
+        tantivy::Index::create_in_ram(self.schema.clone())
     }
 
     /// Add the non-tombstone rows of `batch` (stored rows) as documents numbered from `first_row`,
     /// and return each row's token count per text field (tombstones count zero).
     fn add_rows(
         &self,
-        index: &Index,
+        index: &tantivy::Index,
         writer: &IndexWriter<TantivyDocument>,
         batch: &RecordBatch,
         first_row: u64,
     ) -> Result<Vec<u32>> {
-        let deleted = crate::memtable::deleted_flags(batch);
+        let deleted = deleted_flags(batch);
         let mut analyzers = self
             .fields
             .iter()
@@ -138,7 +138,7 @@ impl TextSchema {
 
 /// A source's full-text index: a tantivy searcher and the token counts of its rows.
 #[derive(Clone)]
-pub struct TextIndex {
+pub(crate) struct TextIndex {
     searcher: Searcher,
     /// `rows × fields` token counts, row-major.
     counts: Arc<Vec<u32>>,
@@ -158,7 +158,7 @@ pub struct TextIndex {
 const DOC_FREQ_MEMO: usize = 4096;
 
 /// How a segment's documents map to rows: a table read once, or the `_row` fast field.
-pub enum DocRows<'a> {
+pub(crate) enum DocRows<'a> {
     /// `table[doc]` is the document's row.
     Table(&'a [u32]),
     /// The segment's `_row` fast field.
@@ -168,7 +168,7 @@ pub enum DocRows<'a> {
 impl DocRows<'_> {
     /// The row of `doc`.
     #[inline]
-    pub fn get(&self, doc: tantivy::DocId) -> Option<usize> {
+    pub(crate) fn get(&self, doc: tantivy::DocId) -> Option<usize> {
         match self {
             DocRows::Table(t) => t.get(doc as usize).map(|r| *r as usize),
             DocRows::Column(c) => c.first(doc).map(|r| r as usize),
@@ -202,12 +202,12 @@ impl std::fmt::Debug for TextIndex {
 
 impl TextIndex {
     /// The searcher.
-    pub fn searcher(&self) -> &Searcher {
+    pub(crate) fn searcher(&self) -> &Searcher {
         &self.searcher
     }
 
     /// How the documents of segment `ord` map to rows.
-    pub fn doc_rows(&self, ord: usize) -> Result<DocRows<'_>> {
+    pub(crate) fn doc_rows(&self, ord: usize) -> Result<DocRows<'_>> {
         match &self.doc_rows {
             Some(t) => t
                 .get(ord)
@@ -224,7 +224,7 @@ impl TextIndex {
     }
 
     /// Documents containing `term` (a generation's index remembers the answer).
-    pub fn doc_freq(&self, term: &Term) -> Result<u64> {
+    pub(crate) fn doc_freq(&self, term: &Term) -> Result<u64> {
         let Some(memo) = &self.doc_freqs else {
             return self.searcher.doc_freq(term).map_err(tv);
         };
@@ -240,18 +240,13 @@ impl TextIndex {
         Ok(n)
     }
 
-    /// Rows covered by the token counts.
-    pub fn rows(&self) -> usize {
-        self.counts.len() / self.nfields.max(1)
-    }
-
     /// Token count of `row` in text field number `field`.
-    pub fn tokens(&self, row: usize, field: usize) -> u32 {
+    pub(crate) fn tokens(&self, row: usize, field: usize) -> u32 {
         self.counts[row * self.nfields + field]
     }
 
     /// Tokens of text field `field` summed over every row (tombstones count none).
-    pub fn total_tokens(&self, field: usize) -> u64 {
+    pub(crate) fn total_tokens(&self, field: usize) -> u64 {
         self.totals.get_or_init(|| {
             let mut t = vec![0u64; self.nfields];
             for row in self.counts.chunks_exact(self.nfields.max(1)) {
@@ -264,7 +259,7 @@ impl TextIndex {
     }
 
     /// Build the index of a generation's stored rows (one tantivy segment).
-    pub fn build(ts: &TextSchema, rows: &RecordBatch) -> Result<(TextIndex, IndexFiles)> {
+    pub(crate) fn build(ts: &TextSchema, rows: &RecordBatch) -> Result<(TextIndex, IndexFiles)> {
         let index = ts.empty_index();
         let mut writer: IndexWriter<TantivyDocument> = index
             .writer_with_num_threads(1, FLUSH_WRITER_HEAP)
@@ -293,13 +288,13 @@ impl TextIndex {
     }
 
     /// Open an index from the files [`TextIndex::build`] exported and the stored token counts.
-    pub fn open(ts: &TextSchema, files: IndexFiles, counts: Vec<u32>) -> Result<TextIndex> {
+    pub(crate) fn open(ts: &TextSchema, files: IndexFiles, counts: Vec<u32>) -> Result<TextIndex> {
         let dir = RamDirectory::create();
         for (name, bytes) in files {
             dir.atomic_write(std::path::Path::new(&name), &bytes)
                 .map_err(tv)?;
         }
-        let index = Index::open(dir).map_err(tv)?;
+        let index = tantivy::Index::open(dir).map_err(tv)?;
         if index.schema() != ts.schema {
             return Err(Error::internal(
                 "text index schema differs from the index schema",
@@ -317,12 +312,12 @@ impl TextIndex {
     }
 
     /// Encode token counts (u32 little-endian, row-major).
-    pub fn encode_counts(&self) -> Vec<u8> {
+    pub(crate) fn encode_counts(&self) -> Vec<u8> {
         self.counts.iter().flat_map(|c| c.to_le_bytes()).collect()
     }
 }
 
-fn open_reader(index: &Index) -> Result<IndexReader> {
+fn open_reader(index: &tantivy::Index) -> Result<IndexReader> {
     index
         .reader_builder()
         .reload_policy(ReloadPolicy::Manual)
@@ -331,7 +326,7 @@ fn open_reader(index: &Index) -> Result<IndexReader> {
 }
 
 /// The files of a committed in-memory index: `meta.json` and every segment component.
-fn export_files(index: &Index) -> Result<IndexFiles> {
+fn export_files(index: &tantivy::Index) -> Result<IndexFiles> {
     use tantivy::index::SegmentComponent as C;
     let dir = index.directory();
     let mut names = vec!["meta.json".to_string()];
@@ -368,9 +363,9 @@ struct MemState {
 /// The full-text index of a memtable: a tantivy index in memory, brought up to date with the
 /// memtable's rows by the first search that needs them (so appends never wait for indexing, and
 /// every search sees every row appended before it started).
-pub struct MemTextIndex {
+pub(crate) struct MemTextIndex {
     schema: Arc<TextSchema>,
-    index: Index,
+    index: tantivy::Index,
     state: Mutex<MemState>,
 }
 
@@ -382,7 +377,7 @@ impl std::fmt::Debug for MemTextIndex {
 
 impl MemTextIndex {
     /// An empty memtable index.
-    pub fn new(schema: Arc<TextSchema>) -> Result<Self> {
+    pub(crate) fn new(schema: Arc<TextSchema>) -> Result<Self> {
         let index = schema.empty_index();
         let reader = open_reader(&index)?;
         Ok(MemTextIndex {
@@ -400,7 +395,7 @@ impl MemTextIndex {
 
     /// A searcher covering at least the first `rows` rows of `batches` (the memtable's stored
     /// batches, in order). Rows beyond `rows` may be covered too; callers mask them.
-    pub fn catch_up(&self, batches: &[RecordBatch], rows: usize) -> Result<TextIndex> {
+    pub(crate) fn catch_up(&self, batches: &[RecordBatch], rows: usize) -> Result<TextIndex> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if st.indexed_rows < rows {
             if st.writer.is_none() {

@@ -7,7 +7,7 @@
 //! for AVX2 and chosen at run time. No fused multiply-add is used, so both builds round alike.
 
 /// Lanes of independent partial sums.
-pub const LANES: usize = 32;
+pub(crate) const LANES: usize = 32;
 
 #[inline(always)]
 fn reduce(mut acc: [f32; LANES]) -> f32 {
@@ -62,15 +62,15 @@ fn cosine_parts_generic(a: &[f32], b: &[f32]) -> [f32; 3] {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     #[target_feature(enable = "avx2")]
-    pub fn l2_sq(a: &[f32], b: &[f32]) -> f32 {
+    pub(super) fn l2_sq(a: &[f32], b: &[f32]) -> f32 {
         super::l2_sq_generic(a, b)
     }
     #[target_feature(enable = "avx2")]
-    pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
         super::dot_generic(a, b)
     }
     #[target_feature(enable = "avx2")]
-    pub fn cosine_parts(a: &[f32], b: &[f32]) -> [f32; 3] {
+    pub(super) fn cosine_parts(a: &[f32], b: &[f32]) -> [f32; 3] {
         super::cosine_parts_generic(a, b)
     }
 }
@@ -79,7 +79,7 @@ macro_rules! dispatch {
     ($name:ident, $generic:ident, $out:ty, $doc:literal) => {
         #[doc = $doc]
         #[inline]
-        pub fn $name(a: &[f32], b: &[f32]) -> $out {
+        pub(crate) fn $name(a: &[f32], b: &[f32]) -> $out {
             #[cfg(target_arch = "x86_64")]
             if std::arch::is_x86_feature_detected!("avx2") {
                 // SAFETY: the CPU supports AVX2, the only feature the function enables.
@@ -111,7 +111,7 @@ dispatch!(
 
 /// One minus the cosine similarity; 1 when either vector is zero.
 #[inline]
-pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn cosine(a: &[f32], b: &[f32]) -> f32 {
     let [d, na, nb] = cosine_parts(a, b);
     if na == 0.0 || nb == 0.0 {
         1.0

@@ -106,13 +106,11 @@ pub async fn run(dir: Option<PathBuf>, json: bool) -> lsmsearch::Result<()> {
         ..Settings::default()
     };
     let loc = Location::parse(&location)?;
-    let index = match Index::create(loc.clone(), schema(), settings.clone()).await {
+    // Reuse the demo index when the directory holds one (a second run), else create it.
+    let index = match Index::open(loc.clone(), settings.clone()).await {
         Ok(i) => i,
-        Err(e)
-            if e.kind() == lsmsearch::ErrorKind::Invalid
-                && e.message().contains("already exists") =>
-        {
-            Index::open(loc, settings).await?
+        Err(e) if e.kind() == lsmsearch::ErrorKind::Invalid => {
+            Index::create(loc, schema(), settings).await?
         }
         Err(e) => return Err(e),
     };
@@ -207,7 +205,7 @@ pub async fn run(dir: Option<PathBuf>, json: bool) -> lsmsearch::Result<()> {
         println!("{}", serde_json::to_string(&stats).unwrap_or_default());
     } else {
         println!();
-        crate::print_stats(&stats, false);
+        super::print_stats(&stats, false);
         println!();
         println!("try: lsmsearch search {location} --fts 'wake vortex' -k 5");
         println!("     lsmsearch explain {location} --fts 'wake vortex'");

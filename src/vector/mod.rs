@@ -1,5 +1,5 @@
 //! Vector indexes: an HNSW graph per generation, built with hnsw_rs at flush and kept (in the
-//! bundle and in memory) as flat arrays ([`crate::index::graph`]); memtables keep a live hnsw_rs
+//! bundle and in memory) as flat arrays ([`graph`]); memtables keep a live hnsw_rs
 //! graph ([`MemVectorIndex`]).
 //!
 //! A graph only proposes candidates; every returned distance is recomputed exactly. Metrics:
@@ -8,54 +8,58 @@
 //! `sqrt(M² - |x|²)`, `M` the generation's largest norm, and the query augmented with 0: then
 //! `|q' - x'|² = |q|² + M² - 2 q·x`, so the nearest augmented vector has the largest dot product.
 
-use super::graph::{Adjacency, FlatGraph};
-use crate::schema::Metric;
+pub(crate) mod distance;
+pub(crate) mod graph;
+
+use crate::schema::{deleted_flags, Metric};
+use crate::settings::GraphParams;
 use crate::{Error, Result};
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::buffer::ScalarBuffer;
 use arrow::datatypes::Float32Type;
+use graph::{Adjacency, FlatGraph};
 use hnsw_rs::prelude::{Distance, Hnsw, HnswIo};
-use std::sync::Arc;
 
 /// Name of the bundle section holding a generation's graph.
-pub const GRAPH_SECTION: &str = "vector/graph";
+pub(crate) const GRAPH_SECTION: &str = "vector/graph";
 
 fn hn(e: impl std::fmt::Display) -> Error {
     Error::internal(format!("hnsw: {e}"))
 }
 
-/// Graph parameters (from settings).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GraphParams {
-    /// Maximum connections per node and layer (hnsw M).
-    pub m: usize,
-    /// Candidate list size while building.
-    pub ef_construction: usize,
-}
-
 /// The distance the graph is built with (never negative, as hnsw_rs requires).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct GraphDistance {
+pub(crate) struct GraphDistance {
     cosine: bool,
 }
 
 impl Distance<f32> for GraphDistance {
     fn eval(&self, a: &[f32], b: &[f32]) -> f32 {
         if self.cosine {
-            super::distance::cosine(a, b).max(0.0)
+            distance::cosine(a, b).max(0.0)
         } else {
-            super::distance::l2_sq(a, b).sqrt()
+            distance::l2_sq(a, b).sqrt()
         }
+    }
+}
+
+/// The distance between `a` and `b` under `metric`, in f32 (accumulated in fixed lanes, see
+/// [`distance`]): Euclidean distance for `l2`, one minus the cosine similarity for `cosine`
+/// (1 when either vector is zero), the negated dot product for `dot`. Smaller is nearer.
+pub fn distance(metric: Metric, a: &[f32], b: &[f32]) -> f32 {
+    match metric {
+        Metric::L2 => distance::l2_sq(a, b).sqrt(),
+        Metric::Dot => -distance::dot(a, b),
+        Metric::Cosine => distance::cosine(a, b),
     }
 }
 
 type Graph<'a> = Hnsw<'a, f32, GraphDistance>;
 
-/// A generation's vector graph (see [`crate::index::graph`]).
+/// A generation's vector graph (see [`graph`]).
 #[derive(Debug)]
-pub struct VectorIndex {
+pub(crate) struct VectorIndex {
     graph: Option<FlatGraph>,
-    points: usize,
 }
 
 fn graph_distance(metric: Metric) -> GraphDistance {
@@ -133,13 +137,13 @@ fn adjacency_of(g: &Graph<'_>, rows: usize) -> Adjacency {
 impl VectorIndex {
     /// Build the graph over the non-tombstone rows of a generation (`vcol` is the vector
     /// column's position); returns the index and its encoded `vector/graph` section.
-    pub fn build(
+    pub(crate) fn build(
         rows: &RecordBatch,
         vcol: usize,
         metric: Metric,
         params: GraphParams,
-    ) -> Result<(VectorIndex, crate::index::text::IndexFiles)> {
-        let deleted = crate::memtable::deleted_flags(rows);
+    ) -> Result<(VectorIndex, Vec<(String, Vec<u8>)>)> {
+        let deleted = deleted_flags(rows);
         let list = rows.column(vcol).as_fixed_size_list();
         let (dim, vectors) = vectors_of(rows, vcol)?;
         let mut data: Vec<(Vec<f32>, usize)> = Vec::new();
@@ -175,7 +179,6 @@ impl VectorIndex {
         let section = vec![(GRAPH_SECTION.to_string(), adjacency.encode())];
         Ok((
             VectorIndex {
-                points: data.len(),
                 graph: Some(FlatGraph::new(adjacency, metric, dim, vectors)?),
             },
             section,
@@ -183,12 +186,16 @@ impl VectorIndex {
     }
 
     /// Open the graph of a `vector/graph` section over the generation's `rows`.
-    pub fn open(rows: &RecordBatch, vcol: usize, metric: Metric, section: &[u8]) -> Result<Self> {
+    pub(crate) fn open(
+        rows: &RecordBatch,
+        vcol: usize,
+        metric: Metric,
+        section: &[u8],
+    ) -> Result<Self> {
         let adjacency = Adjacency::decode(section, rows.num_rows())
             .map_err(|m| Error::internal(format!("section '{GRAPH_SECTION}' {m}")))?;
         let (dim, vectors) = vectors_of(rows, vcol)?;
         Ok(VectorIndex {
-            points: adjacency.nodes(),
             graph: Some(FlatGraph::new(adjacency, metric, dim, vectors)?),
         })
     }
@@ -196,7 +203,7 @@ impl VectorIndex {
     /// Open the graph of a format-1 bundle (hnsw_rs dump files in sections `hnsw/graph` and
     /// `hnsw/data`, `meta` = largest norm and point count): the graph is reloaded through
     /// hnsw_rs and converted to flat arrays.
-    pub fn open_hnsw_dump(
+    pub(crate) fn open_hnsw_dump(
         rows: &RecordBatch,
         vcol: usize,
         metric: Metric,
@@ -222,29 +229,76 @@ impl VectorIndex {
         };
         let (dim, vectors) = vectors_of(rows, vcol)?;
         Ok(VectorIndex {
-            points,
             graph: Some(FlatGraph::new(adjacency, metric, dim, vectors)?),
         })
     }
 
-    /// Points in the graph.
-    pub fn points(&self) -> usize {
-        self.points
+    /// The sections a format-1 bundle stored for this generation's graph (`hnsw/graph`,
+    /// `hnsw/data`: hnsw_rs dump files; `hnsw/meta`: largest norm and point count), built as
+    /// format-1 writers built them. Only the fixtures of `tests/fixtures/` need it.
+    #[cfg(test)]
+    pub(crate) fn build_hnsw_dump(
+        rows: &RecordBatch,
+        vcol: usize,
+        metric: Metric,
+        params: GraphParams,
+    ) -> Result<Vec<(String, Vec<u8>)>> {
+        use hnsw_rs::api::AnnT;
+        let deleted = deleted_flags(rows);
+        let list = rows.column(vcol).as_fixed_size_list();
+        let (dim, vectors) = vectors_of(rows, vcol)?;
+        let mut data: Vec<(Vec<f32>, usize)> = Vec::new();
+        for r in 0..rows.num_rows() {
+            if !deleted.value(r) && !list.is_null(r) {
+                data.push((vectors[r * dim..(r + 1) * dim].to_vec(), r));
+            }
+        }
+        let max_norm = if metric == Metric::Dot {
+            data.iter()
+                .map(|(v, _)| v.iter().map(|x| x * x).sum::<f32>().sqrt())
+                .fold(0f32, f32::max)
+        } else {
+            0.0
+        };
+        if metric == Metric::Dot {
+            for (v, _) in &mut data {
+                *v = augment(v, max_norm);
+            }
+        }
+        let mut meta = max_norm.to_le_bytes().to_vec();
+        meta.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        if data.is_empty() {
+            return Ok(vec![("hnsw/meta".to_string(), meta)]);
+        }
+        let graph: Graph<'static> = Hnsw::new(
+            params.m,
+            data.len(),
+            16,
+            params.ef_construction,
+            graph_distance(metric),
+        );
+        for (v, r) in &data {
+            graph.insert((v.as_slice(), *r));
+        }
+        let dir = tempfile::tempdir().map_err(hn)?;
+        let base = graph.file_dump(dir.path(), "g").map_err(hn)?;
+        let mut sections = Vec::new();
+        for (name, ext) in [("hnsw/graph", "hnsw.graph"), ("hnsw/data", "hnsw.data")] {
+            let p = dir.path().join(format!("{base}.{ext}"));
+            sections.push((name.to_string(), std::fs::read(&p).map_err(hn)?));
+        }
+        sections.push(("hnsw/meta".to_string(), meta));
+        Ok(sections)
     }
 
     /// `cosine`: each row's norm (see [`FlatGraph::norms`]); empty otherwise.
-    pub fn norms(&self) -> &[f32] {
+    pub(crate) fn norms(&self) -> &[f32] {
         self.graph.as_ref().map_or(&[], |g| g.norms())
-    }
-
-    /// Bytes the graph holds beyond the generation's rows.
-    pub fn heap_bytes(&self) -> usize {
-        self.graph.as_ref().map_or(0, FlatGraph::heap_bytes)
     }
 
     /// Up to `k` candidate rows near `query` among rows `admit` accepts, from a graph walk with
     /// candidate list `ef`, nearest first by the graph's order: callers re-score exactly.
-    pub fn candidates(
+    pub(crate) fn candidates(
         &self,
         query: &[f32],
         k: usize,
@@ -257,13 +311,10 @@ impl VectorIndex {
     }
 }
 
-/// Shared handle.
-pub type SharedVectorIndex = Arc<VectorIndex>;
-
 /// What a memtable needs to keep a vector graph: where the vector is, its metric, the graph
 /// parameters, the expected row count (capacity) and the size above which the graph is kept.
 #[derive(Debug, Clone, Copy)]
-pub struct MemGraphSpec {
+pub(crate) struct MemGraphSpec {
     /// Position of the vector column in the stored schema.
     pub vcol: usize,
     /// The schema's metric.
@@ -280,7 +331,7 @@ pub struct MemGraphSpec {
 /// ordinals, every version and tombstone) are in the graph, later rows are scanned exactly by
 /// searches until the inserter catches up. `dot` memtables get no graph (the augmentation
 /// needs the final largest norm); they are always scanned.
-pub struct MemVectorIndex {
+pub(crate) struct MemVectorIndex {
     vcol: usize,
     /// hnsw_rs graphs take concurrent inserts and searches (`&self`, locks per node).
     graph: Graph<'static>,
@@ -299,7 +350,7 @@ const INSERT_CHUNK: usize = 512;
 
 impl MemVectorIndex {
     /// An empty graph as `spec` describes; `None` for `dot`.
-    pub fn new(spec: &MemGraphSpec) -> Option<Self> {
+    pub(crate) fn new(spec: &MemGraphSpec) -> Option<Self> {
         if spec.metric == Metric::Dot {
             return None;
         }
@@ -319,17 +370,17 @@ impl MemVectorIndex {
     }
 
     /// Rows `[0, indexed)` are in the graph.
-    pub fn indexed(&self) -> usize {
+    pub(crate) fn indexed(&self) -> usize {
         self.indexed.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Claim the inserter role; false when another inserter runs.
-    pub fn try_start(&self) -> bool {
+    pub(crate) fn try_start(&self) -> bool {
         !self.running.swap(true, std::sync::atomic::Ordering::AcqRel)
     }
 
     /// Give the inserter role back.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.running
             .store(false, std::sync::atomic::Ordering::Release);
     }
@@ -338,7 +389,7 @@ impl MemVectorIndex {
     /// a chunk at a time, while `keep_going` holds. Tombstones and older versions are
     /// inserted too (a tombstone's vector is null and skipped): searches mask them. Only the
     /// holder of the inserter role ([`MemVectorIndex::try_start`]) calls this.
-    pub fn catch_up(
+    pub(crate) fn catch_up(
         &self,
         batches: &[RecordBatch],
         offsets: &[usize],
@@ -375,7 +426,7 @@ impl MemVectorIndex {
     /// Up to `k` candidate rows near `query` among rows `[0, indexed)` that `admit` accepts
     /// (graph distances: callers re-score), and `indexed`, read before the walk: rows inserted
     /// while the walk runs are left to the caller's scan of `[indexed, rows)`.
-    pub fn candidates(
+    pub(crate) fn candidates(
         &self,
         query: &[f32],
         k: usize,

@@ -155,9 +155,10 @@ enum BenchCommand {
         /// Output directory (indexes are built here and removed after use).
         #[arg(long, default_value = "bench-out")]
         out: PathBuf,
-        /// The Cranfield collection.
-        #[arg(long, default_value = "../shared/data/cranfield")]
-        data: PathBuf,
+        /// A Cranfield collection directory (default: the collection this binary carries,
+        /// `tests/data/cranfield` of the repository).
+        #[arg(long)]
+        data: Option<PathBuf>,
         /// Warm queries per kind.
         #[arg(long, default_value_t = 200)]
         warm_queries: usize,
@@ -184,9 +185,10 @@ enum BenchCommand {
         /// Output directory.
         #[arg(long, default_value = "bench-out/corpus")]
         out: PathBuf,
-        /// The Cranfield collection.
-        #[arg(long, default_value = "../shared/data/cranfield")]
-        data: PathBuf,
+        /// A Cranfield collection directory (default: the collection this binary carries,
+        /// `tests/data/cranfield` of the repository).
+        #[arg(long)]
+        data: Option<PathBuf>,
     },
 }
 
@@ -225,23 +227,7 @@ fn main() -> std::process::ExitCode {
 async fn run(cli: Cli) -> lsmsearch::Result<()> {
     let json = cli.json;
     match cli.command {
-        Command::Init { location, schema } => {
-            let text = std::fs::read_to_string(&schema).map_err(|e| {
-                Error::invalid(format!(
-                    "cannot read schema file '{}': {e}",
-                    schema.display()
-                ))
-            })?;
-            let schema = IndexSchema::from_json(&text)?;
-            let index =
-                Index::create(Location::parse(&location)?, schema, Settings::default()).await?;
-            index.close().await?;
-            if json {
-                println!("{}", serde_json::json!({"created": location}));
-            } else {
-                println!("created index at {location}");
-            }
-        }
+        Command::Init { location, schema } => init(&location, &schema, json).await,
         Command::Ingest {
             location,
             file,
@@ -250,58 +236,11 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
             durability,
         } => {
             let durability: Durability = durability.parse()?;
-            let index = Index::open(Location::parse(&location)?, Settings::default()).await?;
-            let r = ingest(&index, &file, batch_size, flush_every, durability, json).await;
-            index.close().await?;
-            let n = r?;
-            if !json {
-                println!("appended {n} rows to {location}");
-            }
+            ingest_file(&location, &file, batch_size, flush_every, durability, json).await
         }
-        Command::Delete { location, keys } => {
-            let index = Index::open(Location::parse(&location)?, Settings::default()).await?;
-            let kt = index.schema().primary_key_type;
-            let keys = keys
-                .iter()
-                .map(|k| Key::parse(k, kt))
-                .collect::<lsmsearch::Result<Vec<_>>>()?;
-            let r = index.delete(&keys).await;
-            index.close().await?;
-            let r = r?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({"deleted": r.rows, "last_seq": r.last_seq})
-                );
-            } else {
-                println!("deleted {} keys", r.rows);
-            }
-        }
-        Command::Flush { location } => {
-            let index = Index::open(Location::parse(&location)?, Settings::default()).await?;
-            let r = index.flush().await;
-            let stats = index.stats();
-            index.close().await?;
-            r?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({"generations": stats.generations.len(), "manifest_version": stats.manifest_version})
-                );
-            } else {
-                println!(
-                    "flushed: {} generations, manifest version {}",
-                    stats.generations.len(),
-                    stats.manifest_version
-                );
-            }
-        }
-        Command::Scan { location, filter } => {
-            let index =
-                Index::open_read_only(Location::parse(&location)?, Settings::default()).await?;
-            let rows = index.scan(ScanOptions { filter }).await?;
-            print_json_lines(&rows)?;
-        }
+        Command::Delete { location, keys } => delete(&location, &keys, json).await,
+        Command::Flush { location } => flush(&location, json).await,
+        Command::Scan { location, filter } => scan(&location, filter).await,
         Command::Search {
             location,
             fts,
@@ -313,160 +252,298 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
             filter,
             and,
         } => {
-            let vopts = VectorSearchOptions {
-                k,
-                filter: filter.clone(),
-                ef,
-                exact,
-            };
-            let index =
-                Index::open_read_only(Location::parse(&location)?, Settings::default()).await?;
-            let rows = match (fts, vector, vector_file) {
-                (Some(fts), _, _) => {
-                    let conjunction = if and {
-                        Conjunction::And
-                    } else {
-                        Conjunction::Or
-                    };
-                    let opts = SearchOptions {
-                        k,
-                        filter,
-                        conjunction,
-                    };
-                    index.search_fts(&fts, &opts).await?
-                }
-                (None, Some(v), _) => {
-                    let q = parse_vector(&v)?;
-                    index.search_vector(&q, &vopts).await?
-                }
+            let query = match (fts, vector, vector_file) {
+                (Some(fts), _, _) => Query::Fts(fts),
+                (None, Some(v), _) => Query::Vector(parse_vector(&v)?),
                 (None, None, Some(f)) => {
                     let text = std::fs::read_to_string(&f).map_err(|e| {
                         Error::invalid(format!("cannot read '{}': {e}", f.display()))
                     })?;
-                    let q = parse_vector(&text)?;
-                    index.search_vector(&q, &vopts).await?
+                    Query::Vector(parse_vector(&text)?)
                 }
                 (None, None, None) => {
                     return Err(Error::invalid("give --fts, --vector or --vector-file"))
                 }
             };
-            if json {
-                print_json_lines(&rows)?;
+            let conjunction = if and {
+                Conjunction::And
             } else {
-                println!("{}", arrow::util::pretty::pretty_format_batches(&rows)?);
-            }
+                Conjunction::Or
+            };
+            search(&location, query, k, filter, conjunction, ef, exact, json).await
         }
         Command::Explain {
             location,
             fts,
             k,
             filter,
-        } => {
-            let index =
-                Index::open_read_only(Location::parse(&location)?, Settings::default()).await?;
-            let opts = SearchOptions {
-                k,
-                filter,
-                ..Default::default()
-            };
-            let plan = index.plan_fts(&fts, &opts).await?;
-            let text = datafusion::physical_plan::displayable(plan.as_ref())
-                .indent(true)
-                .to_string();
-            if json {
-                println!("{}", serde_json::json!({"plan": text}));
-            } else {
-                print!("{text}");
-            }
-        }
+        } => explain(&location, &fts, k, filter, json).await,
         Command::Stats { location } => {
             let index =
                 Index::open_read_only(Location::parse(&location)?, Settings::default()).await?;
             print_stats(&index.stats().await, json);
+            Ok(())
         }
-        Command::Demo { dir } => demo::run(dir, json).await?,
-        Command::Bench {
-            which:
-                BenchCommand::Corpus {
-                    docs,
-                    dim,
-                    out,
-                    data,
-                },
-        } => {
-            if dim == 0 {
-                return Err(Error::invalid("--dim must be at least 1"));
-            }
-            lsmsearch::bench::corpus::Corpus::cranfield(&data)?.export(docs, dim, &out)?;
-            if !json {
-                println!(
-                    "wrote {docs} rows to {}/docs.parquet and the queries to {}/queries.parquet",
-                    out.display(),
-                    out.display()
-                );
-            }
-        }
-        Command::Bench {
-            which:
-                BenchCommand::Generations {
-                    docs,
-                    gens,
-                    get_latency_ms,
-                    put_latency_ms,
-                    out,
-                    data,
-                    warm_queries,
-                    cold_queries,
-                    shape,
-                    reuse,
-                },
-        } => {
-            let shape = match shape.as_str() {
-                "generations" => lsmsearch::bench::Shape::Generations,
-                "many-small" => lsmsearch::bench::Shape::ManySmall,
-                "wide-vectors" => lsmsearch::bench::Shape::WideVectors,
-                other => {
-                    return Err(Error::invalid(format!(
-                        "unknown --shape '{other}' (generations, many-small, wide-vectors)"
-                    )))
-                }
-            };
-            let ms = |v: f64, flag: &str| {
-                if v.is_finite() && v >= 0.0 {
-                    Ok(std::time::Duration::from_secs_f64(v / 1e3))
-                } else {
-                    Err(Error::invalid(format!(
-                        "--{flag} must be a non-negative number, not {v}"
-                    )))
-                }
-            };
-            if gens.is_empty() || gens.contains(&0) || docs <= 1000 {
-                return Err(Error::invalid(
-                    "--gens needs counts of at least 1 and --docs more than 1,000 (the memtable)",
-                ));
-            }
-            let opts = lsmsearch::bench::Options {
+        Command::Demo { dir } => demo::run(dir, json).await,
+        Command::Bench { which } => match which {
+            BenchCommand::Corpus {
                 docs,
-                gens,
-                get_latency: ms(get_latency_ms, "get-latency-ms")?,
-                put_latency: ms(put_latency_ms, "put-latency-ms")?,
+                dim,
                 out,
                 data,
-                warm_queries: warm_queries.max(1),
-                cold_queries: cold_queries.max(1),
+            } => bench_corpus(docs, dim, &out, data.as_deref(), json),
+            BenchCommand::Generations {
+                docs,
+                gens,
+                get_latency_ms,
+                put_latency_ms,
+                out,
+                data,
+                warm_queries,
+                cold_queries,
                 shape,
-                progress: !json && std::io::IsTerminal::is_terminal(&std::io::stderr()),
-                print: !json,
                 reuse,
-                ..Default::default()
-            };
-            let report = lsmsearch::bench::run(&opts).await?;
-            if json {
-                println!("{}", serde_json::to_string(&report).unwrap_or_default());
+            } => {
+                let shape = match shape.as_str() {
+                    "generations" => lsmsearch::bench::Shape::Generations,
+                    "many-small" => lsmsearch::bench::Shape::ManySmall,
+                    "wide-vectors" => lsmsearch::bench::Shape::WideVectors,
+                    other => {
+                        return Err(Error::invalid(format!(
+                            "unknown --shape '{other}' (generations, many-small, wide-vectors)"
+                        )))
+                    }
+                };
+                if gens.is_empty() || gens.contains(&0) || docs <= 1000 {
+                    return Err(Error::invalid(
+                        "--gens needs counts of at least 1 and --docs more than 1,000 (the memtable)",
+                    ));
+                }
+                let opts = lsmsearch::bench::Options {
+                    docs,
+                    gens,
+                    get_latency: millis(get_latency_ms, "get-latency-ms")?,
+                    put_latency: millis(put_latency_ms, "put-latency-ms")?,
+                    out,
+                    data,
+                    warm_queries: warm_queries.max(1),
+                    cold_queries: cold_queries.max(1),
+                    shape,
+                    progress: !json && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+                    print: !json,
+                    reuse,
+                    ..Default::default()
+                };
+                bench_generations(&opts, json).await
             }
-        }
+        },
+    }
+}
+
+/// `lsmsearch init`.
+async fn init(location: &str, schema: &Path, json: bool) -> lsmsearch::Result<()> {
+    let text = std::fs::read_to_string(schema).map_err(|e| {
+        Error::invalid(format!(
+            "cannot read schema file '{}': {e}",
+            schema.display()
+        ))
+    })?;
+    let schema = IndexSchema::from_json(&text)?;
+    let index = Index::create(Location::parse(location)?, schema, Settings::default()).await?;
+    index.close().await?;
+    if json {
+        println!("{}", serde_json::json!({"created": location}));
+    } else {
+        println!("created index at {location}");
     }
     Ok(())
+}
+
+/// `lsmsearch ingest`.
+async fn ingest_file(
+    location: &str,
+    file: &Path,
+    batch_size: usize,
+    flush_every: Option<usize>,
+    durability: Durability,
+    json: bool,
+) -> lsmsearch::Result<()> {
+    let index = Index::open(Location::parse(location)?, Settings::default()).await?;
+    let r = ingest(&index, file, batch_size, flush_every, durability, json).await;
+    index.close().await?;
+    let n = r?;
+    if !json {
+        println!("appended {n} rows to {location}");
+    }
+    Ok(())
+}
+
+/// `lsmsearch delete`.
+async fn delete(location: &str, keys: &[String], json: bool) -> lsmsearch::Result<()> {
+    let index = Index::open(Location::parse(location)?, Settings::default()).await?;
+    let kt = index.schema().primary_key_type;
+    let keys = keys
+        .iter()
+        .map(|k| Key::parse(k, kt))
+        .collect::<lsmsearch::Result<Vec<_>>>();
+    let r = match keys {
+        Ok(keys) => index.delete(&keys).await,
+        Err(e) => Err(e),
+    };
+    index.close().await?;
+    let r = r?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"deleted": r.rows, "last_seq": r.last_seq})
+        );
+    } else {
+        println!("deleted {} keys", r.rows);
+    }
+    Ok(())
+}
+
+/// `lsmsearch flush`.
+async fn flush(location: &str, json: bool) -> lsmsearch::Result<()> {
+    let index = Index::open(Location::parse(location)?, Settings::default()).await?;
+    let r = index.flush().await;
+    let stats = index.stats();
+    index.close().await?;
+    r?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"generations": stats.generations.len(), "manifest_version": stats.manifest_version})
+        );
+    } else {
+        println!(
+            "flushed: {} generations, manifest version {}",
+            stats.generations.len(),
+            stats.manifest_version
+        );
+    }
+    Ok(())
+}
+
+/// `lsmsearch scan`.
+async fn scan(location: &str, filter: Option<String>) -> lsmsearch::Result<()> {
+    let index = Index::open_read_only(Location::parse(location)?, Settings::default()).await?;
+    let rows = index.scan(ScanOptions { filter }).await?;
+    print_json_lines(&rows)
+}
+
+/// What `lsmsearch search` looks for.
+enum Query {
+    Fts(String),
+    Vector(Vec<f32>),
+}
+
+/// `lsmsearch search`.
+#[allow(clippy::too_many_arguments)]
+async fn search(
+    location: &str,
+    query: Query,
+    k: usize,
+    filter: Option<String>,
+    conjunction: Conjunction,
+    ef: Option<usize>,
+    exact: bool,
+    json: bool,
+) -> lsmsearch::Result<()> {
+    let index = Index::open_read_only(Location::parse(location)?, Settings::default()).await?;
+    let rows = match query {
+        Query::Fts(q) => {
+            let opts = SearchOptions {
+                k,
+                filter,
+                conjunction,
+            };
+            index.search_fts(&q, &opts).await?
+        }
+        Query::Vector(v) => {
+            let opts = VectorSearchOptions {
+                k,
+                filter,
+                ef,
+                exact,
+            };
+            index.search_vector(&v, &opts).await?
+        }
+    };
+    if json {
+        print_json_lines(&rows)
+    } else {
+        println!("{}", arrow::util::pretty::pretty_format_batches(&rows)?);
+        Ok(())
+    }
+}
+
+/// `lsmsearch explain`.
+async fn explain(
+    location: &str,
+    fts: &str,
+    k: usize,
+    filter: Option<String>,
+    json: bool,
+) -> lsmsearch::Result<()> {
+    let index = Index::open_read_only(Location::parse(location)?, Settings::default()).await?;
+    let opts = SearchOptions {
+        k,
+        filter,
+        ..Default::default()
+    };
+    let plan = index.plan_fts(fts, &opts).await?;
+    let text = datafusion::physical_plan::displayable(plan.as_ref())
+        .indent(true)
+        .to_string();
+    if json {
+        println!("{}", serde_json::json!({"plan": text}));
+    } else {
+        print!("{text}");
+    }
+    Ok(())
+}
+
+/// `lsmsearch bench corpus`.
+fn bench_corpus(
+    docs: usize,
+    dim: usize,
+    out: &Path,
+    data: Option<&Path>,
+    json: bool,
+) -> lsmsearch::Result<()> {
+    if dim == 0 {
+        return Err(Error::invalid("--dim must be at least 1"));
+    }
+    lsmsearch::bench::corpus::Corpus::load(data)?.export(docs, dim, out)?;
+    if !json {
+        println!(
+            "wrote {docs} rows to {}/docs.parquet and the queries to {}/queries.parquet",
+            out.display(),
+            out.display()
+        );
+    }
+    Ok(())
+}
+
+/// `lsmsearch bench generations`.
+async fn bench_generations(opts: &lsmsearch::bench::Options, json: bool) -> lsmsearch::Result<()> {
+    let report = lsmsearch::bench::run(opts).await?;
+    if json {
+        println!("{}", serde_json::to_string(&report).unwrap_or_default());
+    }
+    Ok(())
+}
+
+/// A duration from a flag in milliseconds.
+fn millis(v: f64, flag: &str) -> lsmsearch::Result<std::time::Duration> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(std::time::Duration::from_secs_f64(v / 1e3))
+    } else {
+        Err(Error::invalid(format!(
+            "--{flag} must be a non-negative number, not {v}"
+        )))
+    }
 }
 
 /// Append the file's rows in batches; returns the number of rows appended.
@@ -638,7 +715,7 @@ fn json_value(a: &dyn Array, row: usize) -> serde_json::Value {
 }
 
 /// Print batches as JSON lines on stdout (vectors as arrays).
-pub(crate) fn print_json_lines(rows: &[RecordBatch]) -> lsmsearch::Result<()> {
+fn print_json_lines(rows: &[RecordBatch]) -> lsmsearch::Result<()> {
     let mut out = std::io::stdout().lock();
     let mut w = arrow::json::LineDelimitedWriter::new(&mut out);
     let broken_pipe = |e: &arrow::error::ArrowError| matches!(e, arrow::error::ArrowError::IoError(_, io) if io.kind() == std::io::ErrorKind::BrokenPipe);

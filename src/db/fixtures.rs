@@ -1,0 +1,299 @@
+//! Writes `tests/fixtures/index/`: an index holding an object of every format version this build
+//! reads (a version-1 generation with `hnsw/*` sections, a version-2 generation, version-1 WAL
+//! rows and fence objects, a version-1 manifest), and `tests/fixtures/index.json`, what it
+//! holds. `tests/format_compat.rs` opens them. Regenerate (only when a format version is added)
+//! with:
+//!
+//! ```text
+//! cargo test --lib write_fixtures -- --ignored
+//! ```
+
+use crate::format::bundle::{Bundle, BundleWriter};
+use crate::format::manifest::Manifest;
+use crate::storage::paths::{parse_generation, parse_manifest, Paths};
+use crate::vector::VectorIndex;
+use crate::{Index, IndexSchema, Key, Location, SearchOptions, Settings, VectorSearchOptions};
+use arrow::array::{
+    Array, AsArray, FixedSizeListArray, Float32Array, Int64Array, RecordBatch, StringArray,
+};
+use arrow::datatypes::{DataType, Field};
+use futures::TryStreamExt;
+use object_store::{ObjectStore, ObjectStoreExt};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+const SCHEMA: &str = r#"{"primary_key": "id", "text": ["title", "body"],
+    "vector": {"column": "emb", "dim": 8, "metric": "cosine"},
+    "payload": [{"name": "year", "type": "int64"}]}"#;
+
+const WORDS: &[&str] = &[
+    "wing",
+    "flow",
+    "boundary",
+    "layer",
+    "shock",
+    "pressure",
+    "supersonic",
+    "heat",
+    "transfer",
+    "turbulent",
+    "laminar",
+    "nozzle",
+    "jet",
+    "plate",
+    "cylinder",
+    "mach",
+    "drag",
+    "lift",
+];
+
+#[derive(Debug, Clone, Serialize)]
+struct Row {
+    id: String,
+    title: String,
+    body: String,
+    year: i64,
+    emb: Vec<f32>,
+}
+
+#[derive(Debug, Serialize)]
+struct Expected {
+    rows: Vec<Row>,
+    fts: Vec<(String, Vec<String>)>,
+    vector: Vec<(Vec<f32>, Vec<String>)>,
+}
+
+struct Gen(u64);
+
+impl Gen {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+    fn words(&mut self, n: usize) -> String {
+        (0..n)
+            .map(|_| WORDS[self.next() as usize % WORDS.len()])
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+    fn vector(&mut self) -> Vec<f32> {
+        (0..8)
+            .map(|_| (self.next() % 2001) as f32 / 1000.0 - 1.0)
+            .collect()
+    }
+}
+
+fn rows(g: &mut Gen, ids: std::ops::Range<u32>, version: u32) -> Vec<Row> {
+    ids.map(|i| Row {
+        id: format!("k{i:02}"),
+        title: g.words(3),
+        body: format!("{} version {version}", g.words(12)),
+        year: 1950 + i64::from(i % 40),
+        emb: g.vector(),
+    })
+    .collect()
+}
+
+fn batch(schema: &IndexSchema, rows: &[Row]) -> RecordBatch {
+    let emb = FixedSizeListArray::try_new(
+        Arc::new(Field::new("item", DataType::Float32, true)),
+        8,
+        Arc::new(Float32Array::from(
+            rows.iter().flat_map(|r| r.emb.clone()).collect::<Vec<_>>(),
+        )),
+        None,
+    )
+    .expect("vectors");
+    RecordBatch::try_new(
+        schema.arrow_schema(),
+        vec![
+            Arc::new(StringArray::from_iter_values(rows.iter().map(|r| &r.id))),
+            Arc::new(StringArray::from_iter_values(rows.iter().map(|r| &r.title))),
+            Arc::new(StringArray::from_iter_values(rows.iter().map(|r| &r.body))),
+            Arc::new(emb),
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.year))),
+        ],
+    )
+    .expect("a batch")
+}
+
+fn keys(batches: &[RecordBatch]) -> Vec<String> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            let k = b.column(0).as_string::<i32>().clone();
+            (0..k.len()).map(move |i| k.value(i).to_string())
+        })
+        .collect()
+}
+
+/// Rewrite generation `path` as a format-1 bundle (its graph as hnsw_rs dump files); returns
+/// its new size.
+async fn to_format_1(store: &Arc<dyn ObjectStore>, path: &object_store::path::Path) -> u64 {
+    let bytes = store
+        .get(path)
+        .await
+        .expect("get")
+        .bytes()
+        .await
+        .expect("bytes");
+    let b = Bundle::open(bytes, path).expect("a bundle");
+    let schema = IndexSchema::from_json(SCHEMA).expect("schema");
+    let stored = schema.stored_schema();
+    let rows = crate::format::ipc::ipc_decode(b.section("rows").expect("rows"), &stored, &"rows")
+        .expect("rows");
+    let rows = arrow::compute::concat_batches(&stored, &rows).expect("rows");
+    let (vcol, metric, params) = schema.vector_spec(&Settings::default()).expect("vector");
+    let mut w = BundleWriter::with_version(1);
+    w.add("rows", &b.section("rows").expect("rows"));
+    w.add("pk_hashes", &b.section("pk_hashes").expect("hashes"));
+    for (name, bytes) in VectorIndex::build_hnsw_dump(&rows, vcol, metric, params).expect("hnsw") {
+        w.add(&name, &bytes);
+    }
+    let names: Vec<String> = b.section_names().map(str::to_string).collect();
+    for name in names.iter().filter(|n| n.starts_with("text")) {
+        w.add(name, &b.section(name).expect("text"));
+    }
+    let mut meta = b.stats().clone();
+    let out = w.finish(&mut meta).expect("finish");
+    store.put(path, out.into()).await.expect("put");
+    meta.bytes
+}
+
+#[tokio::test]
+#[ignore = "writes tests/fixtures/; run with --ignored when a format version is added"]
+async fn write_fixtures() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let dir = root.join("index");
+    let _ = std::fs::remove_dir_all(&dir);
+    let loc = Location::parse(dir.to_str().expect("utf-8")).expect("location");
+    let schema = IndexSchema::from_json(SCHEMA).expect("schema");
+    let settings = Settings {
+        manifest_retention: 0,
+        ..Settings::default()
+    };
+    let mut g = Gen(7);
+    let mut model: BTreeMap<String, Row> = BTreeMap::new();
+    let index = Index::create(loc.clone(), schema.clone(), settings.clone())
+        .await
+        .expect("create");
+    // Generation 1 (rewritten below as format 1): k00..k29.
+    let r = rows(&mut g, 0..30, 1);
+    index.append(&batch(&schema, &r)).await.expect("append");
+    model.extend(r.into_iter().map(|r| (r.id.clone(), r)));
+    index.flush().await.expect("flush");
+    // Generation 2: k20..k39 (k20..k29 updated), k00 and k01 deleted.
+    let r = rows(&mut g, 20..40, 2);
+    index.append(&batch(&schema, &r)).await.expect("append");
+    model.extend(r.into_iter().map(|r| (r.id.clone(), r)));
+    index
+        .delete(&[Key::from("k00"), Key::from("k01")])
+        .await
+        .expect("delete");
+    model.remove("k00");
+    model.remove("k01");
+    index.flush().await.expect("flush");
+    // WAL rows: k35..k44 (k35..k39 updated), k02 and k36 deleted, k44 updated again.
+    let r = rows(&mut g, 35..45, 3);
+    index.append(&batch(&schema, &r)).await.expect("append");
+    model.extend(r.into_iter().map(|r| (r.id.clone(), r)));
+    index
+        .delete(&[Key::from("k02"), Key::from("k36")])
+        .await
+        .expect("delete");
+    model.remove("k02");
+    model.remove("k36");
+    let r = rows(&mut g, 44..45, 4);
+    index.append(&batch(&schema, &r)).await.expect("append");
+    model.extend(r.into_iter().map(|r| (r.id.clone(), r)));
+    index.close().await.expect("close");
+    // A second writer's open leaves an epoch fence as the last WAL object.
+    Index::open(loc.clone(), settings)
+        .await
+        .expect("open")
+        .close()
+        .await
+        .expect("close");
+
+    let store = loc.store.clone();
+    let paths = Paths::new(loc.root.clone());
+    let listed: Vec<_> = store.list(None).try_collect().await.expect("list");
+    let mut manifests: Vec<u64> = listed
+        .iter()
+        .filter_map(|m| parse_manifest(&m.location))
+        .collect();
+    manifests.sort_unstable();
+    let latest = *manifests.last().expect("a manifest");
+    for v in &manifests[..manifests.len() - 1] {
+        store.delete(&paths.manifest(*v)).await.expect("delete");
+    }
+    let mut gens: Vec<(u64, u64)> = listed
+        .iter()
+        .filter_map(|m| parse_generation(&m.location))
+        .collect();
+    gens.sort_unstable();
+    assert_eq!(gens.len(), 2, "two generations: {gens:?}");
+    let bytes = to_format_1(&store, &paths.generation(gens[0].0, gens[0].1)).await;
+    let mp = paths.manifest(latest);
+    let raw = store
+        .get(&mp)
+        .await
+        .expect("get")
+        .bytes()
+        .await
+        .expect("bytes");
+    let mut m = Manifest::decode(&raw, &mp).expect("manifest");
+    m.generations[0].bytes = bytes;
+    store
+        .put(&mp, m.encode().expect("encode").into())
+        .await
+        .expect("put");
+
+    // What it holds, as the model says, and what searches return today.
+    // Graph walks on every arm, as tests/format_compat.rs searches.
+    let walk = Settings {
+        vector_exact_below: 0,
+        ..Settings::default()
+    };
+    let reader = Index::open_read_only(loc, walk).await.expect("open");
+    let scanned = keys(&reader.scan(Default::default()).await.expect("scan"));
+    let mut sorted = scanned.clone();
+    sorted.sort();
+    assert_eq!(sorted, model.keys().cloned().collect::<Vec<_>>());
+    let mut fts = Vec::new();
+    for q in [
+        "boundary layer",
+        "\"supersonic flow\"",
+        "heat +nozzle",
+        "version 3",
+    ] {
+        let hits = reader
+            .search_fts(q, &SearchOptions::with_k(10))
+            .await
+            .expect("search");
+        fts.push((q.to_string(), keys(&hits)));
+    }
+    let mut vector = Vec::new();
+    for _ in 0..4 {
+        let q = g.vector();
+        let hits = reader
+            .search_vector(&q, &VectorSearchOptions::with_k(10))
+            .await
+            .expect("search");
+        vector.push((q, keys(&hits)));
+    }
+    let expected = Expected {
+        rows: model.into_values().collect(),
+        fts,
+        vector,
+    };
+    std::fs::write(
+        root.join("index.json"),
+        serde_json::to_string_pretty(&expected).expect("json"),
+    )
+    .expect("write");
+}

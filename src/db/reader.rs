@@ -1,0 +1,137 @@
+//! What both handles read with: the schemas, settings, generation cache and block lists, and
+//! the one implementation of scan, search planning and execution over a snapshot.
+
+use crate::format::GenerationMeta;
+use crate::generation::cache::{CacheStats, GenerationCache};
+use crate::query::vector::VectorSearchOptions;
+use crate::query::{fts, vector, SearchOptions};
+use crate::read::{compile_filter, BlockLists, Snapshot, Source};
+use crate::schema::IndexSchema;
+use crate::settings::Settings;
+use crate::storage::paths::Paths;
+use crate::storage::Location;
+use crate::text::TextSchema;
+use crate::Result;
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_plan::{collect, execute_stream, ExecutionPlan};
+use std::sync::Arc;
+
+/// The read side of a handle.
+#[derive(Debug)]
+pub(crate) struct Reader {
+    pub(crate) schema: IndexSchema,
+    /// The Arrow schema of appended and returned rows.
+    pub(crate) user_schema: SchemaRef,
+    /// The Arrow schema of stored rows (user columns, `_seq`, `_deleted`).
+    pub(crate) stored_schema: SchemaRef,
+    pub(crate) text_schema: Option<Arc<TextSchema>>,
+    pub(crate) settings: Settings,
+    /// Decoded generations.
+    pub(crate) generations: GenerationCache,
+    pub(crate) block_lists: Arc<BlockLists>,
+}
+
+impl Reader {
+    pub(crate) fn new(
+        loc: &Location,
+        paths: &Paths,
+        schema: IndexSchema,
+        settings: Settings,
+    ) -> Self {
+        let stored_schema = schema.stored_schema();
+        let text_schema = TextSchema::new(&schema);
+        let generations = GenerationCache::new(
+            loc.clone(),
+            paths.clone(),
+            stored_schema.clone(),
+            text_schema.clone(),
+            schema.vector_spec(&settings),
+            settings.io_concurrency,
+            settings.cache_bytes,
+        );
+        Reader {
+            user_schema: schema.arrow_schema(),
+            stored_schema,
+            text_schema,
+            schema,
+            settings,
+            generations,
+            block_lists: Arc::default(),
+        }
+    }
+
+    /// A snapshot of `memtables` (newest first) and the generations `metas` lists (oldest
+    /// first, as a manifest does), fetched through the cache.
+    pub(crate) async fn snapshot(
+        &self,
+        memtables: Vec<Source>,
+        metas: &[GenerationMeta],
+    ) -> Result<Snapshot> {
+        let generations = self.generations.get_all(metas).await?;
+        let mut sources = memtables;
+        sources.extend(generations.into_iter().rev().map(Source::Generation));
+        Ok(Snapshot::new(sources, self.block_lists.clone()))
+    }
+
+    /// Every live row of the snapshot, optionally filtered.
+    pub(crate) async fn scan(
+        &self,
+        snapshot: Snapshot,
+        filter: Option<&str>,
+    ) -> Result<Vec<RecordBatch>> {
+        let user = self.user_schema.clone();
+        let filter = filter.map(|f| compile_filter(&user, f)).transpose()?;
+        tokio::task::spawn_blocking(move || snapshot.scan(&user, filter.as_ref())).await?
+    }
+
+    /// The physical plan of a full-text search over the snapshot.
+    pub(crate) async fn plan_fts(
+        &self,
+        snapshot: Snapshot,
+        query: &str,
+        options: &SearchOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let schema = self.schema.clone();
+        let text = self.text_schema.clone();
+        let query = query.to_string();
+        let options = options.clone();
+        tokio::task::spawn_blocking(move || {
+            fts::plan(&schema, text.as_ref(), snapshot, &query, &options)
+        })
+        .await?
+    }
+
+    /// The physical plan of a vector search over the snapshot.
+    pub(crate) async fn plan_vector(
+        &self,
+        snapshot: Snapshot,
+        query: &[f32],
+        options: &VectorSearchOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let schema = self.schema.clone();
+        let settings = self.settings.clone();
+        let query = query.to_vec();
+        let options = options.clone();
+        tokio::task::spawn_blocking(move || {
+            vector::plan(&schema, &settings, snapshot, &query, &options)
+        })
+        .await?
+    }
+
+    /// What the generation cache holds.
+    pub(crate) async fn cache_stats(&self) -> CacheStats {
+        self.generations.stats().await
+    }
+}
+
+/// Run a plan to completion.
+pub(crate) async fn run(plan: Arc<dyn ExecutionPlan>) -> Result<Vec<RecordBatch>> {
+    Ok(collect(plan, Arc::new(TaskContext::default())).await?)
+}
+
+/// Run a plan as a stream of batches.
+pub(crate) fn stream(plan: Arc<dyn ExecutionPlan>) -> Result<SendableRecordBatchStream> {
+    Ok(execute_stream(plan, Arc::new(TaskContext::default()))?)
+}

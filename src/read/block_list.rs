@@ -1,0 +1,333 @@
+//! Block lists: which rows of a source newer sources hide.
+//!
+//! A row is *live* when it is the newest version of its key in its source, not a tombstone, and
+//! its key is in no strictly newer source. The keys (key hashes, a hit confirmed on the exact
+//! key) of the newer sources form the source's block list. Memtables are compared with each
+//! other per query. What newer generations hide of a generation only changes when the list of
+//! generations does, and what a memtable's rows hide of a generation only grows as rows are
+//! appended, so a handle keeps both in its [`BlockLists`] and a query does no work proportional
+//! to the generations' rows.
+
+use super::source::Source;
+use crate::generation::Generation;
+use crate::key::Key;
+use crate::schema::deleted_flags;
+use arrow::array::{BooleanArray, RecordBatch};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// The live rows of one source.
+#[derive(Debug, Clone)]
+pub(crate) struct Live {
+    /// Per row: the newest version of its key in the snapshot, and not a tombstone.
+    pub(crate) mask: Arc<Vec<bool>>,
+    /// For a generation: its rows (not tombstones) that newer sources hide. Statistics of a
+    /// generation are its own totals minus these rows.
+    pub(crate) hidden: Option<Vec<u32>>,
+}
+
+impl Live {
+    /// Rows the mask admits.
+    pub(crate) fn count(&self) -> usize {
+        self.mask.iter().filter(|l| **l).count()
+    }
+}
+
+/// What the generations newer than one generation hide of it.
+#[derive(Debug)]
+struct NewerMask {
+    /// `(id, epoch)` of the newer generations, newest first.
+    newer: Vec<(u64, u64)>,
+    /// Per row: neither a tombstone nor superseded by a newer generation.
+    live: Arc<Vec<bool>>,
+    /// Rows (not tombstones) that newer generations hide.
+    hidden: Vec<u32>,
+}
+
+/// Memtable rows checked against one generation, and `(generation row, memtable row)` pairs.
+type Hidden = (usize, Vec<(u32, u32)>);
+
+/// The rows of generations one memtable's keys hide, kept up to date incrementally: each
+/// memtable row is checked against each generation once (a hash lookup), not once per query.
+#[derive(Debug, Default)]
+struct MemtableBlocks {
+    /// Per generation `(id, epoch)`: memtable rows checked so far, and `(generation row,
+    /// memtable row)` for each hidden generation row.
+    per_generation: Mutex<HashMap<(u64, u64), Hidden>>,
+}
+
+/// The block lists a handle keeps between queries (a cache: anything dropped is recomputed).
+#[derive(Debug, Default)]
+pub(crate) struct BlockLists {
+    /// Per generation `(id, epoch)`: what newer generations hide of it, for the list of newer
+    /// generations last asked about.
+    between: Mutex<HashMap<(u64, u64), Arc<NewerMask>>>,
+    /// Per memtable id: what its rows hide of each generation.
+    memtables: Mutex<HashMap<u64, Arc<MemtableBlocks>>>,
+}
+
+fn key_of(g: &Generation) -> (u64, u64) {
+    (g.meta().id, g.meta().epoch)
+}
+
+impl BlockLists {
+    /// Drop what is kept for memtables and generations `sources` does not hold (flushed
+    /// memtables, generations no longer listed).
+    pub(crate) fn retain(&self, sources: &[Source]) {
+        let mut mems = Vec::new();
+        let mut gens = Vec::new();
+        for s in sources {
+            match s {
+                Source::Memtable(m) => mems.push(m.view.id),
+                Source::Generation(g) => gens.push(key_of(g)),
+            }
+        }
+        lock(&self.memtables).retain(|id, _| mems.contains(id));
+        lock(&self.between).retain(|k, _| gens.contains(k));
+    }
+
+    fn memtable(&self, id: u64) -> Arc<MemtableBlocks> {
+        lock(&self.memtables).entry(id).or_default().clone()
+    }
+
+    /// The rows of `g` that `newer` (the generations newer than it, newest first) hide, with
+    /// its tombstones: computed once per list of newer generations, and extended (not
+    /// recomputed) when generations were only added on top.
+    fn newer_mask(&self, g: &Generation, newer: &[&Arc<Generation>]) -> Arc<NewerMask> {
+        let ids: Vec<(u64, u64)> = newer.iter().map(|n| key_of(n)).collect();
+        let cached = lock(&self.between).get(&key_of(g)).cloned();
+        let (mut live, mut hidden, todo) = match cached {
+            Some(c) if c.newer == ids => return c,
+            Some(c) if ids.ends_with(&c.newer) => (
+                (*c.live).clone(),
+                c.hidden.clone(),
+                ids.len() - c.newer.len(),
+            ),
+            _ => {
+                let deleted = deleted_flags(g.rows());
+                let live = (0..g.rows().num_rows())
+                    .map(|r| !deleted.value(r))
+                    .collect();
+                (live, Vec::new(), ids.len())
+            }
+        };
+        for n in &newer[..todo] {
+            for (r, h) in n.row_hashes().iter().enumerate() {
+                if let Some(mine) = g.row_of_key(*h, || n.key_at(r)) {
+                    if live[mine] {
+                        live[mine] = false;
+                        hidden.push(mine as u32);
+                    }
+                }
+            }
+        }
+        let mask = Arc::new(NewerMask {
+            newer: ids,
+            live: Arc::new(live),
+            hidden,
+        });
+        lock(&self.between).insert(key_of(g), mask.clone());
+        mask
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl MemtableBlocks {
+    /// The rows of `generation` hidden by the first `rows` rows of a memtable view (its stored
+    /// `batches` starting at `offsets`, with their `row_hashes`). Every version and tombstone
+    /// hides: a memtable is newer than every generation.
+    fn hidden_in(
+        &self,
+        generation: &Generation,
+        batches: &[RecordBatch],
+        offsets: &[usize],
+        row_hashes: &[Arc<[u64]>],
+        rows: usize,
+    ) -> Vec<u32> {
+        let mut all = lock(&self.per_generation);
+        let (checked, hidden) = all.entry(key_of(generation)).or_default();
+        if *checked < rows {
+            for (b, hashes) in row_hashes.iter().enumerate() {
+                let start = offsets[b];
+                let end = (start + hashes.len()).min(rows);
+                for ord in (*checked).max(start)..end {
+                    let r = ord - start;
+                    let key = || Key::from_array(batches[b].column(0).as_ref(), r);
+                    if let Some(row) = generation.row_of_key(hashes[r], key) {
+                        hidden.push((row as u32, ord as u32));
+                    }
+                }
+            }
+            *checked = rows;
+        }
+        // A query holding an older view sees only what its own rows hide.
+        hidden
+            .iter()
+            .filter(|(_, ord)| (*ord as usize) < rows)
+            .map(|(row, _)| *row)
+            .collect()
+    }
+}
+
+/// The live rows of each source of a snapshot (newest first): memtables first, compared with
+/// each other here; generations from the handle's cached block lists.
+pub(crate) fn live_masks(sources: &[Source], cache: &BlockLists) -> Vec<Live> {
+    let m = sources
+        .iter()
+        .take_while(|s| matches!(s, Source::Memtable(_)))
+        .count();
+    let mut out: Vec<Live> = memtable_masks(&sources[..m])
+        .into_iter()
+        .map(|mask| Live {
+            mask: Arc::new(mask),
+            hidden: None,
+        })
+        .collect();
+    let gens: Vec<&Arc<Generation>> = sources[m..]
+        .iter()
+        .filter_map(|s| match s {
+            Source::Generation(g) => Some(g),
+            Source::Memtable(_) => None,
+        })
+        .collect();
+    debug_assert_eq!(gens.len(), sources.len() - m, "memtables come first");
+    let memtables: Vec<_> = sources[..m]
+        .iter()
+        .filter_map(|s| match s {
+            Source::Memtable(mt) => Some((mt, cache.memtable(mt.view.id))),
+            Source::Generation(_) => None,
+        })
+        .collect();
+    for (i, g) in gens.iter().enumerate() {
+        let base = cache.newer_mask(g, &gens[..i]);
+        let mut kills: Vec<u32> = Vec::new();
+        for (mt, blocks) in &memtables {
+            let v = &mt.view;
+            kills.extend(blocks.hidden_in(g, &v.batches, &v.offsets, &v.row_hashes, v.rows));
+        }
+        kills.retain(|r| base.live[*r as usize]);
+        kills.sort_unstable();
+        kills.dedup();
+        let mut hidden = base.hidden.clone();
+        let mask = if kills.is_empty() {
+            base.live.clone()
+        } else {
+            let mut live = (*base.live).clone();
+            for r in &kills {
+                live[*r as usize] = false;
+            }
+            hidden.extend(kills);
+            Arc::new(live)
+        };
+        out.push(Live {
+            mask,
+            hidden: Some(hidden),
+        });
+    }
+    out
+}
+
+/// Live masks among memtables (newest first), compared key by key.
+fn memtable_masks(sources: &[Source]) -> Vec<Vec<bool>> {
+    // The newest (source, ordinal) seen for each key hash; a hit is confirmed on the exact key,
+    // and a true hash collision falls back to looking the key up in every newer source.
+    let mut newer: HashMap<u64, (usize, usize)> = HashMap::new();
+    let mut out = Vec::with_capacity(sources.len());
+    for (i, s) in sources.iter().enumerate() {
+        let rows = s.rows();
+        let mut live = vec![false; rows];
+        let deleted: Vec<BooleanArray> = s.batches().iter().map(deleted_flags).collect();
+        for &(ord, h) in s.candidates().iter() {
+            if ord >= rows {
+                continue;
+            }
+            let hidden = match newer.get(&h) {
+                None => false,
+                Some((j, o)) => {
+                    let k = s.key_at(ord);
+                    sources[*j].key_at(*o) == k || in_any(&sources[..i], h, &k)
+                }
+            };
+            let (b, r) = s.locate(ord);
+            live[ord] = !hidden && !deleted[b].value(r);
+        }
+        if i + 1 < sources.len() {
+            for &(ord, h) in s.candidates().iter() {
+                if ord < rows {
+                    newer.entry(h).or_insert((i, ord));
+                }
+            }
+        }
+        out.push(live);
+    }
+    out
+}
+
+/// Whether any of `sources` holds `key` (whose hash is `h`): the slow path of a hash collision.
+fn in_any(sources: &[Source], h: u64, key: &Option<Key>) -> bool {
+    sources.iter().any(|s| {
+        s.candidates()
+            .iter()
+            .any(|&(o, hh)| hh == h && o < s.rows() && &s.key_at(o) == key)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memtable::MemtableView;
+    use crate::schema::IndexSchema;
+    use arrow::array::{ArrayRef, StringArray};
+
+    fn source(id: u64, keys: &[&str], hashes: &[u64], deleted: bool) -> Source {
+        let s = IndexSchema::from_json(r#"{"primary_key": "id"}"#).unwrap();
+        let keys: ArrayRef = Arc::new(StringArray::from(keys.to_vec()));
+        let batch = if deleted {
+            s.tombstones(&keys, 1).unwrap()
+        } else {
+            let user = RecordBatch::try_new(s.arrow_schema(), vec![keys]).unwrap();
+            s.to_stored(&user, 1).unwrap()
+        };
+        let view = MemtableView {
+            id,
+            rows: batch.num_rows(),
+            row_hashes: vec![hashes.into()],
+            batches: vec![batch],
+            offsets: vec![0],
+            candidates: hashes.iter().copied().enumerate().collect(),
+            text: None,
+            graph: None,
+        };
+        Source::memtable(format!("memtable {id}"), view)
+    }
+
+    #[test]
+    fn a_hash_collision_never_hides_a_live_row() {
+        // "b" in the newer source collides with "a" in the older one: "a" must stay live.
+        let newer = source(2, &["b", "c"], &[7, 9], false);
+        let older = source(1, &["a", "c", "d"], &[7, 9, 11], false);
+        let m = live_masks(&[newer, older], &BlockLists::default());
+        assert_eq!(*m[0].mask, vec![true, true]);
+        assert_eq!(
+            *m[1].mask,
+            vec![true, false, true],
+            "only the superseded 'c' is hidden"
+        );
+    }
+
+    #[test]
+    fn a_collision_beside_a_real_match_still_hides_the_real_match() {
+        // Hash 7 is held by "x" (newest) and "a" (middle); the oldest "a" is superseded by the
+        // middle one although the first hash hit is the unrelated "x".
+        let newest = source(3, &["x"], &[7], false);
+        let middle = source(2, &["a"], &[7], true);
+        let oldest = source(1, &["a", "z"], &[7, 3], false);
+        let m = live_masks(&[newest, middle, oldest], &BlockLists::default());
+        assert_eq!(*m[0].mask, vec![true]);
+        assert_eq!(*m[1].mask, vec![false], "a tombstone is never live");
+        assert_eq!(*m[2].mask, vec![false, true]);
+    }
+}
