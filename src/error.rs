@@ -55,7 +55,12 @@ pub(crate) enum Reason {
     Invalid(String),
     /// An object that should exist does not (or vanished between a LIST and a GET).
     #[error("object '{object}': {detail}")]
-    NotFound { object: String, detail: String },
+    NotFound {
+        object: String,
+        detail: String,
+        #[source]
+        source: Option<object_store::Error>,
+    },
     /// An object's bytes are wrong: short, bad magic, CRC mismatch, bad contents.
     #[error("object '{object}': {detail}")]
     Corrupt { object: String, detail: String },
@@ -71,9 +76,13 @@ pub(crate) enum Reason {
     /// A newer writer claimed the index.
     #[error("{0}")]
     Fenced(String),
-    /// A conditional create lost: the object exists.
-    #[error("object '{object}' already exists")]
-    Conflict { object: String },
+    /// A conditional create lost: the object exists (a concurrent writer created it).
+    #[error("object '{object}': {source}")]
+    Conflict {
+        object: String,
+        #[source]
+        source: object_store::Error,
+    },
     /// The object store failed while touching `object`.
     #[error("object '{object}': {source}")]
     Store {
@@ -124,7 +133,8 @@ impl From<Reason> for Error {
             Reason::Corrupt { .. } => ErrorKind::Data,
             Reason::UnsupportedVersion { .. } => ErrorKind::Data,
             Reason::Fenced(_) => ErrorKind::Fenced,
-            Reason::Conflict { .. } => ErrorKind::Internal,
+            // Another writer raced this one; with fresh state a retry may succeed.
+            Reason::Conflict { .. } => ErrorKind::Unavailable,
             Reason::Store { .. } => ErrorKind::Unavailable,
             Reason::Io(_) => ErrorKind::Unavailable,
             Reason::Closed => ErrorKind::Closed,
@@ -194,6 +204,7 @@ impl Error {
         Reason::NotFound {
             object: object.to_string(),
             detail: detail.to_string(),
+            source: None,
         }
         .into()
     }
@@ -239,8 +250,9 @@ impl Error {
             object_store::Error::NotFound { .. } => Reason::NotFound {
                 detail: e.to_string(),
                 object,
+                source: Some(e),
             },
-            object_store::Error::AlreadyExists { .. } => Reason::Conflict { object },
+            object_store::Error::AlreadyExists { .. } => Reason::Conflict { object, source: e },
             source => Reason::Store { object, source },
         }
         .into()
@@ -306,6 +318,8 @@ mod tests {
         assert!(nf.is_not_found());
         assert_eq!(nf.kind(), ErrorKind::Data);
         assert!(nf.message().starts_with("object 'wal/1.wal'"));
+        let inner = std::error::Error::source(&nf).expect("the store's error is the source");
+        assert!(inner.downcast_ref::<object_store::Error>().is_some());
         let v = Error::unsupported_version("m", "manifest", 9, 1, 1);
         assert_eq!(v.kind(), ErrorKind::Data);
         assert!(v.message().contains("version 9"), "{v}");

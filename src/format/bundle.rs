@@ -18,6 +18,9 @@ const MAGIC: &[u8; 4] = match ObjectKind::Generation.magic() {
 };
 const FOOTER_LEN: usize = 32;
 
+/// Named sections, as an index hands them to a [`BundleWriter`].
+pub(crate) type Sections = Vec<(String, Vec<u8>)>;
+
 #[derive(Debug, Serialize, Deserialize)]
 struct Section {
     name: String,

@@ -1,5 +1,5 @@
 //! The generation cache of a handle: decoded generations (rows, key hashes, text index,
-//! vector graph, and the block lists computed on them) by id, within a byte budget
+//! vector graph) by id, within a byte budget
 //! ([`crate::Settings::cache_bytes`]).
 //!
 //! Every generation a query needs is fetched through [`GenerationCache::get_all`]: hits cost

@@ -13,7 +13,7 @@ use crate::generation::Generation;
 use crate::key::Key;
 use crate::schema::deleted_flags;
 use arrow::array::{BooleanArray, RecordBatch};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 /// The live rows of one source.
@@ -74,13 +74,13 @@ impl BlockLists {
     /// Drop what is kept for memtables and generations `sources` does not hold (flushed
     /// memtables, generations no longer listed).
     pub(crate) fn retain(&self, sources: &[Source]) {
-        let mut mems = Vec::new();
-        let mut gens = Vec::new();
+        let mut mems = HashSet::new();
+        let mut gens = HashSet::new();
         for s in sources {
             match s {
-                Source::Memtable(m) => mems.push(m.view.id),
-                Source::Generation(g) => gens.push(key_of(g)),
-            }
+                Source::Memtable(m) => mems.insert(m.view.id),
+                Source::Generation(g) => gens.insert(key_of(g)),
+            };
         }
         lock(&self.memtables).retain(|id, _| mems.contains(id));
         lock(&self.between).retain(|k, _| gens.contains(k));

@@ -12,7 +12,7 @@ pub(crate) use block_list::{live_masks, BlockLists, Live};
 pub(crate) use source::Source;
 
 use crate::{Error, Result};
-use arrow::array::{Array, RecordBatch};
+use arrow::array::{Array, BooleanArray, RecordBatch};
 use arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::DFSchema;
 use datafusion::physical_expr::PhysicalExpr;
@@ -46,7 +46,8 @@ impl Snapshot {
     }
 
     /// Every live row that passes `filter`, projected to `user_schema`: one batch per source
-    /// holding any, newest source first, rows in their source's order.
+    /// holding any, newest source first, rows in their source's order. The filter sees live
+    /// rows only (a superseded version or a tombstone can never make it fail).
     pub(crate) fn scan(
         &self,
         user_schema: &SchemaRef,
@@ -54,15 +55,11 @@ impl Snapshot {
     ) -> Result<Vec<RecordBatch>> {
         let mut out = Vec::new();
         for (source, live) in self.sources.iter().zip(self.live()) {
-            let filtered = match filter {
-                Some(f) => Some(source.filter_mask(f, user_schema)?),
-                None => None,
-            };
             let idx: Vec<(usize, usize)> = live
                 .mask
                 .iter()
                 .enumerate()
-                .filter(|(ord, l)| **l && filtered.as_ref().is_none_or(|f| f[*ord]))
+                .filter(|(_, l)| **l)
                 .map(|(ord, _)| source.locate(ord))
                 .collect();
             if idx.is_empty() {
@@ -78,10 +75,39 @@ impl Snapshot {
                     arrow::compute::interleave(&arrays, &idx)
                 })
                 .collect::<std::result::Result<Vec<_>, _>>()?;
-            out.push(RecordBatch::try_new(user_schema.clone(), columns)?);
+            let rows = RecordBatch::try_new(user_schema.clone(), columns)?;
+            let rows = match filter {
+                Some(f) => arrow::compute::filter_record_batch(&rows, &evaluate(f, &rows)?)?,
+                None => rows,
+            };
+            if rows.num_rows() > 0 {
+                out.push(rows);
+            }
         }
         Ok(out)
     }
+}
+
+/// A predicate's value on every row of `batch` (null counts as false); a predicate that fails
+/// on the data (a cast of a non-number) is the caller's: `Invalid`.
+pub(crate) fn evaluate(
+    filter: &Arc<dyn PhysicalExpr>,
+    batch: &RecordBatch,
+) -> Result<BooleanArray> {
+    let v = filter
+        .evaluate(batch)
+        .and_then(|v| v.into_array(batch.num_rows()))
+        .map_err(|e| Error::invalid(format!("filter: {e}")))?;
+    let v = v
+        .as_any()
+        .downcast_ref::<BooleanArray>()
+        .ok_or_else(|| Error::invalid("filter: the predicate is not boolean"))?;
+    // Nulls are false: `filter_record_batch` and the masks drop them.
+    Ok(if v.null_count() > 0 {
+        arrow::compute::prep_null_mask_filter(v)
+    } else {
+        v.clone()
+    })
 }
 
 /// Compile a SQL predicate over the user columns; `Invalid` when it does not parse, names an

@@ -5,8 +5,8 @@ use crate::key::Key;
 use crate::memtable::MemtableView;
 use crate::text::TextIndex;
 use crate::vector::{MemVectorIndex, VectorIndex};
-use crate::{Error, Result};
-use arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch};
+use crate::Result;
+use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::SchemaRef;
 use datafusion::physical_expr::PhysicalExpr;
 use std::sync::Arc;
@@ -142,16 +142,8 @@ impl Source {
             ));
             let cols: Vec<ArrayRef> = b.columns()[..n].to_vec();
             let ub = RecordBatch::try_new(schema, cols)?;
-            // A predicate that fails on the data (a cast of a non-number) is the caller's.
-            let v = filter
-                .evaluate(&ub)
-                .and_then(|v| v.into_array(ub.num_rows()))
-                .map_err(|e| Error::invalid(format!("filter: {e}")))?;
-            let v = v
-                .as_any()
-                .downcast_ref::<BooleanArray>()
-                .ok_or_else(|| Error::invalid("filter: the predicate is not boolean"))?;
-            mask.extend((0..v.len()).map(|i| v.is_valid(i) && v.value(i)));
+            let v = super::evaluate(filter, &ub)?;
+            mask.extend(v.values().iter());
         }
         mask.truncate(rows);
         Ok(mask)

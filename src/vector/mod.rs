@@ -11,6 +11,7 @@
 pub(crate) mod distance;
 pub(crate) mod graph;
 
+use crate::format::bundle::Sections;
 use crate::schema::{deleted_flags, Metric};
 use crate::settings::GraphParams;
 use crate::{Error, Result};
@@ -142,7 +143,7 @@ impl VectorIndex {
         vcol: usize,
         metric: Metric,
         params: GraphParams,
-    ) -> Result<(VectorIndex, Vec<(String, Vec<u8>)>)> {
+    ) -> Result<(VectorIndex, Sections)> {
         let deleted = deleted_flags(rows);
         let list = rows.column(vcol).as_fixed_size_list();
         let (dim, vectors) = vectors_of(rows, vcol)?;
@@ -242,7 +243,7 @@ impl VectorIndex {
         vcol: usize,
         metric: Metric,
         params: GraphParams,
-    ) -> Result<Vec<(String, Vec<u8>)>> {
+    ) -> Result<Sections> {
         use hnsw_rs::api::AnnT;
         let deleted = deleted_flags(rows);
         let list = rows.column(vcol).as_fixed_size_list();
