@@ -72,3 +72,51 @@ async fn racing_writers_get_distinct_epochs_and_only_the_newest_writes() {
     }
     assert_eq!(live(newest).await.len(), 1);
 }
+
+/// The rolling-restart scenario: writer B takes over while A still runs, and B flushes (which
+/// deletes the WAL objects its generation covers). A's next append must fail as fenced, not
+/// land on a WAL id below B's replay point (acknowledged, then never replayed), and A must
+/// never fence B. Run on memory and on local disk.
+async fn zombie_after_the_new_writers_flush(loc: Location) {
+    let s = schema();
+    let a = Index::create(loc.clone(), s.clone(), small_settings())
+        .await
+        .unwrap();
+    a.append(&batch(&s, &[Row::new("a0", 1)])).await.unwrap();
+    let b = Index::open(loc.clone(), small_settings()).await.unwrap();
+    b.append(&batch(&s, &[Row::new("b1", 1)])).await.unwrap();
+    b.flush().await.unwrap();
+    let mut acked = vec!["a0", "b1"];
+    for (key, r) in [
+        ("a1", a.append(&batch(&s, &[Row::new("a1", 1)])).await),
+        ("a2", a.append(&batch(&s, &[Row::new("a2", 1)])).await),
+    ] {
+        match r {
+            Ok(_) => acked.push(key),
+            Err(e) => assert_eq!(e.kind(), ErrorKind::Fenced, "{key}: {e}"),
+        }
+    }
+    assert_eq!(acked, ["a0", "b1"], "the fenced writer acknowledged nothing");
+    b.append(&batch(&s, &[Row::new("b2", 1)]))
+        .await
+        .expect("the newer writer is never fenced by the older one");
+    acked.push("b2");
+    b.close().await.unwrap();
+    let reopened = Index::open(loc, small_settings()).await.unwrap();
+    let keys: Vec<String> = live(&reopened).await.into_keys().collect();
+    let mut want: Vec<String> = acked.iter().map(|k| k.to_string()).collect();
+    want.sort();
+    assert_eq!(keys, want, "every acknowledged row, nothing else");
+}
+
+#[tokio::test]
+async fn a_zombie_writer_is_fenced_after_the_new_writer_flushes_memory() {
+    zombie_after_the_new_writers_flush(memory()).await;
+}
+
+#[tokio::test]
+async fn a_zombie_writer_is_fenced_after_the_new_writer_flushes_local() {
+    let dir = tempfile::tempdir().unwrap();
+    zombie_after_the_new_writers_flush(Location::parse(&dir.path().display().to_string()).unwrap())
+        .await;
+}
