@@ -212,7 +212,11 @@ async fn wal_objects_and_old_manifests_are_cleaned_up() {
                 .len()
         }
     };
-    assert_eq!(list("idx/wal").await, 0, "flushed WAL objects are deleted");
+    assert_eq!(
+        list("idx/wal").await,
+        1,
+        "flushed WAL objects are deleted; the writer's fence object stays"
+    );
     assert!(list("idx/manifest").await <= 4, "old manifests are pruned");
     assert_eq!(list("idx/generations").await, 12);
     assert_eq!(live(&index).await.len(), 36);

@@ -96,7 +96,11 @@ async fn zombie_after_the_new_writers_flush(loc: Location) {
             Err(e) => assert_eq!(e.kind(), ErrorKind::Fenced, "{key}: {e}"),
         }
     }
-    assert_eq!(acked, ["a0", "b1"], "the fenced writer acknowledged nothing");
+    assert_eq!(
+        acked,
+        ["a0", "b1"],
+        "the fenced writer acknowledged nothing"
+    );
     b.append(&batch(&s, &[Row::new("b2", 1)]))
         .await
         .expect("the newer writer is never fenced by the older one");

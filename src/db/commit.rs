@@ -183,7 +183,7 @@ impl Committer {
                     let receipt = self.apply(&p.stored);
                     let _ = p.ack.send(receipt);
                 }
-                write_memtable(&active).set_last_wal_id(id);
+                write_memtable(&active).add_wal_id(id);
             }
             Err(e) => {
                 for p in prepared {
@@ -225,7 +225,7 @@ impl Committer {
             Ok(id) => {
                 self.pending_since = None;
                 let active = self.inner.read_state().active.clone();
-                write_memtable(&active).set_last_wal_id(id);
+                write_memtable(&active).add_wal_id(id);
                 Ok(())
             }
             Err(e) => {
@@ -280,7 +280,7 @@ impl Committer {
                                 let active = self.inner.read_state().active.clone();
                                 let mut m = write_memtable(&active);
                                 m.apply(r)?;
-                                m.set_last_wal_id(id);
+                                m.add_wal_id(id);
                             }
                             self.next_wal_id = id + 1;
                         }

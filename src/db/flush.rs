@@ -46,9 +46,10 @@ pub(crate) async fn run_flusher(inner: Arc<Inner>) {
 }
 
 async fn flush_one(inner: &Arc<Inner>, m: &SharedMemtable) -> Result<()> {
-    let (rows, last_wal_id, max_seq, mid) = {
+    let (rows, last_wal_id, wal_ids, max_seq, mid) = {
         let g = read_memtable(m);
-        (g.newest_rows()?, g.last_wal_id(), g.max_seq(), g.id())
+        let ids = g.wal_ids().to_vec();
+        (g.newest_rows()?, g.last_wal_id(), ids, g.max_seq(), g.id())
     };
     let base = inner.read_state().manifest.clone();
     let gen_id = base.next_generation_id;
@@ -119,10 +120,11 @@ async fn flush_one(inner: &Arc<Inner>, m: &SharedMemtable) -> Result<()> {
         "flushed memtable {mid} as generation {gen_id} (manifest {})",
         next.version
     );
-    // Cleanup, best effort: WAL objects now covered, old manifests.
-    let wal: Vec<_> = (base.wal_replay_from..next.wal_replay_from)
-        .map(|id| inner.paths.wal(id))
-        .collect();
+    // Cleanup, best effort: the WAL objects holding the flushed rows, old manifests. Fence
+    // objects are kept: a fenced writer's next WAL PUT targets the id of the fence that fenced
+    // it, and must collide with it however long that writer stalls (deleting the fence would
+    // let it write below the replay point: acknowledged, never replayed).
+    let wal: Vec<_> = wal_ids.iter().map(|id| inner.paths.wal(*id)).collect();
     let conc = inner.reader.settings.io_concurrency;
     let manifests = inner.manifests.clone();
     tokio::join!(

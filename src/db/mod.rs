@@ -326,7 +326,7 @@ impl Index {
             if let Some(rows) = e.rows {
                 mem.apply(rows)?;
             }
-            mem.set_last_wal_id(id);
+            mem.add_wal_id(id);
         }
         tracing::info!(
             "opened {} as writer: epoch {epoch}, {} generations, {} rows replayed from the WAL",

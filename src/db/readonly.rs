@@ -111,7 +111,7 @@ impl ReadOnlyIndex {
                         if let Some(rows) = e.rows {
                             wal.apply(rows)?;
                         }
-                        wal.set_last_wal_id(id);
+                        wal.add_wal_id(id);
                     }
                     return Ok(View {
                         wal_objects: replayed.next_id.saturating_sub(m.wal_replay_from),

@@ -40,7 +40,8 @@ pub(crate) struct Memtable {
     rows: usize,
     bytes: usize,
     max_seq: u64,
-    last_wal_id: Option<u64>,
+    /// Ids of the WAL objects holding rows of this memtable, ascending.
+    wal_ids: Vec<u64>,
 }
 
 impl Memtable {
@@ -70,7 +71,7 @@ impl Memtable {
             rows: 0,
             bytes: 0,
             max_seq: 0,
-            last_wal_id: None,
+            wal_ids: Vec::new(),
         })
     }
 
@@ -146,14 +147,22 @@ impl Memtable {
         (self.batches.clone(), self.offsets.clone(), self.rows)
     }
 
-    /// Record that the rows applied so far are covered by WAL objects up to `id`.
-    pub(crate) fn set_last_wal_id(&mut self, id: u64) {
-        self.last_wal_id = Some(self.last_wal_id.map_or(id, |w| w.max(id)));
+    /// Record that WAL object `id` holds rows applied to this memtable.
+    pub(crate) fn add_wal_id(&mut self, id: u64) {
+        if let Err(at) = self.wal_ids.binary_search(&id) {
+            self.wal_ids.insert(at, id);
+        }
     }
 
     /// The last WAL object holding rows of this memtable.
     pub(crate) fn last_wal_id(&self) -> Option<u64> {
-        self.last_wal_id
+        self.wal_ids.last().copied()
+    }
+
+    /// The WAL objects holding rows of this memtable, ascending: what its flush may delete
+    /// (never a fence object, which must outlive every writer it fenced).
+    pub(crate) fn wal_ids(&self) -> &[u64] {
+        &self.wal_ids
     }
 
     /// Rows applied (every version and tombstone).
