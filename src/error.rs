@@ -61,9 +61,12 @@ pub(crate) enum Reason {
         #[source]
         source: Option<object_store::Error>,
     },
-    /// An object's bytes are wrong: short, bad magic, CRC mismatch, bad contents.
+    /// An object's bytes are wrong: bad magic, bad contents.
     #[error("object '{object}': {detail}")]
     Corrupt { object: String, detail: String },
+    /// An object is shorter than it says or fails its CRC: what a torn write leaves.
+    #[error("object '{object}': {detail}")]
+    Torn { object: String, detail: String },
     /// An object of a format version this build does not read.
     #[error("object '{object}': {what} has format version {found}; this build reads {}", versions(*oldest, *newest))]
     UnsupportedVersion {
@@ -131,6 +134,7 @@ impl From<Reason> for Error {
             Reason::Invalid(_) => ErrorKind::Invalid,
             Reason::NotFound { .. } => ErrorKind::Data,
             Reason::Corrupt { .. } => ErrorKind::Data,
+            Reason::Torn { .. } => ErrorKind::Data,
             Reason::UnsupportedVersion { .. } => ErrorKind::Data,
             Reason::Fenced(_) => ErrorKind::Fenced,
             // Another writer raced this one; with fresh state a retry may succeed.
@@ -198,6 +202,20 @@ impl Error {
             detail: detail.to_string(),
         }
         .into()
+    }
+
+    /// A torn object: short, or failing its CRC.
+    pub(crate) fn torn(object: impl fmt::Display, detail: impl fmt::Display) -> Self {
+        Reason::Torn {
+            object: object.to_string(),
+            detail: detail.to_string(),
+        }
+        .into()
+    }
+
+    /// Whether an object is torn (short or failing its CRC), as an interrupted write leaves it.
+    pub(crate) fn is_torn(&self) -> bool {
+        matches!(*self.reason, Reason::Torn { .. })
     }
 
     pub(crate) fn not_found(object: impl fmt::Display, detail: impl fmt::Display) -> Self {

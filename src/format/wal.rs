@@ -89,8 +89,11 @@ fn decode_inner(
     object: &dyn Display,
 ) -> Result<WalEntry> {
     let bad = |m: &str| Error::data(object, format!("WAL object {m}"));
+    // Short, or failing the CRC: what an interrupted write leaves (recovery may drop it when
+    // it is the last object). Anything else about a whole object is corruption.
+    let torn = |m: &str| Error::torn(object, format!("WAL object {m}"));
     if buf.len() < HEADER_LEN + 4 {
-        return Err(bad(&format!(
+        return Err(torn(&format!(
             "is truncated: {} bytes, shorter than the {}-byte header and CRC",
             buf.len(),
             HEADER_LEN + 4
@@ -112,13 +115,13 @@ fn decode_inner(
     let count = r.u64().expect("header");
     let plen = r.u64().expect("header");
     if plen != (body.len() - HEADER_LEN) as u64 {
-        return Err(bad(&format!(
+        return Err(torn(&format!(
             "is truncated or padded: header says {plen} payload bytes, found {}",
             body.len() - HEADER_LEN
         )));
     }
     if crc32fast::hash(body) != stored_crc {
-        return Err(bad("fails its CRC32 check"));
+        return Err(torn("fails its CRC32 check"));
     }
     ObjectKind::Wal.check_version(u64::from(version), object)?;
     let kind = match kind {

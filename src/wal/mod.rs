@@ -6,7 +6,7 @@
 
 use crate::format::wal::{decode, encode, WalEntry, WalKind};
 use crate::storage::paths::{parse_wal, Paths};
-use crate::{Error, ErrorKind, Result};
+use crate::{Error, Result};
 use arrow::datatypes::SchemaRef;
 use futures::{StreamExt, TryStreamExt};
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
@@ -33,8 +33,8 @@ pub(crate) enum Mode {
     ReadOnly,
 }
 
-/// Read every WAL object from `from` on. A torn last object (short or failing its CRC) is
-/// discarded with a warning; a defect anywhere else, or a gap in the ids, is an error of kind
+/// Read every WAL object from `from` on. A torn last object (short or failing its CRC, never
+/// anything else) is discarded with a warning; a defect anywhere else, or a gap in the ids, is an error of kind
 /// `Data` naming the object. A listed object that vanished before it was read (a concurrent flush
 /// deleted it), or a gap, is reported as not found (kind `Data`) so the caller can reload the
 /// manifest and retry.
@@ -93,7 +93,9 @@ pub(crate) async fn replay(
                         entries.push((id, e));
                     }
                 }
-                Err(e) if i == last && e.kind() == ErrorKind::Data => {
+                // Only a short object or a CRC mismatch is a torn tail: a whole object this
+                // build cannot read (a newer version, a bad payload) holds acknowledged rows.
+                Err(e) if i == last && e.is_torn() => {
                     tracing::warn!("discarding torn WAL tail {p}: {e}");
                     if let Mode::Writer { .. } = mode {
                         match store.delete(&p).await {
