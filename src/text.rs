@@ -35,6 +35,8 @@ fn tv(e: impl std::fmt::Display) -> Error {
 #[derive(Debug, Clone)]
 pub(crate) struct TextSchema {
     schema: Schema,
+    /// The text fields alone, for parsing queries.
+    query_schema: Schema,
     /// One field per text column, in schema order.
     fields: Vec<Field>,
     /// Column positions of the text columns in the user schema.
@@ -48,20 +50,31 @@ impl TextSchema {
         if schema.text.is_empty() {
             return None;
         }
+        let text_fields = |b: &mut tantivy::schema::SchemaBuilder| -> Vec<Field> {
+            schema
+                .text
+                .iter()
+                .map(|name| {
+                    let opts = TextOptions::default().set_indexing_options(
+                        TextFieldIndexing::default()
+                            .set_tokenizer(schema.tokenizer_of(name))
+                            .set_index_option(IndexRecordOption::WithFreqsAndPositions),
+                    );
+                    b.add_text_field(name, opts)
+                })
+                .collect()
+        };
+        // Queries are parsed against the text fields alone (added in the same order, so with
+        // the same ids): the internal `_row` field is no field of a query.
+        let mut q = Schema::builder();
+        text_fields(&mut q);
+        let query_schema = q.build();
         let mut b = Schema::builder();
-        let mut fields = Vec::new();
-        for name in &schema.text {
-            let tokenizer = schema.tokenizer_of(name);
-            let opts = TextOptions::default().set_indexing_options(
-                TextFieldIndexing::default()
-                    .set_tokenizer(tokenizer)
-                    .set_index_option(IndexRecordOption::WithFreqsAndPositions),
-            );
-            fields.push(b.add_text_field(name, opts));
-        }
+        let fields = text_fields(&mut b);
         let row = b.add_u64_field(ROW_FIELD, INDEXED | FAST);
         Some(Arc::new(TextSchema {
             schema: b.build(),
+            query_schema,
             fields,
             columns: (1..=schema.text.len()).collect(),
             row,
@@ -86,6 +99,12 @@ impl TextSchema {
     /// An empty in-memory index with this schema (used to parse queries and as a template).
     pub(crate) fn empty_index(&self) -> tantivy::Index {
         tantivy::Index::create_in_ram(self.schema.clone())
+    }
+
+    /// An empty in-memory index of the text fields alone, to parse queries with: a query can
+    /// name a text column, never the internal `_row` field.
+    pub(crate) fn query_index(&self) -> tantivy::Index {
+        tantivy::Index::create_in_ram(self.query_schema.clone())
     }
 
     /// Add the non-tombstone rows of `batch` (stored rows) as documents numbered from `first_row`,

@@ -59,6 +59,23 @@ pub(crate) fn output_schema(schema: &IndexSchema) -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
+/// The field names a parsed query mentions.
+fn fields_named(ast: &tantivy::query_grammar::UserInputAst, out: &mut Vec<String>) {
+    use tantivy::query_grammar::{UserInputAst, UserInputLeaf};
+    match ast {
+        UserInputAst::Clause(clauses) => clauses.iter().for_each(|(_, a)| fields_named(a, out)),
+        UserInputAst::Boost(a, _) => fields_named(a, out),
+        UserInputAst::Leaf(leaf) => match leaf.as_ref() {
+            UserInputLeaf::Literal(l) => out.extend(l.field_name.clone()),
+            UserInputLeaf::Range { field, .. }
+            | UserInputLeaf::Set { field, .. }
+            | UserInputLeaf::Regex { field, .. } => out.extend(field.clone()),
+            UserInputLeaf::Exists { field } => out.push(field.clone()),
+            UserInputLeaf::All => {}
+        },
+    }
+}
+
 /// Parse `query` with tantivy's query-parser syntax over every text column.
 pub(crate) fn parse_query(
     ts: &TextSchema,
@@ -68,10 +85,27 @@ pub(crate) fn parse_query(
     if query.trim().is_empty() {
         return Err(Error::invalid("full-text query is empty"));
     }
-    let index = ts.empty_index();
+    let index = ts.query_index();
     let mut parser = QueryParser::for_index(&index, ts.fields().to_vec());
     if conjunction == Conjunction::And {
         parser.set_conjunction_by_default();
+    }
+    // Every field the query names (in terms, phrases, ranges, sets, `field:*`) must be a text
+    // column: tantivy's parser reports unknown fields only for some of these forms.
+    if let Ok(ast) = tantivy::query_grammar::parse_query(query) {
+        let mut named = Vec::new();
+        fields_named(&ast, &mut named);
+        let text: Vec<&str> = ts
+            .fields()
+            .iter()
+            .map(|f| ts.schema().get_field_name(*f))
+            .collect();
+        if let Some(f) = named.iter().find(|f| !text.contains(&f.as_str())) {
+            return Err(Error::invalid(format!(
+                "full-text query '{query}': unknown field '{f}' (text columns: {})",
+                text.join(", ")
+            )));
+        }
     }
     let q = parser
         .parse_query(query)
@@ -245,7 +279,8 @@ pub(crate) fn plan(
                 let weight = weight.clone();
                 let out_schema = out_schema.clone();
                 let payload = payload.clone();
-                let k = opts.k;
+                // An arm returns at most its candidates, which bounds its heap.
+                let k = opts.k.min(candidates);
                 Arc::new(move || {
                     search_arm(
                         &source,

@@ -153,7 +153,14 @@ pub(crate) fn plan(
             }
         }
         let candidates = mask.iter().filter(|l| **l).count();
-        let ef = opts.ef.unwrap_or(settings.hnsw_ef_search).max(opts.k);
+        // No arm returns more than its candidates, and a walk visits at most every row: both
+        // bound what an arm allocates, whatever `k` and `ef` the caller asked for.
+        let arm_k = opts.k.min(candidates.max(1));
+        let ef = opts
+            .ef
+            .unwrap_or(settings.hnsw_ef_search)
+            .max(arm_k)
+            .min(source.rows().max(1));
         let walk = !opts.exact && candidates >= settings.vector_exact_below;
         let graph = match (source.vector(), source.mem_graph()) {
             (Some(g), _) if walk => ArmGraph::Generation(g.clone()),
@@ -177,7 +184,7 @@ pub(crate) fn plan(
             let query = query.clone();
             let out_schema = out_schema.clone();
             let payload = payload.clone();
-            let k = opts.k;
+            let k = arm_k;
             Arc::new(move || {
                 let arm = Arm {
                     source: &source,
