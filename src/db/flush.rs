@@ -124,7 +124,18 @@ async fn flush_one(inner: &Arc<Inner>, m: &SharedMemtable) -> Result<()> {
     // objects are kept: a fenced writer's next WAL PUT targets the id of the fence that fenced
     // it, and must collide with it however long that writer stalls (deleting the fence would
     // let it write below the replay point: acknowledged, never replayed).
-    let wal: Vec<_> = wal_ids.iter().map(|id| inner.paths.wal(*id)).collect();
+    //
+    // The last of them is kept until the next flush: a reader that read the previous manifest
+    // and lists the WAL from its replay point after this cleanup then finds a gap before the
+    // kept object (or the kept object itself, at the replay point) and starts over on the new
+    // manifest, instead of seeing the old generations without these rows.
+    let mut doomed: Vec<u64> = wal_ids.split_last().map_or(&[][..], |(_, r)| r).to_vec();
+    {
+        let mut kept = inner.kept_wal.lock().unwrap_or_else(|e| e.into_inner());
+        doomed.extend(kept.take());
+        *kept = wal_ids.last().copied();
+    }
+    let wal: Vec<_> = doomed.iter().map(|id| inner.paths.wal(*id)).collect();
     let conc = inner.reader.settings.io_concurrency;
     let manifests = inner.manifests.clone();
     tokio::join!(

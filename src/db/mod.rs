@@ -118,6 +118,9 @@ pub(crate) struct Inner {
     pub flush_status: watch::Sender<FlushStatus>,
     pub flush_wake: Notify,
     pub backpressure: Notify,
+    /// The last WAL object the previous flush covered, kept until the next flush (see
+    /// `flush.rs`).
+    pub kept_wal: std::sync::Mutex<Option<u64>>,
 }
 
 impl Inner {
@@ -352,6 +355,7 @@ impl Index {
             flush_status: status_tx,
             flush_wake: Notify::new(),
             backpressure: Notify::new(),
+            kept_wal: std::sync::Mutex::new(None),
             loc,
         });
         let (tx, rx) = mpsc::channel(1024);
