@@ -62,10 +62,73 @@ async fn a_read_only_open_racing_a_flush_sees_the_newest_rows() {
         gate.add_permits(1000);
         let reader = reader.await.unwrap().unwrap();
         let seen = to_model(&reader.scan(ScanOptions::default()).await.unwrap());
-        assert_eq!(seen, model, "{extra} extra WAL objects: the newest rows, nothing stale");
+        assert_eq!(
+            seen, model,
+            "{extra} extra WAL objects: the newest rows, nothing stale"
+        );
         faulty.clear();
         reader.refresh().await.unwrap();
         let seen = to_model(&reader.scan(ScanOptions::default()).await.unwrap());
         assert_eq!(seen, model, "after a refresh");
     }
+}
+
+#[tokio::test]
+async fn a_slow_refresh_never_moves_the_view_backwards() {
+    let store: Arc<dyn object_store::ObjectStore> = Arc::new(InMemory::new());
+    let loc = Location::from_store(store.clone(), "idx");
+    let s = schema();
+    let writer = Index::create(loc.clone(), s.clone(), settings())
+        .await
+        .unwrap();
+    writer
+        .append(&batch(&s, &[Row::new("w0", 1)]))
+        .await
+        .unwrap();
+    writer
+        .append(&batch(&s, &[Row::new("w1", 1)]))
+        .await
+        .unwrap();
+    let faulty = FaultyStore::new(store.clone());
+    let reader = Arc::new(
+        Index::open_read_only(Location::from_store(faulty.clone(), "idx"), settings())
+            .await
+            .unwrap(),
+    );
+    // Refresh A lists the WAL, then stalls fetching its last object...
+    let last_wal = {
+        use futures::TryStreamExt;
+        let mut ids: Vec<String> = store
+            .list(Some(&object_store::path::Path::from("idx/wal")))
+            .map_ok(|m| m.location.to_string())
+            .try_collect()
+            .await
+            .unwrap();
+        ids.sort();
+        ids.pop().unwrap()
+    };
+    let gate = Arc::new(Semaphore::new(0));
+    faulty.on("get", &last_wal, Action::HoldOnce(gate.clone()));
+    let slow = {
+        let reader = reader.clone();
+        tokio::spawn(async move { reader.refresh().await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // ...while a row is appended and refresh B sees it.
+    writer
+        .append(&batch(&s, &[Row::new("w2", 1)]))
+        .await
+        .unwrap();
+    reader.refresh().await.unwrap();
+    let keys = |m: Model| m.into_keys().collect::<Vec<_>>();
+    let seen = to_model(&reader.scan(ScanOptions::default()).await.unwrap());
+    assert_eq!(keys(seen), ["w0", "w1", "w2"]);
+    gate.add_permits(1);
+    slow.await.unwrap().unwrap();
+    let seen = to_model(&reader.scan(ScanOptions::default()).await.unwrap());
+    assert_eq!(
+        keys(seen),
+        ["w0", "w1", "w2"],
+        "the slower, older refresh did not replace the newer view"
+    );
 }

@@ -16,6 +16,8 @@ pub enum Action {
     Fail,
     /// Hold the request until the semaphore gets a permit.
     Hold(Arc<Semaphore>),
+    /// Hold the first matching request until the semaphore gets a permit; later ones pass.
+    HoldOnce(Arc<Semaphore>),
 }
 
 #[derive(Debug, Clone)]
@@ -59,20 +61,26 @@ impl FaultyStore {
     }
 
     async fn check(&self, op: &str, location: &Path) -> object_store::Result<()> {
-        let action = self
-            .rules
-            .lock()
-            .unwrap()
-            .iter()
-            .find(|r| r.op == op && location.as_ref().contains(&r.path_contains))
-            .map(|r| r.action.clone());
+        let action = {
+            let mut rules = self.rules.lock().unwrap();
+            let at = rules
+                .iter()
+                .position(|r| r.op == op && location.as_ref().contains(&r.path_contains));
+            match at.map(|i| (i, rules[i].action.clone())) {
+                Some((i, a @ Action::HoldOnce(_))) => {
+                    rules.remove(i);
+                    Some(a)
+                }
+                other => other.map(|(_, a)| a),
+            }
+        };
         match action {
             None => Ok(()),
             Some(Action::Fail) => Err(object_store::Error::Generic {
                 store: "FaultyStore",
                 source: format!("injected failure of {op} {location}").into(),
             }),
-            Some(Action::Hold(s)) => {
+            Some(Action::Hold(s)) | Some(Action::HoldOnce(s)) => {
                 s.acquire().await.unwrap().forget();
                 Ok(())
             }
