@@ -214,8 +214,9 @@ async fn wal_objects_and_old_manifests_are_cleaned_up() {
     };
     assert_eq!(
         list("idx/wal").await,
-        1,
-        "flushed WAL objects are deleted; the writer's fence object stays"
+        2,
+        "flushed WAL objects are deleted but the writer's fence and the last flush's last \
+         object (kept until the next flush, for readers of the previous manifest)"
     );
     assert!(list("idx/manifest").await <= 4, "old manifests are pruned");
     assert_eq!(list("idx/generations").await, 12);

@@ -45,7 +45,10 @@ async fn a_read_only_open_racing_a_flush_sees_the_newest_rows() {
         model.remove("d");
         for i in 0..extra {
             let r = Row::new(format!("w{i}"), 1);
-            writer.append(&batch(&s, &[r.clone()])).await.unwrap();
+            writer
+                .append(&batch(&s, std::slice::from_ref(&r)))
+                .await
+                .unwrap();
             model.insert(r.id.clone(), r);
         }
 

@@ -26,6 +26,8 @@ struct View {
     /// Rows of the WAL objects not yet covered by a generation.
     wal: Memtable,
     wal_objects: u64,
+    /// The WAL id after the last object read: with the manifest version, how new the view is.
+    wal_next: u64,
 }
 
 /// A read-only view of an index: the flushed generations of the newest manifest plus the rows
@@ -59,6 +61,7 @@ impl ReadOnlyIndex {
                 manifest: m.clone(),
                 wal: Memtable::new(0, reader.stored_schema.clone(), None, None)?,
                 wal_objects: 0,
+                wal_next: 0,
             }),
             loc,
             paths,
@@ -115,6 +118,7 @@ impl ReadOnlyIndex {
                     }
                     return Ok(View {
                         wal_objects: replayed.next_id.saturating_sub(m.wal_replay_from),
+                        wal_next: replayed.next_id,
                         manifest: m,
                         wal,
                     });
@@ -128,10 +132,15 @@ impl ReadOnlyIndex {
         }
     }
 
-    /// Move to the newest manifest and WAL. Cached generations are reused.
+    /// Move to the newest manifest and WAL. Cached generations are reused. A view never moves
+    /// backwards: when a concurrent refresh already installed a newer view, this one keeps it.
     pub async fn refresh(&self) -> Result<()> {
         let view = self.load_view(None).await?;
-        *self.view.write().await = view;
+        let mut current = self.view.write().await;
+        let newness = |v: &View| (v.manifest.version, v.wal_next);
+        if newness(&view) >= newness(&current) {
+            *current = view;
+        }
         Ok(())
     }
 
