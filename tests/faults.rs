@@ -222,3 +222,39 @@ async fn wal_objects_and_old_manifests_are_cleaned_up() {
     assert_eq!(list("idx/generations").await, 12);
     assert_eq!(live(&index).await.len(), 36);
 }
+
+#[tokio::test]
+async fn a_manifest_put_that_landed_but_reported_an_error_is_not_redone() {
+    // The manifest naming the new generation is published, but the writer sees an error (a
+    // timeout, an fsync error after the link, a 5xx retried into 412). The retry must find its
+    // own manifest and finish the flush, without rebuilding and overwriting the generation
+    // object the published manifest names, and without failing forever as a conflict.
+    let (store, loc) = faulty();
+    let s = schema();
+    let big = Settings {
+        memtable_max_rows: 1_000,
+        ..Settings::default()
+    };
+    let index = Index::create(loc.clone(), s.clone(), big.clone())
+        .await
+        .unwrap();
+    index.append(&batch(&s, &rows("a", 5))).await.unwrap();
+    store.on("put", "manifest/", Action::SucceedThenFailOnce);
+    let first = index.flush().await;
+    let second = tokio::time::timeout(Duration::from_secs(20), index.flush())
+        .await
+        .expect("the retried flush finishes");
+    assert!(
+        first.is_ok() || second.is_ok(),
+        "{first:?} then {second:?}"
+    );
+    second.unwrap();
+    assert_eq!(store.puts("generations/"), 1, "the generation object is written once");
+    assert_eq!(index.stats().generations.len(), 1);
+    index.append(&batch(&s, &rows("b", 5))).await.unwrap();
+    index.flush().await.unwrap();
+    index.close().await.unwrap();
+    let reopened = Index::open(loc, big).await.unwrap();
+    assert_eq!(reopened.stats().generations.len(), 2);
+    assert_eq!(live(&reopened).await.len(), 10);
+}

@@ -18,6 +18,9 @@ pub enum Action {
     Hold(Arc<Semaphore>),
     /// Hold the first matching request until the semaphore gets a permit; later ones pass.
     HoldOnce(Arc<Semaphore>),
+    /// Let the first matching request through, then report an error anyway (an ambiguous
+    /// outcome: a timeout after the write landed); later ones pass.
+    SucceedThenFailOnce,
 }
 
 #[derive(Debug, Clone)]
@@ -31,6 +34,7 @@ struct Rule {
 pub struct FaultyStore {
     inner: Arc<dyn ObjectStore>,
     rules: Mutex<Vec<Rule>>,
+    puts: Mutex<Vec<String>>,
 }
 
 impl std::fmt::Display for FaultyStore {
@@ -44,6 +48,7 @@ impl FaultyStore {
         Arc::new(FaultyStore {
             inner,
             rules: Mutex::new(Vec::new()),
+            puts: Mutex::new(Vec::new()),
         })
     }
 
@@ -54,6 +59,16 @@ impl FaultyStore {
             path_contains: path_contains.to_string(),
             action,
         });
+    }
+
+    /// How many PUTs reached a path containing `path_contains`.
+    pub fn puts(&self, path_contains: &str) -> usize {
+        self.puts
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|p| p.contains(path_contains))
+            .count()
     }
 
     pub fn clear(&self) {
@@ -67,7 +82,7 @@ impl FaultyStore {
                 .iter()
                 .position(|r| r.op == op && location.as_ref().contains(&r.path_contains));
             match at.map(|i| (i, rules[i].action.clone())) {
-                Some((i, a @ Action::HoldOnce(_))) => {
+                Some((i, a @ (Action::HoldOnce(_) | Action::SucceedThenFailOnce))) => {
                     rules.remove(i);
                     Some(a)
                 }
@@ -84,6 +99,10 @@ impl FaultyStore {
                 s.acquire().await.unwrap().forget();
                 Ok(())
             }
+            Some(Action::SucceedThenFailOnce) => Err(object_store::Error::NotImplemented {
+                operation: "SucceedThenFailOnce".into(),
+                implementer: "FaultyStore".into(),
+            }),
         }
     }
 }
@@ -96,7 +115,17 @@ impl ObjectStore for FaultyStore {
         payload: PutPayload,
         opts: PutOptions,
     ) -> object_store::Result<PutResult> {
-        self.check("put", location).await?;
+        self.puts.lock().unwrap().push(location.to_string());
+        let check = self.check("put", location).await;
+        if let Err(object_store::Error::NotImplemented { .. }) = check {
+            // Succeed, then report a failure.
+            self.inner.put_opts(location, payload, opts).await?;
+            return Err(object_store::Error::Generic {
+                store: "FaultyStore",
+                source: format!("injected error after the put of {location} landed").into(),
+            });
+        }
+        check?;
         self.inner.put_opts(location, payload, opts).await
     }
 
