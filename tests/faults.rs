@@ -244,12 +244,13 @@ async fn a_manifest_put_that_landed_but_reported_an_error_is_not_redone() {
     let second = tokio::time::timeout(Duration::from_secs(20), index.flush())
         .await
         .expect("the retried flush finishes");
-    assert!(
-        first.is_ok() || second.is_ok(),
-        "{first:?} then {second:?}"
-    );
+    assert!(first.is_ok() || second.is_ok(), "{first:?} then {second:?}");
     second.unwrap();
-    assert_eq!(store.puts("generations/"), 1, "the generation object is written once");
+    assert_eq!(
+        store.puts("generations/"),
+        1,
+        "the generation object is written once"
+    );
     assert_eq!(index.stats().generations.len(), 1);
     index.append(&batch(&s, &rows("b", 5))).await.unwrap();
     index.flush().await.unwrap();

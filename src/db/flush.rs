@@ -1,6 +1,7 @@
 //! The flusher: frozen memtable → generation object → manifest version → WAL cleanup.
 
 use super::{is_fenced, read_memtable, Inner, SharedMemtable};
+use crate::format::manifest::Manifest;
 use crate::generation::{Generation, IndexSpec};
 use crate::manifest::{delete_all, WriteOutcome};
 use crate::{Error, Result};
@@ -11,6 +12,8 @@ use std::time::Duration;
 
 pub(crate) async fn run_flusher(inner: Arc<Inner>) {
     let mut backoff = Duration::from_millis(50);
+    // After a failure the manifest write may have landed although it reported an error.
+    let mut retrying = false;
     loop {
         let notified = inner.flush_wake.notified();
         if inner.fenced.load(Ordering::SeqCst) || inner.closed.load(Ordering::SeqCst) {
@@ -21,17 +24,22 @@ pub(crate) async fn run_flusher(inner: Arc<Inner>) {
             notified.await;
             continue;
         };
-        match flush_one(&inner, &m).await {
-            Ok(()) => backoff = Duration::from_millis(50),
+        match flush_one(&inner, &m, retrying).await {
+            Ok(()) => {
+                backoff = Duration::from_millis(50);
+                retrying = false;
+            }
             Err(e) => {
+                retrying = true;
                 let id = read_memtable(&m).id();
                 tracing::warn!("flush of memtable {id} failed: {e}");
                 if is_fenced(&e) {
                     inner.mark_fenced();
                 }
-                inner
-                    .flush_status
-                    .send_modify(|s| s.error = Some(e.clone()));
+                inner.flush_status.send_modify(|s| {
+                    s.error = Some(e.clone());
+                    s.failures += 1;
+                });
                 if is_fenced(&e) {
                     return;
                 }
@@ -45,7 +53,27 @@ pub(crate) async fn run_flusher(inner: Arc<Inner>) {
     }
 }
 
-async fn flush_one(inner: &Arc<Inner>, m: &SharedMemtable) -> Result<()> {
+/// The manifest version after `base` when this writer already published it (an earlier
+/// attempt whose manifest PUT landed but reported an error): the next version, of this epoch,
+/// holding `base`'s generations and one more.
+async fn published_earlier(inner: &Inner, base: &Manifest) -> Result<Option<Manifest>> {
+    match inner.manifests.read(base.version + 1).await {
+        Ok(m) => {
+            let n = base.generations.len();
+            let ours = m.epoch == inner.epoch
+                && m.next_generation_id == base.next_generation_id + 1
+                && m.generations.len() == n + 1
+                && m.generations[..n] == base.generations[..]
+                && m.generations[n].id == base.next_generation_id
+                && m.generations[n].epoch == inner.epoch;
+            Ok(ours.then_some(m))
+        }
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+async fn flush_one(inner: &Arc<Inner>, m: &SharedMemtable, retrying: bool) -> Result<()> {
     let (rows, last_wal_id, wal_ids, max_seq, mid) = {
         let g = read_memtable(m);
         let ids = g.wal_ids().to_vec();
@@ -54,6 +82,25 @@ async fn flush_one(inner: &Arc<Inner>, m: &SharedMemtable) -> Result<()> {
     let base = inner.read_state().manifest.clone();
     let gen_id = base.next_generation_id;
     let epoch = inner.epoch;
+    if retrying {
+        if let Some(next) = published_earlier(inner, &base).await? {
+            // Adopt it: the generation object it names is read back, never rebuilt (a rebuilt
+            // graph may differ from the one the published manifest describes).
+            tracing::info!(
+                "manifest {} of memtable {mid} was published by an earlier attempt",
+                next.version
+            );
+            let meta = next.generations[next.generations.len() - 1].clone();
+            let generation = inner
+                .reader
+                .generations
+                .get_all(std::slice::from_ref(&meta))
+                .await?
+                .pop()
+                .ok_or_else(|| Error::internal("the generation cache returned nothing"))?;
+            return finish(inner, mid, next, generation, &wal_ids).await;
+        }
+    }
     let schema = inner.reader.stored_schema.clone();
     let text = inner.reader.text_schema.clone();
     let vector = inner.reader.schema.vector_spec(&inner.reader.settings);
@@ -83,6 +130,9 @@ async fn flush_one(inner: &Arc<Inner>, m: &SharedMemtable) -> Result<()> {
     next.last_seq = next.last_seq.max(max_seq);
     match inner.manifests.write(&next).await? {
         WriteOutcome::Written => {}
+        // A PUT retried inside the store client after its first try landed: ours.
+        WriteOutcome::Conflict
+            if inner.manifests.read(next.version).await.ok() == Some(next.clone()) => {}
         WriteOutcome::Conflict => {
             let latest = inner.manifests.load_latest().await?;
             return Err(match latest {
@@ -94,8 +144,22 @@ async fn flush_one(inner: &Arc<Inner>, m: &SharedMemtable) -> Result<()> {
             });
         }
     }
+    let generation = Arc::new(generation);
     // Cached first, so the first query that sees the generation finds it decoded.
-    inner.reader.generations.insert(Arc::new(generation)).await;
+    inner.reader.generations.insert(generation.clone()).await;
+    finish(inner, mid, next, generation, &wal_ids).await
+}
+
+/// After manifest `next` naming `generation` is published: swap the frozen memtable `mid` for
+/// it, report the flush, and clean up what it covers.
+async fn finish(
+    inner: &Arc<Inner>,
+    mid: u64,
+    next: Manifest,
+    generation: Arc<Generation>,
+    wal_ids: &[u64],
+) -> Result<()> {
+    let gen_id = generation.meta().id;
     // The visibility point: swap the frozen memtable for its generation in one step.
     {
         let mut st = inner.write_state();

@@ -98,7 +98,10 @@ pub(crate) struct State {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct FlushStatus {
     pub flushed_upto: u64,
+    /// The last failure, and how many flush attempts have failed so far: a `flush()` reports a
+    /// failure only if it happened while it waited, never a stale one.
     pub error: Option<Error>,
+    pub failures: u64,
 }
 
 #[derive(Debug)]
@@ -465,14 +468,17 @@ impl Index {
             return Ok(());
         };
         let mut rx = self.inner.flush_status.subscribe();
+        let failures_before = rx.borrow().failures;
         loop {
             {
                 let s = rx.borrow_and_update();
                 if s.flushed_upto >= target {
                     return Ok(());
                 }
-                if let Some(e) = &s.error {
-                    return Err(e.clone());
+                if s.failures > failures_before {
+                    if let Some(e) = &s.error {
+                        return Err(e.clone());
+                    }
                 }
             }
             if self.inner.fenced.load(Ordering::SeqCst) {
