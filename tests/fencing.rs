@@ -124,3 +124,64 @@ async fn a_zombie_writer_is_fenced_after_the_new_writer_flushes_local() {
     zombie_after_the_new_writers_flush(Location::parse(&dir.path().display().to_string()).unwrap())
         .await;
 }
+
+#[tokio::test]
+async fn a_failed_open_does_not_fence_the_running_writer() {
+    // A writer runs; a second open finds a corrupt generation and fails. It must fail before
+    // claiming the epoch, so the running writer keeps writing.
+    let dir = tempfile::tempdir().unwrap();
+    let loc = Location::parse(&dir.path().display().to_string()).unwrap();
+    let s = schema();
+    let a = Index::create(loc.clone(), s.clone(), small_settings())
+        .await
+        .unwrap();
+    a.append(&batch(&s, &[Row::new("a0", 1)])).await.unwrap();
+    a.flush().await.unwrap();
+    let gens = dir.path().join("generations");
+    let gen = std::fs::read_dir(&gens).unwrap().next().unwrap().unwrap().path();
+    let mut bytes = std::fs::read(&gen).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x5a;
+    std::fs::write(&gen, bytes).unwrap();
+    let e = Index::open(loc.clone(), small_settings()).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Data, "{e}");
+    a.append(&batch(&s, &[Row::new("a1", 1)]))
+        .await
+        .expect("the running writer was not fenced by the failed open");
+    a.flush()
+        .await
+        .expect("the running writer still publishes manifests");
+    assert!(!a.is_fenced());
+}
+
+#[tokio::test]
+async fn opens_do_not_pile_up_manifest_versions() {
+    let store: std::sync::Arc<dyn object_store::ObjectStore> =
+        std::sync::Arc::new(object_store::memory::InMemory::new());
+    let loc = Location::from_store(store.clone(), "idx");
+    let settings = lsmsearch::Settings {
+        manifest_retention: 3,
+        ..small_settings()
+    };
+    Index::create(loc.clone(), schema(), settings.clone())
+        .await
+        .unwrap()
+        .close()
+        .await
+        .unwrap();
+    for _ in 0..20 {
+        Index::open(loc.clone(), settings.clone())
+            .await
+            .unwrap()
+            .close()
+            .await
+            .unwrap();
+    }
+    use futures::TryStreamExt;
+    let manifests: Vec<_> = store
+        .list(Some(&object_store::path::Path::from("idx/manifest")))
+        .try_collect()
+        .await
+        .unwrap();
+    assert!(manifests.len() <= 4, "{} manifest versions", manifests.len());
+}
