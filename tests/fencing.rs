@@ -138,12 +138,19 @@ async fn a_failed_open_does_not_fence_the_running_writer() {
     a.append(&batch(&s, &[Row::new("a0", 1)])).await.unwrap();
     a.flush().await.unwrap();
     let gens = dir.path().join("generations");
-    let gen = std::fs::read_dir(&gens).unwrap().next().unwrap().unwrap().path();
+    let gen = std::fs::read_dir(&gens)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
     let mut bytes = std::fs::read(&gen).unwrap();
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0x5a;
     std::fs::write(&gen, bytes).unwrap();
-    let e = Index::open(loc.clone(), small_settings()).await.unwrap_err();
+    let e = Index::open(loc.clone(), small_settings())
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Data, "{e}");
     a.append(&batch(&s, &[Row::new("a1", 1)]))
         .await
@@ -183,5 +190,9 @@ async fn opens_do_not_pile_up_manifest_versions() {
         .try_collect()
         .await
         .unwrap();
-    assert!(manifests.len() <= 4, "{} manifest versions", manifests.len());
+    assert!(
+        manifests.len() <= 4,
+        "{} manifest versions",
+        manifests.len()
+    );
 }

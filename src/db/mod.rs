@@ -293,33 +293,46 @@ impl Index {
         settings.validate()?;
         let paths = Paths::new(loc.root.clone());
         let manifests = ManifestStore::new(loc.store.clone(), paths.clone());
-        // Claim epoch + 1 with a conditional PUT of the next manifest version.
-        let manifest = loop {
+        // Read and check every generation first (through the handle's cache), then claim epoch
+        // + 1 with a conditional PUT of the next manifest version: an open that fails on a bad
+        // generation fails before it fences the running writer.
+        let mut reader: Option<Reader> = None;
+        let (manifest, generations) = loop {
             let cur = manifests.load_latest().await?.ok_or_else(|| {
                 Error::invalid(format!("no index at {} (create it first)", loc.display))
             })?;
+            let r = reader.get_or_insert_with(|| {
+                Reader::new(&loc, &paths, cur.schema.clone(), settings.clone())
+            });
+            let generations = r.generations.get_all(&cur.generations).await?;
             let mut next = cur.clone();
             next.version += 1;
             next.epoch += 1;
             if let WriteOutcome::Written = manifests.write(&next).await? {
-                break next;
+                break (next, generations);
             }
         };
+        let reader = reader.ok_or_else(|| Error::internal("no reader after the claim"))?;
         manifests.publish_hint(manifest.version).await;
         let epoch = manifest.epoch;
-        let reader = Reader::new(&loc, &paths, manifest.schema.clone(), settings.clone());
         let stored_schema = reader.stored_schema.clone();
-        let (generations, replayed) = futures::try_join!(
-            reader.generations.get_all(&manifest.generations),
+        // Every open adds a version: prune as a flush does, while the WAL is replayed.
+        let ((), replayed) = tokio::join!(
+            manifests.prune(
+                manifest.version,
+                settings.manifest_retention,
+                settings.io_concurrency,
+            ),
             replay(
                 &loc.store,
                 &paths,
                 &stored_schema,
                 manifest.wal_replay_from,
                 Mode::Writer { epoch },
-                settings.io_concurrency
+                settings.io_concurrency,
             )
-        )?;
+        );
+        let replayed = replayed?;
         let mut mem = Memtable::new(
             1,
             stored_schema,
