@@ -196,3 +196,32 @@ async fn opens_do_not_pile_up_manifest_versions() {
         manifests.len()
     );
 }
+
+#[tokio::test]
+async fn a_store_that_ignores_conditional_creates_is_refused() {
+    // Fencing rests on conditional creates. A store that overwrites instead would let two
+    // writers overwrite each other's acknowledged WAL objects: refuse it when a writer opens.
+    use common::faulty::{Action, FaultyStore};
+    let inner = std::sync::Arc::new(object_store::memory::InMemory::new());
+    let ok = Location::from_store(inner.clone(), "idx");
+    Index::create(ok, schema(), small_settings())
+        .await
+        .unwrap()
+        .close()
+        .await
+        .unwrap();
+    let faulty = FaultyStore::new(inner.clone());
+    faulty.on("put", "", Action::IgnoreCreate);
+    let bad = Location::from_store(faulty.clone(), "idx");
+    let e = Index::open(bad.clone(), small_settings()).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(e.message().contains("conditional"), "{e}");
+    let e = Index::create(
+        Location::from_store(faulty, "other"),
+        schema(),
+        small_settings(),
+    )
+    .await
+    .unwrap_err();
+    assert!(e.message().contains("conditional"), "{e}");
+}

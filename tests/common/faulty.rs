@@ -21,6 +21,9 @@ pub enum Action {
     /// Let the first matching request through, then report an error anyway (an ambiguous
     /// outcome: a timeout after the write landed); later ones pass.
     SucceedThenFailOnce,
+    /// Treat a conditional create as a plain overwrite, as S3-compatible stores that ignore
+    /// `If-None-Match` do.
+    IgnoreCreate,
 }
 
 #[derive(Debug, Clone)]
@@ -90,7 +93,7 @@ impl FaultyStore {
             }
         };
         match action {
-            None => Ok(()),
+            None | Some(Action::IgnoreCreate) => Ok(()),
             Some(Action::Fail) => Err(object_store::Error::Generic {
                 store: "FaultyStore",
                 source: format!("injected failure of {op} {location}").into(),
@@ -116,6 +119,16 @@ impl ObjectStore for FaultyStore {
         opts: PutOptions,
     ) -> object_store::Result<PutResult> {
         self.puts.lock().unwrap().push(location.to_string());
+        let mut opts = opts;
+        let ignores_create = self.rules.lock().unwrap().iter().any(|r| {
+            r.op == "put"
+                && matches!(r.action, Action::IgnoreCreate)
+                && location.as_ref().contains(&r.path_contains)
+        });
+        if ignores_create {
+            opts.mode = object_store::PutMode::Overwrite;
+            return self.inner.put_opts(location, payload, opts).await;
+        }
         let check = self.check("put", location).await;
         if let Err(object_store::Error::NotImplemented { .. }) = check {
             // Succeed, then report a failure.
