@@ -213,7 +213,9 @@ async fn a_store_that_ignores_conditional_creates_is_refused() {
     let faulty = FaultyStore::new(inner.clone());
     faulty.on("put", "", Action::IgnoreCreate);
     let bad = Location::from_store(faulty.clone(), "idx");
-    let e = Index::open(bad.clone(), small_settings()).await.unwrap_err();
+    let e = Index::open(bad.clone(), small_settings())
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
     assert!(e.message().contains("conditional"), "{e}");
     let e = Index::create(

@@ -29,7 +29,7 @@ use crate::read::{Snapshot, Source};
 use crate::schema::IndexSchema;
 use crate::settings::{Settings, WriteOptions};
 use crate::storage::paths::Paths;
-use crate::storage::Location;
+use crate::storage::{check_conditional_create, Location};
 use crate::vector::MemGraphSpec;
 use crate::wal::{replay, Mode};
 use crate::{Error, ErrorKind, Result};
@@ -160,6 +160,19 @@ impl Inner {
     }
 }
 
+/// A name for a probe object no other handle picks.
+fn probe_token() -> String {
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "{}-{nanos}-{}",
+        std::process::id(),
+        COUNT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
 pub(crate) fn read_memtable(m: &SharedMemtable) -> std::sync::RwLockReadGuard<'_, Memtable> {
     m.read().unwrap_or_else(|e| e.into_inner())
 }
@@ -259,6 +272,7 @@ impl Index {
         settings.validate()?;
         let paths = Paths::new(loc.root.clone());
         let manifests = ManifestStore::new(loc.store.clone(), paths.clone());
+        check_conditional_create(loc.store.as_ref(), &paths.probe(&probe_token())).await?;
         if manifests.latest_version().await?.is_some() {
             return Err(Error::invalid(format!(
                 "an index already exists at {}",
@@ -296,6 +310,7 @@ impl Index {
         // Read and check every generation first (through the handle's cache), then claim epoch
         // + 1 with a conditional PUT of the next manifest version: an open that fails on a bad
         // generation fails before it fences the running writer.
+        check_conditional_create(loc.store.as_ref(), &paths.probe(&probe_token())).await?;
         let mut reader: Option<Reader> = None;
         let (manifest, generations) = loop {
             let cur = manifests.load_latest().await?.ok_or_else(|| {

@@ -35,6 +35,37 @@ pub(crate) async fn read_object(store: &dyn ObjectStore, path: &Path) -> Result<
         .map_err(|e| Error::store(path, e))
 }
 
+/// Check that `store` honours conditional creates (`PutMode::Create`: S3's `If-None-Match: *`),
+/// on which fencing rests, by creating the object at `probe` twice: the second create must
+/// fail. A store that overwrites instead is refused (`Unavailable`). The probe is deleted.
+pub(crate) async fn check_conditional_create(store: &dyn ObjectStore, probe: &Path) -> Result<()> {
+    use object_store::{PutMode, PutOptions};
+    let create = || PutOptions {
+        mode: PutMode::Create,
+        ..Default::default()
+    };
+    let first = store
+        .put_opts(probe, PutPayload::from_static(b"probe"), create())
+        .await;
+    let second = match first {
+        Ok(_) => {
+            store
+                .put_opts(probe, PutPayload::from_static(b"probe"), create())
+                .await
+        }
+        Err(e) => return Err(Error::store(probe, e)),
+    };
+    let _ = object_store::ObjectStoreExt::delete(store, probe).await;
+    match second {
+        Err(object_store::Error::AlreadyExists { .. }) => Ok(()),
+        Ok(_) => Err(Error::io(format!(
+            "the object store overwrote '{probe}' on a conditional create (If-None-Match: *): \
+             it does not honour conditional creates, on which fencing rests; refusing to write"
+        ))),
+        Err(e) => Err(Error::store(probe, e)),
+    }
+}
+
 /// An object store and the root of an index inside it.
 #[derive(Debug, Clone)]
 pub struct Location {

@@ -5,6 +5,7 @@
 //! <root>/manifest/{version:020}.manifest         immutable manifest versions
 //! <root>/wal/{id:020}.wal                        one group commit (or an epoch fence) per object
 //! <root>/generations/{id:020}-{epoch:010}.gen    one bundle per flushed generation
+//! <root>/probe/{token}                           while a writer opens: the conditional-create check
 //! ```
 //!
 //! Numbers are zero-padded to a fixed width so that a lexicographic LIST returns them in order.
@@ -54,6 +55,12 @@ impl Paths {
     /// WAL object `id`.
     pub(crate) fn wal(&self, id: u64) -> Path {
         self.child(&format!("wal/{id:020}.wal"))
+    }
+
+    /// A short-lived object a writer creates when it opens, to check that the store honours
+    /// conditional creates.
+    pub(crate) fn probe(&self, token: &str) -> Path {
+        self.child(&format!("probe/{token}"))
     }
 
     /// Generation `id` written by the writer of `epoch`.
