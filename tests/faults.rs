@@ -259,3 +259,47 @@ async fn a_manifest_put_that_landed_but_reported_an_error_is_not_redone() {
     assert_eq!(reopened.stats().generations.len(), 2);
     assert_eq!(live(&reopened).await.len(), 10);
 }
+
+#[tokio::test]
+async fn close_returns_while_flushes_keep_failing() {
+    // Every generation PUT fails: frozen memtables pile up to the bound and the committer waits
+    // for a flush slot that never comes. close() must still return, and every acknowledged row
+    // must be replayed from the WAL by the next open.
+    let (store, loc) = faulty();
+    let s = schema();
+    let tight = Settings {
+        memtable_max_rows: 5,
+        max_frozen_memtables: 1,
+        ..Settings::default()
+    };
+    let index = Arc::new(Index::create(loc.clone(), s.clone(), tight.clone()).await.unwrap());
+    store.on("put", "generations/", Action::Fail);
+    let mut acked = 0;
+    let writer = {
+        let index = index.clone();
+        let s = s.clone();
+        tokio::spawn(async move {
+            for i in 0..5 {
+                if index
+                    .append(&batch(&s, &rows(&format!("r{i}-"), 5)))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+                acked += 5;
+            }
+            acked
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::timeout(Duration::from_secs(10), index.close())
+        .await
+        .expect("close returns")
+        .ok();
+    let acked = writer.await.unwrap();
+    assert!(acked >= 5, "some appends were acknowledged: {acked}");
+    store.clear();
+    let reopened = Index::open(loc, tight).await.unwrap();
+    assert!(live(&reopened).await.len() >= acked, "every acknowledged row is back");
+}
