@@ -272,7 +272,11 @@ async fn close_returns_while_flushes_keep_failing() {
         max_frozen_memtables: 1,
         ..Settings::default()
     };
-    let index = Arc::new(Index::create(loc.clone(), s.clone(), tight.clone()).await.unwrap());
+    let index = Arc::new(
+        Index::create(loc.clone(), s.clone(), tight.clone())
+            .await
+            .unwrap(),
+    );
     store.on("put", "generations/", Action::Fail);
     let mut acked = 0;
     let writer = {
@@ -301,5 +305,8 @@ async fn close_returns_while_flushes_keep_failing() {
     assert!(acked >= 5, "some appends were acknowledged: {acked}");
     store.clear();
     let reopened = Index::open(loc, tight).await.unwrap();
-    assert!(live(&reopened).await.len() >= acked, "every acknowledged row is back");
+    assert!(
+        live(&reopened).await.len() >= acked,
+        "every acknowledged row is back"
+    );
 }

@@ -524,10 +524,12 @@ impl Index {
         if self.inner.closed.load(Ordering::SeqCst) {
             return Ok(());
         }
-        let _ = self.submit(|ack| Request::Close { ack }).await;
+        // Refuse new calls and release a committer waiting for a flush slot (flushes may keep
+        // failing) before asking it to stop: the frozen memtables stay in the WAL.
         self.inner.closed.store(true, Ordering::SeqCst);
         self.inner.flush_wake.notify_waiters();
         self.inner.backpressure.notify_waiters();
+        let _ = self.submit(|ack| Request::Close { ack }).await;
         let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
         for t in tasks {
             t.await?;
