@@ -310,3 +310,26 @@ async fn close_returns_while_flushes_keep_failing() {
         "every acknowledged row is back"
     );
 }
+
+#[tokio::test]
+async fn close_reports_buffered_rows_it_could_not_write() {
+    // Buffered rows are acknowledged before their WAL object is written. If that write still
+    // fails when the handle closes, close() must say so (the rows are lost), not return Ok.
+    let (store, loc) = faulty();
+    let s = schema();
+    let slow = Settings {
+        wal_buffer_interval_ms: 60_000,
+        ..settings()
+    };
+    let index = Index::create(loc, s.clone(), slow).await.unwrap();
+    index
+        .append_with(
+            &batch(&s, &rows("b", 3)),
+            WriteOptions::with_durability(Durability::Buffered),
+        )
+        .await
+        .unwrap();
+    store.on("put", "wal/", Action::Fail);
+    let e = index.close().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+}
