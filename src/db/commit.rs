@@ -118,10 +118,11 @@ impl Committer {
             }
         }
         if let Some(ack) = close {
-            if let Err(e) = self.write_pending().await {
+            let r = self.write_pending().await;
+            if let Err(e) = &r {
                 tracing::warn!("buffered writes not written at close: {e}");
             }
-            let _ = ack.send(());
+            let _ = ack.send(r.map_err(|e| e.context("buffered rows were not written to the WAL")));
             return true;
         }
         false

@@ -251,9 +251,8 @@ pub(crate) enum Request {
     Freeze {
         ack: oneshot::Sender<Result<Option<u64>>>,
     },
-    Close {
-        ack: oneshot::Sender<()>,
-    },
+    /// Write buffered rows and stop; answers whether they reached the WAL.
+    Close { ack: oneshot::Sender<Result<()>> },
 }
 
 /// The writer of an index. Cheap to share behind an `Arc`; every method takes `&self`.
@@ -519,7 +518,8 @@ impl Index {
     }
 
     /// Write any buffered WAL data, stop the background tasks and refuse further calls. Frozen
-    /// memtables not yet flushed stay in the WAL and are replayed by the next open.
+    /// memtables not yet flushed stay in the WAL and are replayed by the next open. Fails when
+    /// buffered rows could not be written to the WAL: they were acknowledged and are lost.
     pub async fn close(&self) -> Result<()> {
         if self.inner.closed.load(Ordering::SeqCst) {
             return Ok(());
@@ -529,12 +529,17 @@ impl Index {
         self.inner.closed.store(true, Ordering::SeqCst);
         self.inner.flush_wake.notify_waiters();
         self.inner.backpressure.notify_waiters();
-        let _ = self.submit(|ack| Request::Close { ack }).await;
+        // The final WAL write of buffered rows: a failure means they are lost, and says so.
+        let last_write = match self.submit(|ack| Request::Close { ack }).await {
+            Ok(r) => r,
+            // The committer already stopped (fenced): nothing more to write.
+            Err(_) => Ok(()),
+        };
         let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
         for t in tasks {
             t.await?;
         }
-        Ok(())
+        last_write
     }
 
     /// What a read started now sees: the active memtable, the frozen ones (newest first) and
