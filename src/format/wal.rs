@@ -92,15 +92,21 @@ fn decode_inner(
     // Short, or failing the CRC: what an interrupted write leaves (recovery may drop it when
     // it is the last object). Anything else about a whole object is corruption.
     let torn = |m: &str| Error::torn(object, format!("WAL object {m}"));
+    // Magic and version first (a PUT is atomic, so these bytes are whole even in a damaged
+    // object): a later format may move the length and the CRC, and must never pass for torn.
+    if buf.len() < 6 {
+        return Err(torn(&format!("is truncated: {} bytes", buf.len())));
+    }
+    if &buf[0..4] != WAL_MAGIC {
+        return Err(bad("has a bad magic number"));
+    }
+    ObjectKind::Wal.check_version(u64::from(u16::from_le_bytes([buf[4], buf[5]])), object)?;
     if buf.len() < HEADER_LEN + 4 {
         return Err(torn(&format!(
             "is truncated: {} bytes, shorter than the {}-byte header and CRC",
             buf.len(),
             HEADER_LEN + 4
         )));
-    }
-    if &buf[0..4] != WAL_MAGIC {
-        return Err(bad("has a bad magic number"));
     }
     let body = &buf[..buf.len() - 4];
     let stored_crc = u32::from_le_bytes(buf[buf.len() - 4..].try_into().expect("4 bytes"));
@@ -123,7 +129,9 @@ fn decode_inner(
     if crc32fast::hash(body) != stored_crc {
         return Err(torn("fails its CRC32 check"));
     }
-    ObjectKind::Wal.check_version(u64::from(version), object)?;
+    debug_assert!(ObjectKind::Wal
+        .check_version(u64::from(version), object)
+        .is_ok());
     let kind = match kind {
         0 => WalKind::Rows,
         1 => WalKind::Fence,
