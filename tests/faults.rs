@@ -333,3 +333,38 @@ async fn close_reports_buffered_rows_it_could_not_write() {
     let e = index.close().await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
 }
+
+#[tokio::test]
+async fn the_wal_object_a_closed_writer_kept_is_deleted_by_the_next_writer() {
+    // Each flush keeps the last WAL object it covered until the next flush (for readers of the
+    // previous manifest); a writer that closes leaves it behind. The next writer's first flush
+    // must delete it: only fence objects (one per open) and the newest kept object remain.
+    let store: Arc<dyn object_store::ObjectStore> = Arc::new(InMemory::new());
+    let loc = Location::from_store(store.clone(), "idx");
+    let s = schema();
+    let index = Index::create(loc.clone(), s.clone(), Settings::default())
+        .await
+        .unwrap();
+    for round in 0..3 {
+        if round > 0 {
+            let index = Index::open(loc.clone(), Settings::default()).await.unwrap();
+            index
+                .append(&batch(&s, &rows(&format!("r{round}-"), 2)))
+                .await
+                .unwrap();
+            index.flush().await.unwrap();
+            index.close().await.unwrap();
+        } else {
+            index.append(&batch(&s, &rows("r0-", 2))).await.unwrap();
+            index.flush().await.unwrap();
+            index.close().await.unwrap();
+        }
+    }
+    use futures::TryStreamExt;
+    let wal: Vec<_> = store
+        .list(Some(&object_store::path::Path::from("idx/wal")))
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(wal.len(), 3 + 1, "three fences and the last kept object: {wal:?}");
+}
