@@ -366,5 +366,9 @@ async fn the_wal_object_a_closed_writer_kept_is_deleted_by_the_next_writer() {
         .try_collect()
         .await
         .unwrap();
-    assert_eq!(wal.len(), 3 + 1, "three fences and the last kept object: {wal:?}");
+    assert_eq!(
+        wal.len(),
+        3 + 1,
+        "three fences and the last kept object: {wal:?}"
+    );
 }

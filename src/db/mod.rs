@@ -368,6 +368,7 @@ impl Index {
             mem.rows()
         );
         let (status_tx, _) = watch::channel(FlushStatus::default());
+        let kept_wal = manifest.wal_replay_from.checked_sub(1).filter(|id| *id > 0);
         let inner = Arc::new(Inner {
             paths,
             manifests,
@@ -385,7 +386,9 @@ impl Index {
             flush_status: status_tx,
             flush_wake: Notify::new(),
             backpressure: Notify::new(),
-            kept_wal: std::sync::Mutex::new(None),
+            // The object the previous writer's last flush kept (the last one below the replay
+            // point, always a rows object): this writer's first flush deletes it.
+            kept_wal: std::sync::Mutex::new(kept_wal),
             loc,
         });
         let (tx, rx) = mpsc::channel(1024);
@@ -511,6 +514,10 @@ impl Index {
             if self.inner.fenced.load(Ordering::SeqCst) {
                 return Err(self.inner.fenced_error());
             }
+            // A concurrent close() stops the flusher: the frozen memtables stay in the WAL.
+            if self.inner.closed.load(Ordering::SeqCst) {
+                return Err(Error::closed());
+            }
             if rx.changed().await.is_err() {
                 return Err(self.gone());
             }
@@ -521,14 +528,15 @@ impl Index {
     /// memtables not yet flushed stay in the WAL and are replayed by the next open. Fails when
     /// buffered rows could not be written to the WAL: they were acknowledged and are lost.
     pub async fn close(&self) -> Result<()> {
-        if self.inner.closed.load(Ordering::SeqCst) {
-            return Ok(());
-        }
         // Refuse new calls and release a committer waiting for a flush slot (flushes may keep
         // failing) before asking it to stop: the frozen memtables stay in the WAL.
-        self.inner.closed.store(true, Ordering::SeqCst);
+        if self.inner.closed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
         self.inner.flush_wake.notify_waiters();
         self.inner.backpressure.notify_waiters();
+        // Wake flush() callers, which see the handle closed.
+        self.inner.flush_status.send_modify(|_| {});
         // The final WAL write of buffered rows: a failure means they are lost, and says so.
         let last_write = match self.submit(|ack| Request::Close { ack }).await {
             Ok(r) => r,
