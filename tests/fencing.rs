@@ -216,7 +216,7 @@ async fn a_store_that_ignores_conditional_creates_is_refused() {
     let e = Index::open(bad.clone(), small_settings())
         .await
         .unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
     assert!(e.message().contains("conditional"), "{e}");
     let e = Index::create(
         Location::from_store(faulty, "other"),

@@ -163,10 +163,10 @@ async fn finish(
     // The visibility point: swap the frozen memtable for its generation in one step.
     {
         let mut st = inner.write_state();
-        st.manifest = next.clone();
         match st.frozen.front() {
             Some(f) if read_memtable(f).id() == mid => {
                 st.frozen.pop_front();
+                st.manifest = next.clone();
             }
             _ => {
                 return Err(Error::internal(

@@ -37,7 +37,8 @@ pub(crate) async fn read_object(store: &dyn ObjectStore, path: &Path) -> Result<
 
 /// Check that `store` honours conditional creates (`PutMode::Create`: S3's `If-None-Match: *`),
 /// on which fencing rests, by creating the object at `probe` twice: the second create must
-/// fail. A store that overwrites instead is refused (`Unavailable`). The probe is deleted.
+/// fail. A store that overwrites instead is refused (`Invalid`: the location is unusable as
+/// given, retrying will not help). The probe is deleted.
 pub(crate) async fn check_conditional_create(store: &dyn ObjectStore, probe: &Path) -> Result<()> {
     use object_store::{PutMode, PutOptions};
     let create = || PutOptions {
@@ -58,7 +59,7 @@ pub(crate) async fn check_conditional_create(store: &dyn ObjectStore, probe: &Pa
     let _ = object_store::ObjectStoreExt::delete(store, probe).await;
     match second {
         Err(object_store::Error::AlreadyExists { .. }) => Ok(()),
-        Ok(_) => Err(Error::io(format!(
+        Ok(_) => Err(Error::invalid(format!(
             "the object store overwrote '{probe}' on a conditional create (If-None-Match: *): \
              it does not honour conditional creates, on which fencing rests; refusing to write"
         ))),
