@@ -372,3 +372,30 @@ async fn the_wal_object_a_closed_writer_kept_is_deleted_by_the_next_writer() {
         "three fences and the last kept object: {wal:?}"
     );
 }
+
+#[tokio::test]
+async fn a_retried_flush_never_overwrites_a_generation_object() {
+    // The generation PUT lands but reports an error; the retry must not rebuild and overwrite
+    // the object (a manifest published late by the first attempt could name it, and a rebuilt
+    // graph differs from the one it describes): it reads back what landed.
+    let (store, loc) = faulty();
+    let s = schema();
+    let big = Settings {
+        memtable_max_rows: 1_000,
+        ..Settings::default()
+    };
+    let index = Index::create(loc.clone(), s.clone(), big.clone())
+        .await
+        .unwrap();
+    index.append(&batch(&s, &rows("a", 5))).await.unwrap();
+    store.on("put", "generations/", Action::SucceedThenFailOnce);
+    let _ = index.flush().await;
+    tokio::time::timeout(Duration::from_secs(20), index.flush())
+        .await
+        .expect("the retried flush finishes")
+        .unwrap();
+    assert_eq!(store.landed("generations/"), 1, "the generation object is written once");
+    index.close().await.unwrap();
+    let reopened = Index::open(loc, big).await.unwrap();
+    assert_eq!(live(&reopened).await.len(), 5);
+}

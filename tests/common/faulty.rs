@@ -38,6 +38,7 @@ pub struct FaultyStore {
     inner: Arc<dyn ObjectStore>,
     rules: Mutex<Vec<Rule>>,
     puts: Mutex<Vec<String>>,
+    landed: Mutex<Vec<String>>,
 }
 
 impl std::fmt::Display for FaultyStore {
@@ -52,6 +53,7 @@ impl FaultyStore {
             inner,
             rules: Mutex::new(Vec::new()),
             puts: Mutex::new(Vec::new()),
+            landed: Mutex::new(Vec::new()),
         })
     }
 
@@ -67,6 +69,17 @@ impl FaultyStore {
     /// How many PUTs reached a path containing `path_contains`.
     pub fn puts(&self, path_contains: &str) -> usize {
         self.puts
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|p| p.contains(path_contains))
+            .count()
+    }
+
+    /// How many PUTs to a path containing `path_contains` landed (wrote the object), whatever
+    /// the caller was told.
+    pub fn landed(&self, path_contains: &str) -> usize {
+        self.landed
             .lock()
             .unwrap()
             .iter()
@@ -110,6 +123,31 @@ impl FaultyStore {
     }
 }
 
+impl FaultyStore {
+    async fn put_inner(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+        ignores_create: bool,
+    ) -> object_store::Result<PutResult> {
+        if ignores_create {
+            return self.inner.put_opts(location, payload, opts).await;
+        }
+        let check = self.check("put", location).await;
+        if let Err(object_store::Error::NotImplemented { .. }) = check {
+            // Succeed, then report a failure.
+            self.inner.put_opts(location, payload, opts).await?;
+            return Err(object_store::Error::Generic {
+                store: "FaultyStore",
+                source: format!("injected error after the put of {location} landed").into(),
+            });
+        }
+        check?;
+        self.inner.put_opts(location, payload, opts).await
+    }
+}
+
 #[async_trait]
 impl ObjectStore for FaultyStore {
     async fn put_opts(
@@ -127,19 +165,14 @@ impl ObjectStore for FaultyStore {
         });
         if ignores_create {
             opts.mode = object_store::PutMode::Overwrite;
-            return self.inner.put_opts(location, payload, opts).await;
         }
-        let check = self.check("put", location).await;
-        if let Err(object_store::Error::NotImplemented { .. }) = check {
-            // Succeed, then report a failure.
-            self.inner.put_opts(location, payload, opts).await?;
-            return Err(object_store::Error::Generic {
-                store: "FaultyStore",
-                source: format!("injected error after the put of {location} landed").into(),
-            });
+        let r = self.put_inner(location, payload, opts, ignores_create).await;
+        if r.is_ok()
+            || matches!(&r, Err(object_store::Error::Generic { source, .. }) if source.to_string().contains("landed"))
+        {
+            self.landed.lock().unwrap().push(location.to_string());
         }
-        check?;
-        self.inner.put_opts(location, payload, opts).await
+        r
     }
 
     async fn put_multipart_opts(
