@@ -394,7 +394,11 @@ async fn a_retried_flush_never_overwrites_a_generation_object() {
         .await
         .expect("the retried flush finishes")
         .unwrap();
-    assert_eq!(store.landed("generations/"), 1, "the generation object is written once");
+    assert_eq!(
+        store.landed("generations/"),
+        1,
+        "the generation object is written once"
+    );
     index.close().await.unwrap();
     let reopened = Index::open(loc, big).await.unwrap();
     assert_eq!(live(&reopened).await.len(), 5);

@@ -5,7 +5,7 @@ use crate::format::manifest::Manifest;
 use crate::generation::{Generation, IndexSpec};
 use crate::manifest::{delete_all, WriteOutcome};
 use crate::{Error, Result};
-use object_store::ObjectStoreExt;
+use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -112,13 +112,37 @@ async fn flush_one(inner: &Arc<Inner>, m: &SharedMemtable, retrying: bool) -> Re
         Generation::build(gen_id, epoch, rows, &schema, spec)
     })
     .await??;
+    // Created, never overwritten: if an earlier attempt's PUT landed (whatever it reported),
+    // that object is the one a manifest may name, so it is read back and used instead of the
+    // one just built (a rebuilt graph differs from it).
     let path = inner.paths.generation(gen_id, epoch);
-    inner
+    let create = PutOptions {
+        mode: PutMode::Create,
+        ..Default::default()
+    };
+    let generation = match inner
         .loc
         .store
-        .put(&path, bytes.into())
+        .put_opts(&path, PutPayload::from(bytes), create)
         .await
-        .map_err(|e| Error::store(&path, e))?;
+    {
+        Ok(_) => generation,
+        Err(object_store::Error::AlreadyExists { .. }) => {
+            let landed = crate::storage::read_object(inner.loc.store.as_ref(), &path).await?;
+            let schema = inner.reader.stored_schema.clone();
+            let text = inner.reader.text_schema.clone();
+            let p = path.clone();
+            tokio::task::spawn_blocking(move || {
+                let spec = IndexSpec {
+                    text: text.as_deref(),
+                    vector,
+                };
+                Generation::decode(landed, &schema, spec, &p)
+            })
+            .await??
+        }
+        Err(e) => return Err(Error::store(&path, e)),
+    };
 
     let mut next = base.clone();
     next.version += 1;

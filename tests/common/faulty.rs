@@ -166,7 +166,9 @@ impl ObjectStore for FaultyStore {
         if ignores_create {
             opts.mode = object_store::PutMode::Overwrite;
         }
-        let r = self.put_inner(location, payload, opts, ignores_create).await;
+        let r = self
+            .put_inner(location, payload, opts, ignores_create)
+            .await;
         if r.is_ok()
             || matches!(&r, Err(object_store::Error::Generic { source, .. }) if source.to_string().contains("landed"))
         {
