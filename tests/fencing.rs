@@ -227,3 +227,35 @@ async fn a_store_that_ignores_conditional_creates_is_refused() {
     .unwrap_err();
     assert!(e.message().contains("conditional"), "{e}");
 }
+
+#[tokio::test]
+async fn a_zombie_whose_last_wal_put_was_ambiguous_is_fenced() {
+    // A's WAL PUT at id N lands but reports an error. B opens: it replays N and fences at N+1.
+    // B's flush deletes N. A's retry at N finds the id free: it must not acknowledge rows
+    // written below B's replay point, where nobody will ever read them.
+    use common::faulty::{Action, FaultyStore};
+    let inner = std::sync::Arc::new(object_store::memory::InMemory::new());
+    let faulty = FaultyStore::new(inner.clone());
+    let a_loc = Location::from_store(faulty.clone(), "idx");
+    let b_loc = Location::from_store(inner.clone(), "idx");
+    let s = schema();
+    let a = Index::create(a_loc, s.clone(), small_settings())
+        .await
+        .unwrap();
+    faulty.on("put", "wal/", Action::SucceedThenFailOnce);
+    a.append(&batch(&s, &[Row::new("a0", 1)]))
+        .await
+        .expect_err("the ambiguous PUT is reported");
+    let b = Index::open(b_loc.clone(), small_settings()).await.unwrap();
+    b.append(&batch(&s, &[Row::new("b1", 1)])).await.unwrap();
+    b.flush().await.unwrap();
+    let r = a.append(&batch(&s, &[Row::new("a1", 1)])).await;
+    let e = r.expect_err("a fenced writer acknowledges nothing");
+    assert_eq!(e.kind(), ErrorKind::Fenced, "{e}");
+    b.close().await.unwrap();
+    let keys: Vec<String> = live(&Index::open(b_loc, small_settings()).await.unwrap())
+        .await
+        .into_keys()
+        .collect();
+    assert_eq!(keys, ["a0", "b1"], "a0 landed and was replayed by B; a1 was refused");
+}
