@@ -257,5 +257,9 @@ async fn a_zombie_whose_last_wal_put_was_ambiguous_is_fenced() {
         .await
         .into_keys()
         .collect();
-    assert_eq!(keys, ["a0", "b1"], "a0 landed and was replayed by B; a1 was refused");
+    assert_eq!(
+        keys,
+        ["a0", "b1"],
+        "a0 landed and was replayed by B; a1 was refused"
+    );
 }

@@ -20,6 +20,8 @@ pub(crate) struct Committer {
     next_memtable_id: u64,
     /// Buffered writes applied to the memtable but not yet in a WAL object.
     pending: Vec<RecordBatch>,
+    /// A WAL id whose PUT failed with an error that does not say whether it landed.
+    ambiguous: Option<u64>,
     pending_since: Option<Instant>,
 }
 
@@ -43,6 +45,7 @@ impl Committer {
             next_wal_id,
             next_memtable_id: 2,
             pending: Vec::new(),
+            ambiguous: None,
             pending_since: None,
         }
     }
@@ -264,6 +267,12 @@ impl Committer {
                 .await
             {
                 Ok(_) => {
+                    if self.ambiguous.take() == Some(id) {
+                        // Our earlier PUT at this id may have landed: a newer writer then
+                        // replayed it, fenced at the next id, and its flush freed this one.
+                        // Rows written here would lie below its replay point, never read.
+                        self.check_not_superseded(id).await?;
+                    }
                     self.next_wal_id = id + 1;
                     self.inner.next_wal_id.store(id + 1, Ordering::SeqCst);
                     return Ok(id);
@@ -291,8 +300,28 @@ impl Committer {
                         }
                     }
                 }
-                Err(e) => return Err(Error::store(&p, e)),
+                Err(e) => {
+                    self.ambiguous = Some(id);
+                    return Err(Error::store(&p, e));
+                }
             }
+        }
+    }
+
+    /// After a PUT at `id` succeeded where an earlier one had an ambiguous outcome: if a newer
+    /// writer's object sits at `id + 1`, this writer is fenced (and acknowledges nothing).
+    async fn check_not_superseded(&self, id: u64) -> Result<()> {
+        let p = self.inner.paths.wal(id + 1);
+        match crate::storage::read_object(self.inner.loc.store.as_ref(), &p).await {
+            Ok(b) => match decode_header(&b, &p) {
+                Ok(h) if h.epoch <= self.inner.epoch => Ok(()),
+                _ => {
+                    self.inner.mark_fenced();
+                    Err(self.inner.fenced_error())
+                }
+            },
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e),
         }
     }
 
