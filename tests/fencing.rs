@@ -263,3 +263,46 @@ async fn a_zombie_whose_last_wal_put_was_ambiguous_is_fenced() {
         "a0 landed and was replayed by B; a1 was refused"
     );
 }
+
+#[tokio::test]
+async fn a_zombie_cannot_recreate_a_pruned_manifest_version() {
+    // B opens and flushes with retention 0, pruning the version A's flush would create next.
+    // A's flush must fail as fenced instead of re-creating that version (and moving LATEST
+    // backwards).
+    let store: std::sync::Arc<dyn object_store::ObjectStore> =
+        std::sync::Arc::new(object_store::memory::InMemory::new());
+    let loc = Location::from_store(store.clone(), "idx");
+    let s = schema();
+    let settings = lsmsearch::Settings {
+        manifest_retention: 0,
+        ..small_settings()
+    };
+    let a = Index::create(loc.clone(), s.clone(), settings.clone())
+        .await
+        .unwrap();
+    a.append(&batch(&s, &[Row::new("a0", 1)])).await.unwrap();
+    let b = Index::open(loc.clone(), settings.clone()).await.unwrap();
+    b.append(&batch(&s, &[Row::new("b1", 1)])).await.unwrap();
+    b.flush().await.unwrap();
+    let latest = || async {
+        use object_store::ObjectStoreExt;
+        let bytes = store
+            .get(&object_store::path::Path::from("idx/LATEST"))
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    };
+    let before = latest().await;
+    let e = a.flush().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Fenced, "{e}");
+    assert_eq!(latest().await, before, "LATEST never moves backwards");
+    b.close().await.unwrap();
+    let keys: Vec<String> = live(&Index::open(loc, settings).await.unwrap())
+        .await
+        .into_keys()
+        .collect();
+    assert_eq!(keys, ["a0", "b1"]);
+}
