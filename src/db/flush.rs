@@ -153,7 +153,19 @@ async fn flush_one(inner: &Arc<Inner>, m: &SharedMemtable, retrying: bool) -> Re
     }
     next.last_seq = next.last_seq.max(max_seq);
     match inner.manifests.write(&next).await? {
-        WriteOutcome::Written => {}
+        // Created, but a newer version may exist: a newer writer pruned this one after moving
+        // past it, and this writer (stalled) re-created it. Then it is fenced, and must neither
+        // clean up nor move LATEST.
+        WriteOutcome::Written => {
+            if inner
+                .manifests
+                .latest_version()
+                .await?
+                .is_some_and(|v| v > next.version)
+            {
+                return Err(inner.fenced_error());
+            }
+        }
         // A PUT retried inside the store client after its first try landed: ours.
         WriteOutcome::Conflict
             if inner.manifests.read(next.version).await.ok() == Some(next.clone()) => {}
