@@ -306,3 +306,47 @@ async fn a_zombie_cannot_recreate_a_pruned_manifest_version() {
         .collect();
     assert_eq!(keys, ["a0", "b1"]);
 }
+
+#[tokio::test]
+async fn a_fenced_writer_stops_retrying_its_buffered_writes() {
+    // A's buffered rows cannot reach the WAL once B fenced it. A learns it is fenced at its
+    // next WAL write and must then stop (its later calls fail as fenced), not retry forever.
+    use common::faulty::FaultyStore;
+    use lsmsearch::{Durability, WriteOptions};
+    let inner = std::sync::Arc::new(object_store::memory::InMemory::new());
+    let faulty = FaultyStore::new(inner.clone());
+    let s = schema();
+    let a = Index::create(
+        Location::from_store(faulty.clone(), "idx"),
+        s.clone(),
+        small_settings(),
+    )
+    .await
+    .unwrap();
+    let _b = Index::open(Location::from_store(inner.clone(), "idx"), small_settings())
+        .await
+        .unwrap();
+    a.append_with(
+        &batch(&s, &[Row::new("a1", 1)]),
+        WriteOptions::with_durability(Durability::Buffered),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let attempts = faulty.puts("wal/");
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(
+        faulty.puts("wal/"),
+        attempts,
+        "no more WAL writes once fenced ({attempts} before)"
+    );
+    assert!(a.is_fenced());
+    let e = a
+        .append_with(
+            &batch(&s, &[Row::new("a2", 1)]),
+            WriteOptions::with_durability(Durability::Buffered),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Fenced, "{e}");
+}
