@@ -58,10 +58,22 @@ impl Committer {
             let req = tokio::select! {
                 r = self.rx.recv() => r,
                 _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
-                    if let Err(e) = self.write_pending().await {
-                        tracing::warn!("background WAL write failed (will retry): {e}");
-                        // Retry after another interval.
-                        self.pending_since = Some(Instant::now());
+                    match self.write_pending().await {
+                        Ok(()) => {}
+                        // A newer writer owns the index: these rows can never be written.
+                        Err(e) if self.inner.fenced.load(Ordering::SeqCst) => {
+                            tracing::error!(
+                                "{} buffered rows are lost: {e}",
+                                self.pending.iter().map(RecordBatch::num_rows).sum::<usize>()
+                            );
+                            self.pending.clear();
+                            self.pending_since = None;
+                        }
+                        Err(e) => {
+                            tracing::warn!("background WAL write failed (will retry): {e}");
+                            // Retry after another interval.
+                            self.pending_since = Some(Instant::now());
+                        }
                     }
                     continue;
                 }
