@@ -292,18 +292,20 @@ impl TextIndex {
         }
         writer.wait_merging_threads().map_err(tv)?;
         let files = export_files(&index)?;
-        let searcher = open_reader(&index)?.searcher();
-        Ok((
-            TextIndex {
-                doc_rows: Some(Arc::new(doc_row_tables(&searcher)?)),
-                doc_freqs: Some(Arc::default()),
-                searcher,
-                counts: Arc::new(counts),
-                totals: Arc::default(),
-                nfields: ts.fields.len(),
-            },
-            files,
-        ))
+        Ok((Self::of_generation(ts, &index, counts)?, files))
+    }
+
+    /// A generation's text index over a finished tantivy index and its rows' token counts.
+    fn of_generation(ts: &TextSchema, index: &tantivy::Index, counts: Vec<u32>) -> Result<Self> {
+        let searcher = open_reader(index)?.searcher();
+        Ok(TextIndex {
+            doc_rows: Some(Arc::new(doc_row_tables(&searcher)?)),
+            doc_freqs: Some(Arc::default()),
+            searcher,
+            counts: Arc::new(counts),
+            totals: Arc::default(),
+            nfields: ts.fields.len(),
+        })
     }
 
     /// Open an index from the files [`TextIndex::build`] exported and the stored token counts.
@@ -319,15 +321,7 @@ impl TextIndex {
                 "text index schema differs from the index schema",
             ));
         }
-        let searcher = open_reader(&index)?.searcher();
-        Ok(TextIndex {
-            doc_rows: Some(Arc::new(doc_row_tables(&searcher)?)),
-            doc_freqs: Some(Arc::default()),
-            searcher,
-            counts: Arc::new(counts),
-            totals: Arc::default(),
-            nfields: ts.fields.len(),
-        })
+        Self::of_generation(ts, &index, counts)
     }
 
     /// Encode token counts (u32 little-endian, row-major).

@@ -113,6 +113,33 @@ fn vectors_of(rows: &RecordBatch, vcol: usize) -> Result<(usize, ScalarBuffer<f3
     Ok((dim, values.slice(start, rows.num_rows() * dim)))
 }
 
+/// A graph point: its vector (augmented for `dot`) and its row.
+type Point = (Vec<f32>, usize);
+
+/// The points a generation's graph is built over: `(vector, row)` of every row that is not a
+/// tombstone and has a vector, each augmented with `sqrt(M² - |x|²)` for `dot`; and `M`, the
+/// largest norm (0 for the other metrics).
+fn graph_points(rows: &RecordBatch, vcol: usize, metric: Metric) -> Result<(Vec<Point>, f32)> {
+    let deleted = deleted_flags(rows);
+    let list = rows.column(vcol).as_fixed_size_list();
+    let (dim, vectors) = vectors_of(rows, vcol)?;
+    let mut data: Vec<Point> = (0..rows.num_rows())
+        .filter(|r| !deleted.value(*r) && !list.is_null(*r))
+        .map(|r| (vectors[r * dim..(r + 1) * dim].to_vec(), r))
+        .collect();
+    if metric != Metric::Dot {
+        return Ok((data, 0.0));
+    }
+    let max_norm = data
+        .iter()
+        .map(|(v, _)| v.iter().map(|x| x * x).sum::<f32>().sqrt())
+        .fold(0f32, f32::max);
+    for (v, _) in &mut data {
+        *v = augment(v, max_norm);
+    }
+    Ok((data, max_norm))
+}
+
 /// The layers of an hnsw_rs graph over rows `0..rows` (data ids are rows).
 fn adjacency_of(g: &Graph<'_>, rows: usize) -> Adjacency {
     let points = g.get_point_indexation();
@@ -144,25 +171,8 @@ impl VectorIndex {
         metric: Metric,
         params: GraphParams,
     ) -> Result<(VectorIndex, Sections)> {
-        let deleted = deleted_flags(rows);
-        let list = rows.column(vcol).as_fixed_size_list();
         let (dim, vectors) = vectors_of(rows, vcol)?;
-        let mut data: Vec<(Vec<f32>, usize)> = Vec::new();
-        for r in 0..rows.num_rows() {
-            if deleted.value(r) || list.is_null(r) {
-                continue;
-            }
-            data.push((vectors[r * dim..(r + 1) * dim].to_vec(), r));
-        }
-        if metric == Metric::Dot {
-            let max_norm = data
-                .iter()
-                .map(|(v, _)| v.iter().map(|x| x * x).sum::<f32>().sqrt())
-                .fold(0f32, f32::max);
-            for (v, _) in &mut data {
-                *v = augment(v, max_norm);
-            }
-        }
+        let (data, _) = graph_points(rows, vcol, metric)?;
         let adjacency = if data.is_empty() {
             Adjacency::from_lists(rows.num_rows(), Vec::new(), 0)
         } else {
@@ -245,27 +255,7 @@ impl VectorIndex {
         params: GraphParams,
     ) -> Result<Sections> {
         use hnsw_rs::api::AnnT;
-        let deleted = deleted_flags(rows);
-        let list = rows.column(vcol).as_fixed_size_list();
-        let (dim, vectors) = vectors_of(rows, vcol)?;
-        let mut data: Vec<(Vec<f32>, usize)> = Vec::new();
-        for r in 0..rows.num_rows() {
-            if !deleted.value(r) && !list.is_null(r) {
-                data.push((vectors[r * dim..(r + 1) * dim].to_vec(), r));
-            }
-        }
-        let max_norm = if metric == Metric::Dot {
-            data.iter()
-                .map(|(v, _)| v.iter().map(|x| x * x).sum::<f32>().sqrt())
-                .fold(0f32, f32::max)
-        } else {
-            0.0
-        };
-        if metric == Metric::Dot {
-            for (v, _) in &mut data {
-                *v = augment(v, max_norm);
-            }
-        }
+        let (data, max_norm) = graph_points(rows, vcol, metric)?;
         let mut meta = max_norm.to_le_bytes().to_vec();
         meta.extend_from_slice(&(data.len() as u32).to_le_bytes());
         if data.is_empty() {
