@@ -297,19 +297,28 @@ impl Index {
             }
         }
         manifests.publish_hint(1).await;
-        Self::open(loc, settings).await
+        // The store was checked above.
+        Self::open_checked(loc, settings, false).await
     }
 
     /// Open the index at `loc` as its writer: claims a new epoch (fencing any previous writer),
     /// loads the generations and replays the WAL into the memtable.
     pub async fn open(loc: Location, settings: Settings) -> Result<Index> {
+        Self::open_checked(loc, settings, true).await
+    }
+
+    /// [`Index::open`], checking first that the store honours conditional creates when
+    /// `probe_store` (`create` has just checked it).
+    async fn open_checked(loc: Location, settings: Settings, probe_store: bool) -> Result<Index> {
         settings.validate()?;
         let paths = Paths::new(loc.root.clone());
         let manifests = ManifestStore::new(loc.store.clone(), paths.clone());
+        if probe_store {
+            check_conditional_create(loc.store.as_ref(), &paths.probe(&probe_token())).await?;
+        }
         // Read and check every generation first (through the handle's cache), then claim epoch
         // + 1 with a conditional PUT of the next manifest version: an open that fails on a bad
         // generation fails before it fences the running writer.
-        check_conditional_create(loc.store.as_ref(), &paths.probe(&probe_token())).await?;
         let mut reader: Option<Reader> = None;
         let (manifest, generations) = loop {
             let cur = manifests.load_latest().await?.ok_or_else(|| {
