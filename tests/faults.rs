@@ -223,12 +223,8 @@ async fn wal_objects_and_old_manifests_are_cleaned_up() {
     assert_eq!(live(&index).await.len(), 36);
 }
 
-#[tokio::test]
-async fn a_manifest_put_that_landed_but_reported_an_error_is_not_redone() {
-    // The manifest naming the new generation is published, but the writer sees an error (a
-    // timeout, an fsync error after the link, a 5xx retried into 412). The retry must find its
-    // own manifest and finish the flush, without rebuilding and overwriting the generation
-    // object the published manifest names, and without failing forever as a conflict.
+/// An index on a faulty store holding 5 rows in a memtable that only `flush()` freezes.
+async fn five_rows_to_flush() -> (Arc<FaultyStore>, Location, Settings, Index) {
     let (store, loc) = faulty();
     let s = schema();
     let big = Settings {
@@ -239,6 +235,17 @@ async fn a_manifest_put_that_landed_but_reported_an_error_is_not_redone() {
         .await
         .unwrap();
     index.append(&batch(&s, &rows("a", 5))).await.unwrap();
+    (store, loc, big, index)
+}
+
+#[tokio::test]
+async fn a_manifest_put_that_landed_but_reported_an_error_is_not_redone() {
+    // The manifest naming the new generation is published, but the writer sees an error (a
+    // timeout, an fsync error after the link, a 5xx retried into 412). The retry must find its
+    // own manifest and finish the flush, without rebuilding and overwriting the generation
+    // object the published manifest names, and without failing forever as a conflict.
+    let (store, loc, big, index) = five_rows_to_flush().await;
+    let s = schema();
     store.on("put", "manifest/", Action::SucceedThenFailOnce);
     let first = index.flush().await;
     let second = tokio::time::timeout(Duration::from_secs(20), index.flush())
@@ -378,16 +385,7 @@ async fn a_retried_flush_never_overwrites_a_generation_object() {
     // The generation PUT lands but reports an error; the retry must not rebuild and overwrite
     // the object (a manifest published late by the first attempt could name it, and a rebuilt
     // graph differs from the one it describes): it reads back what landed.
-    let (store, loc) = faulty();
-    let s = schema();
-    let big = Settings {
-        memtable_max_rows: 1_000,
-        ..Settings::default()
-    };
-    let index = Index::create(loc.clone(), s.clone(), big.clone())
-        .await
-        .unwrap();
-    index.append(&batch(&s, &rows("a", 5))).await.unwrap();
+    let (store, loc, big, index) = five_rows_to_flush().await;
     store.on("put", "generations/", Action::SucceedThenFailOnce);
     let _ = index.flush().await;
     tokio::time::timeout(Duration::from_secs(20), index.flush())

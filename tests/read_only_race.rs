@@ -21,15 +21,19 @@ fn settings() -> Settings {
     }
 }
 
+/// A new index in memory (at root `idx`) and its writer.
+async fn writer() -> (Arc<dyn object_store::ObjectStore>, Index) {
+    let store: Arc<dyn object_store::ObjectStore> = Arc::new(InMemory::new());
+    let loc = Location::from_store(store.clone(), "idx");
+    let writer = Index::create(loc, schema(), settings()).await.unwrap();
+    (store, writer)
+}
+
 #[tokio::test]
 async fn a_read_only_open_racing_a_flush_sees_the_newest_rows() {
     for extra in [0usize, 2] {
-        let store: Arc<dyn object_store::ObjectStore> = Arc::new(InMemory::new());
-        let loc = Location::from_store(store.clone(), "idx");
+        let (store, writer) = writer().await;
         let s = schema();
-        let writer = Index::create(loc.clone(), s.clone(), settings())
-            .await
-            .unwrap();
         let mut model = Model::new();
         let first = [Row::new("k", 1), Row::new("d", 1), Row::new("x", 1)];
         writer.append(&batch(&s, &first)).await.unwrap();
@@ -78,12 +82,8 @@ async fn a_read_only_open_racing_a_flush_sees_the_newest_rows() {
 
 #[tokio::test]
 async fn a_slow_refresh_never_moves_the_view_backwards() {
-    let store: Arc<dyn object_store::ObjectStore> = Arc::new(InMemory::new());
-    let loc = Location::from_store(store.clone(), "idx");
+    let (store, writer) = writer().await;
     let s = schema();
-    let writer = Index::create(loc.clone(), s.clone(), settings())
-        .await
-        .unwrap();
     writer
         .append(&batch(&s, &[Row::new("w0", 1)]))
         .await
