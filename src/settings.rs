@@ -19,6 +19,11 @@ pub struct Settings {
     /// Upper bound, in milliseconds, on how long a `Buffered` write stays only in memory before
     /// its WAL object is written. Default 100 ms.
     pub wal_buffer_interval_ms: u64,
+    /// At most this many `Buffered` rows are acknowledged from memory alone. Past it, an append
+    /// writes the WAL object itself (as a `Durable` one would) and fails if that write fails,
+    /// which bounds what a WAL outage, or a takeover by a newer writer, can lose and holds
+    /// writers back while the store is down. Default 100,000.
+    pub wal_buffer_max_rows: usize,
     /// A group commit stops collecting further requests once it holds this many rows, so one WAL
     /// object stays bounded. Default 100,000.
     pub max_commit_rows: usize,
@@ -62,6 +67,7 @@ impl Default for Settings {
             memtable_max_bytes: 64 << 20,
             max_frozen_memtables: 2,
             wal_buffer_interval_ms: 100,
+            wal_buffer_max_rows: 100_000,
             max_commit_rows: 100_000,
             manifest_retention: 10,
             io_concurrency: 64,

@@ -401,3 +401,44 @@ async fn a_retried_flush_never_overwrites_a_generation_object() {
     let reopened = Index::open(loc, big).await.unwrap();
     assert_eq!(live(&reopened).await.len(), 5);
 }
+
+#[tokio::test]
+async fn buffered_acks_stop_at_a_bound_while_the_wal_is_down() {
+    // During a WAL outage, buffered writes are acknowledged from memory only up to
+    // `wal_buffer_max_rows`; past it an append must write the WAL itself, and fails while the
+    // WAL is down, changing nothing. Once the WAL is back the buffer drains and nothing is lost.
+    let (store, loc) = faulty();
+    let s = schema();
+    let settings = Settings {
+        wal_buffer_interval_ms: 60_000,
+        wal_buffer_max_rows: 10,
+        memtable_max_rows: 1_000,
+        ..settings()
+    };
+    let index = Index::create(loc.clone(), s.clone(), settings.clone())
+        .await
+        .unwrap();
+    store.on("put", "wal/", Action::Fail);
+    let buffered = WriteOptions::with_durability(Durability::Buffered);
+    let all = rows("b", 20);
+    let mut acked = 0;
+    for (i, r) in all.iter().enumerate() {
+        match index.append_with(&batch(&s, std::slice::from_ref(r)), buffered).await {
+            Ok(_) => {
+                assert_eq!(acked, i, "an append succeeded after one was refused");
+                acked += 1;
+            }
+            Err(e) => assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}"),
+        }
+    }
+    assert_eq!(acked, 10, "buffered acks must stop at wal_buffer_max_rows");
+    assert_eq!(live(&index).await.len(), 10, "a refused append changed the memtable");
+    store.clear();
+    index
+        .append_with(&batch(&s, &all[10..11]), buffered)
+        .await
+        .unwrap();
+    index.close().await.unwrap();
+    let reopened = Index::open(loc, settings).await.unwrap();
+    assert_eq!(live(&reopened).await, to_model(&[batch(&s, &all[..11])]));
+}
