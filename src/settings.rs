@@ -135,7 +135,9 @@ pub enum Durability {
     #[default]
     Durable,
     /// Return once the write is in the memtable (visible to searches); its WAL object is written
-    /// in the background within [`Settings::wal_buffer_interval_ms`]. A crash may lose it.
+    /// in the background within [`Settings::wal_buffer_interval_ms`]. A crash, or a newer
+    /// writer taking the index over, may lose it. At most [`Settings::wal_buffer_max_rows`]
+    /// rows are acknowledged this way; past that, the write waits for its WAL object.
     Buffered,
 }
 

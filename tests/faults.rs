@@ -423,7 +423,10 @@ async fn buffered_acks_stop_at_a_bound_while_the_wal_is_down() {
     let all = rows("b", 20);
     let mut acked = 0;
     for (i, r) in all.iter().enumerate() {
-        match index.append_with(&batch(&s, std::slice::from_ref(r)), buffered).await {
+        match index
+            .append_with(&batch(&s, std::slice::from_ref(r)), buffered)
+            .await
+        {
             Ok(_) => {
                 assert_eq!(acked, i, "an append succeeded after one was refused");
                 acked += 1;
@@ -432,7 +435,11 @@ async fn buffered_acks_stop_at_a_bound_while_the_wal_is_down() {
         }
     }
     assert_eq!(acked, 10, "buffered acks must stop at wal_buffer_max_rows");
-    assert_eq!(live(&index).await.len(), 10, "a refused append changed the memtable");
+    assert_eq!(
+        live(&index).await.len(),
+        10,
+        "a refused append changed the memtable"
+    );
     store.clear();
     index
         .append_with(&batch(&s, &all[10..11]), buffered)

@@ -62,10 +62,7 @@ impl Committer {
                         Ok(()) => {}
                         // A newer writer owns the index: these rows can never be written.
                         Err(e) if self.inner.fenced.load(Ordering::SeqCst) => {
-                            tracing::error!(
-                                "{} buffered rows are lost: {e}",
-                                self.pending.iter().map(RecordBatch::num_rows).sum::<usize>()
-                            );
+                            tracing::error!("{} buffered rows are lost: {e}", self.pending_rows());
                             self.pending.clear();
                             self.pending_since = None;
                         }
@@ -179,7 +176,16 @@ impl Committer {
             }
         }
         let any_durable = prepared.iter().any(|p| p.durability == Durability::Durable);
-        if !any_durable {
+        // Buffered rows are acknowledged from memory only up to the bound; past it the group
+        // writes its WAL object now (backpressure while the WAL is slow or down).
+        let bound = self.inner.reader.settings.wal_buffer_max_rows;
+        let mut buffered_rows = self.pending_rows();
+        let incoming: usize = prepared
+            .iter()
+            .filter(|p| p.durability == Durability::Buffered)
+            .map(|p| p.stored.num_rows())
+            .sum();
+        if !any_durable && buffered_rows + incoming <= bound {
             for p in prepared {
                 let receipt = self.apply(&p.stored);
                 self.pending.push(p.stored);
@@ -202,8 +208,11 @@ impl Committer {
                 write_memtable(&active).add_wal_id(id);
             }
             Err(e) => {
+                let fenced = self.inner.fenced.load(Ordering::SeqCst);
                 for p in prepared {
-                    if p.durability == Durability::Buffered {
+                    let fits = buffered_rows + p.stored.num_rows() <= bound;
+                    if p.durability == Durability::Buffered && fits && !fenced {
+                        buffered_rows += p.stored.num_rows();
                         let receipt = self.apply(&p.stored);
                         self.pending.push(p.stored);
                         self.pending_since.get_or_insert_with(Instant::now);
@@ -214,6 +223,10 @@ impl Committer {
                 }
             }
         }
+    }
+
+    fn pending_rows(&self) -> usize {
+        self.pending.iter().map(RecordBatch::num_rows).sum()
     }
 
     /// Apply stored rows to the active memtable (they are visible when this returns).
