@@ -162,6 +162,45 @@ async fn a_failed_open_does_not_fence_the_running_writer() {
 }
 
 #[tokio::test]
+async fn an_open_failing_on_a_bad_wal_object_does_not_fence_the_running_writer() {
+    // The running writer holds rows whose WAL object is damaged (here: the first of two); a
+    // second open must fail on it before claiming the epoch, so that the writer, which still
+    // has those rows in memory, keeps writing and its flush makes them safe again.
+    let dir = tempfile::tempdir().unwrap();
+    let loc = Location::parse(&dir.path().display().to_string()).unwrap();
+    let s = schema();
+    let a = Index::create(loc.clone(), s.clone(), small_settings())
+        .await
+        .unwrap();
+    a.append(&batch(&s, &[Row::new("a0", 1)])).await.unwrap();
+    a.append(&batch(&s, &[Row::new("a1", 1)])).await.unwrap();
+    let mut wal: Vec<_> = std::fs::read_dir(dir.path().join("wal"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    wal.sort();
+    let first_rows = &wal[wal.len() - 2];
+    let mut bytes = std::fs::read(first_rows).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x5a;
+    std::fs::write(first_rows, bytes).unwrap();
+    let e = Index::open(loc.clone(), small_settings())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Data, "{e}");
+    a.append(&batch(&s, &[Row::new("a2", 1)]))
+        .await
+        .expect("the running writer was not fenced by the failed open");
+    a.flush()
+        .await
+        .expect("the running writer still publishes manifests");
+    a.close().await.unwrap();
+    let reopened = Index::open(loc, small_settings()).await.unwrap();
+    let keys: Vec<String> = live(&reopened).await.into_keys().collect();
+    assert_eq!(keys, ["a0", "a1", "a2"]);
+}
+
+#[tokio::test]
 async fn opens_do_not_pile_up_manifest_versions() {
     let store: std::sync::Arc<dyn object_store::ObjectStore> =
         std::sync::Arc::new(object_store::memory::InMemory::new());
