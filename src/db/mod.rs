@@ -316,11 +316,12 @@ impl Index {
         if probe_store {
             check_conditional_create(loc.store.as_ref(), &paths.probe(&probe_token())).await?;
         }
-        // Read and check every generation first (through the handle's cache), then claim epoch
-        // + 1 with a conditional PUT of the next manifest version: an open that fails on a bad
-        // generation fails before it fences the running writer.
+        // Read and check every generation (through the handle's cache) and every WAL object
+        // first, then claim epoch + 1 with a conditional PUT of the next manifest version: an
+        // open that fails on a bad generation or WAL object fails before it fences the running
+        // writer, which may still hold those rows in memory and flush them.
         let mut reader: Option<Reader> = None;
-        let (manifest, generations) = loop {
+        let (manifest, generations, checked) = loop {
             let cur = manifests.load_latest().await?.ok_or_else(|| {
                 Error::invalid(format!("no index at {} (create it first)", loc.display))
             })?;
@@ -328,11 +329,35 @@ impl Index {
                 Reader::new(&loc, &paths, cur.schema.clone(), settings.clone())
             });
             let generations = r.generations.get_all(&cur.generations).await?;
+            let checked = match replay(
+                &loc.store,
+                &paths,
+                &r.stored_schema,
+                cur.wal_replay_from,
+                Mode::ReadOnly,
+                settings.io_concurrency,
+            )
+            .await
+            {
+                Ok(c) => c,
+                // If a flush published a newer version meanwhile, it freed these objects: start
+                // again. Otherwise the WAL really has a hole.
+                Err(e) if e.is_not_found() => {
+                    let now = manifests.load_latest().await?.map(|m| m.version);
+                    if now == Some(cur.version) {
+                        return Err(e);
+                    }
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let mut next = cur.clone();
             next.version += 1;
             next.epoch += 1;
+            // The claim succeeds only if no version was published since `cur`, so no flush
+            // freed the objects just read.
             if let WriteOutcome::Written = manifests.write(&next).await? {
-                break (next, generations);
+                break (next, generations, checked);
             }
         };
         let reader = reader.ok_or_else(|| Error::internal("no reader after the claim"))?;
@@ -346,16 +371,19 @@ impl Index {
                 settings.manifest_retention,
                 settings.io_concurrency,
             ),
+            // Objects appended since the check (by the writer this open fences), a torn tail
+            // to delete, then the fence.
             replay(
                 &loc.store,
                 &paths,
                 &stored_schema,
-                manifest.wal_replay_from,
+                checked.next_id,
                 Mode::Writer { epoch },
                 settings.io_concurrency,
             )
         );
         let replayed = replayed?;
+        let entries = checked.entries.into_iter().chain(replayed.entries);
         let mut mem = Memtable::new(
             1,
             stored_schema,
@@ -363,7 +391,7 @@ impl Index {
             mem_graph_spec(&reader.schema, &settings),
         )?;
         let mut last_seq = manifest.last_seq;
-        for (id, e) in replayed.entries {
+        for (id, e) in entries {
             last_seq = last_seq.max(e.last_seq);
             if let Some(rows) = e.rows {
                 mem.apply(rows)?;
