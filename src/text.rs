@@ -380,6 +380,9 @@ pub(crate) struct MemTextIndex {
     schema: Arc<TextSchema>,
     index: tantivy::Index,
     state: Mutex<MemState>,
+    /// Tests: fail the next commit of a catch-up (after its rows were added to the writer).
+    #[cfg(test)]
+    fail_next_commit: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for MemTextIndex {
@@ -403,6 +406,8 @@ impl MemTextIndex {
                 indexed_rows: 0,
                 searcher: None,
             }),
+            #[cfg(test)]
+            fail_next_commit: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -439,6 +444,13 @@ impl MemTextIndex {
                 }
             }
             let writer = st.writer.as_mut().expect("just created");
+            #[cfg(test)]
+            if self
+                .fail_next_commit
+                .swap(false, std::sync::atomic::Ordering::SeqCst)
+            {
+                return Err(Error::internal("injected commit failure"));
+            }
             writer.commit().map_err(tv)?;
             st.reader.reload().map_err(tv)?;
             st.indexed_rows = offset.max(start);
@@ -456,5 +468,35 @@ impl MemTextIndex {
             });
         }
         Ok(st.searcher.clone().expect("just set"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::IndexSchema;
+    use arrow::array::StringArray;
+
+    #[test]
+    fn a_failed_catch_up_indexes_nothing_twice() {
+        let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t"]}"#).unwrap();
+        let user = RecordBatch::try_new(
+            s.arrow_schema(),
+            vec![
+                Arc::new(StringArray::from(vec!["a", "b", "c"])),
+                Arc::new(StringArray::from(vec!["red fox", "red hen", "blue jay"])),
+            ],
+        )
+        .unwrap();
+        let stored = s.to_stored(&user, 1).unwrap();
+        let mem = MemTextIndex::new(TextSchema::new(&s).unwrap()).unwrap();
+        mem.fail_next_commit
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let batches = [stored];
+        assert!(mem.catch_up(&batches, 3).is_err());
+        let t = mem.catch_up(&batches, 3).unwrap();
+        assert_eq!(t.searcher().num_docs(), 3, "rows indexed twice");
+        let red = Term::from_field_text(mem.schema.fields()[0], "red");
+        assert_eq!(t.doc_freq(&red).unwrap(), 2);
     }
 }
