@@ -411,51 +411,62 @@ impl MemTextIndex {
         })
     }
 
+    /// Index the rows of `batches` from `st.indexed_rows` up to at least `rows`, and commit.
+    fn index_rows(&self, st: &mut MemState, batches: &[RecordBatch], rows: usize) -> Result<()> {
+        if st.writer.is_none() {
+            st.writer = Some(
+                self.index
+                    .writer_with_num_threads(1, MEMTABLE_WRITER_HEAP)
+                    .map_err(tv)?,
+            );
+        }
+        let mut offset = 0usize;
+        let mut new_counts = Vec::new();
+        let start = st.indexed_rows;
+        {
+            let writer = st.writer.as_ref().expect("just created");
+            for b in batches {
+                let end = offset + b.num_rows();
+                if end > start && offset < rows {
+                    let from = start.saturating_sub(offset);
+                    let slice = b.slice(from, b.num_rows() - from);
+                    new_counts.extend(self.schema.add_rows(
+                        &self.index,
+                        writer,
+                        &slice,
+                        (offset + from) as u64,
+                    )?);
+                }
+                offset = end;
+            }
+        }
+        let writer = st.writer.as_mut().expect("just created");
+        #[cfg(test)]
+        if self
+            .fail_next_commit
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(Error::internal("injected commit failure"));
+        }
+        writer.commit().map_err(tv)?;
+        st.reader.reload().map_err(tv)?;
+        st.indexed_rows = offset.max(start);
+        st.counts.extend(new_counts);
+        st.searcher = None;
+        Ok(())
+    }
+
     /// A searcher covering at least the first `rows` rows of `batches` (the memtable's stored
     /// batches, in order). Rows beyond `rows` may be covered too; callers mask them.
     pub(crate) fn catch_up(&self, batches: &[RecordBatch], rows: usize) -> Result<TextIndex> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if st.indexed_rows < rows {
-            if st.writer.is_none() {
-                st.writer = Some(
-                    self.index
-                        .writer_with_num_threads(1, MEMTABLE_WRITER_HEAP)
-                        .map_err(tv)?,
-                );
+            if let Err(e) = self.index_rows(&mut st, batches, rows) {
+                // Dropping the writer discards the documents it added but did not commit, so
+                // the next catch-up starts again from `indexed_rows` without duplicates.
+                st.writer = None;
+                return Err(e);
             }
-            let mut offset = 0usize;
-            let mut new_counts = Vec::new();
-            let start = st.indexed_rows;
-            {
-                let writer = st.writer.as_ref().expect("just created");
-                for b in batches {
-                    let end = offset + b.num_rows();
-                    if end > start && offset < rows {
-                        let from = start.saturating_sub(offset);
-                        let slice = b.slice(from, b.num_rows() - from);
-                        new_counts.extend(self.schema.add_rows(
-                            &self.index,
-                            writer,
-                            &slice,
-                            (offset + from) as u64,
-                        )?);
-                    }
-                    offset = end;
-                }
-            }
-            let writer = st.writer.as_mut().expect("just created");
-            #[cfg(test)]
-            if self
-                .fail_next_commit
-                .swap(false, std::sync::atomic::Ordering::SeqCst)
-            {
-                return Err(Error::internal("injected commit failure"));
-            }
-            writer.commit().map_err(tv)?;
-            st.reader.reload().map_err(tv)?;
-            st.indexed_rows = offset.max(start);
-            st.counts.extend(new_counts);
-            st.searcher = None;
         }
         if st.searcher.is_none() {
             st.searcher = Some(TextIndex {
