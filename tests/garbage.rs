@@ -52,16 +52,13 @@ async fn a_writer_open_collects_leaked_objects_and_keeps_live_ones() {
     let expected = to_model(&[batch(&s, &first), batch(&s, &second)]);
 
     let old = Duration::from_secs(3 * 3600);
-    let wal_sample = std::fs::read(
-        root.join("wal").join(
-            before
-                .iter()
-                .find(|f| f.starts_with("wal/"))
-                .unwrap()
-                .trim_start_matches("wal/"),
-        ),
-    )
-    .unwrap();
+    // A rows object (the largest; fences are 52 bytes).
+    let wal_sample = before
+        .iter()
+        .filter(|f| f.starts_with("wal/"))
+        .map(|f| std::fs::read(root.join(f)).unwrap())
+        .max_by_key(Vec::len)
+        .unwrap();
     let garbage = [
         // A WAL object whose delete was cut off, far below the replay point.
         "wal/00000000000000000000.wal",

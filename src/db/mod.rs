@@ -12,6 +12,7 @@ mod commit;
 #[cfg(test)]
 mod fixtures;
 mod flush;
+mod garbage;
 mod reader;
 mod readonly;
 
@@ -430,9 +431,11 @@ impl Index {
         });
         let (tx, rx) = mpsc::channel(1024);
         let committer = commit::Committer::new(inner.clone(), rx, last_seq + 1, replayed.next_id);
+        let opened_on = inner.read_state().manifest.clone();
         let tasks = vec![
             tokio::spawn(committer.run()),
             tokio::spawn(flush::run_flusher(inner.clone())),
+            tokio::spawn(garbage::collect(inner.clone(), opened_on)),
         ];
         catch_up_graph(&inner.read_state().active);
         Ok(Index {

@@ -15,6 +15,9 @@ const WAL_MAGIC: &[u8; 4] = match ObjectKind::Wal.magic() {
 };
 const HEADER_LEN: usize = 48;
 
+/// The size of a fence object (a header and a CRC, no payload); a rows object is larger.
+pub(crate) const FENCE_LEN: u64 = HEADER_LEN as u64 + 4;
+
 /// What a WAL object holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum WalKind {

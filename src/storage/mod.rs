@@ -76,6 +76,9 @@ pub struct Location {
     pub root: Path,
     /// The location as the user wrote it (for messages).
     pub display: String,
+    /// The directory behind a local location, where cut-off PUTs leave staging files that the
+    /// store's LIST does not show.
+    pub(crate) local_dir: Option<std::path::PathBuf>,
 }
 
 impl Location {
@@ -88,6 +91,7 @@ impl Location {
                 store: Arc::new(InMemory::new()),
                 root: Path::from(root),
                 display: location.to_string(),
+                local_dir: None,
             });
         }
         if let Some(rest) = location.strip_prefix("s3://") {
@@ -107,6 +111,7 @@ impl Location {
                 store: Arc::new(store),
                 root: Path::from(prefix.trim_matches('/')),
                 display: location.to_string(),
+                local_dir: None,
             });
         }
         if location.contains("://") && !location.starts_with("file://") {
@@ -115,8 +120,10 @@ impl Location {
             )));
         }
         let dir = location.strip_prefix("file://").unwrap_or(location);
+        let store = SyncedLocalStore::new(dir)?;
         Ok(Location {
-            store: Arc::new(SyncedLocalStore::new(dir)?),
+            local_dir: Some(store.dir.clone()),
+            store: Arc::new(store),
             root: Path::default(),
             display: location.to_string(),
         })
@@ -130,6 +137,7 @@ impl Location {
             store: wrapped.clone(),
             root: self.root.clone(),
             display: self.display.clone(),
+            local_dir: self.local_dir.clone(),
         };
         (loc, wrapped)
     }
@@ -141,6 +149,7 @@ impl Location {
             display: format!("{store}/{root}"),
             store,
             root: Path::from(root.as_str()),
+            local_dir: None,
         }
     }
 }

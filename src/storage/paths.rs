@@ -63,6 +63,16 @@ impl Paths {
         self.child(&format!("probe/{token}"))
     }
 
+    /// The generations folder.
+    pub(crate) fn generations_dir(&self) -> Path {
+        self.child("generations")
+    }
+
+    /// The probes folder.
+    pub(crate) fn probe_dir(&self) -> Path {
+        self.child("probe")
+    }
+
     /// Generation `id` written by the writer of `epoch`.
     pub(crate) fn generation(&self, id: u64, epoch: u64) -> Path {
         self.child(&format!("generations/{id:020}-{epoch:010}.gen"))
@@ -88,7 +98,6 @@ pub(crate) fn parse_wal(path: &Path) -> Option<u64> {
 }
 
 /// The (id, epoch) of a generation object, from its path.
-#[cfg(test)]
 pub(crate) fn parse_generation(path: &Path) -> Option<(u64, u64)> {
     let stem = path.filename()?.strip_suffix(".gen")?;
     let (id, epoch) = stem.split_once('-')?;

@@ -1,0 +1,166 @@
+//! Collecting leaks: what crashes, failed deletes and failed or fenced flushes leave behind.
+//!
+//! A writer runs one collection in the background right after its open has claimed the epoch.
+//! At that point no older writer can publish anything again (every manifest version it could
+//! write either exists or is detected as superseded), so the following are garbage:
+//!
+//! - rows objects of the WAL below the one the last flush kept (`wal_replay_from - 1`): their
+//!   rows are in generations; the flush that freed them was cut off or its delete failed. Fence
+//!   objects (52 bytes) are never deleted: a writer that stalled through any number of takeovers
+//!   must still collide with the fence at the id it writes next;
+//! - generation objects of an older epoch that no kept manifest version names: flushes that
+//!   failed or were fenced before they published;
+//! - probe objects older than [`STALE`]: writers that crashed while opening (a young probe may
+//!   belong to an open in progress);
+//! - on a local directory, staging files (`<name>#<digits>`) older than [`STALE`]: PUTs cut off
+//!   by a crash, which the store's LIST never shows.
+//!
+//! Generations of this writer's epoch are never touched (its flushes may be under way), nor is
+//! anything a kept manifest version names (read-only handles may be reading it). Failures are
+//! logged and left for the next open.
+
+use super::Inner;
+use crate::format::manifest::Manifest;
+use crate::format::wal::FENCE_LEN;
+use crate::manifest::delete_all;
+use crate::storage::paths::{parse_generation, parse_manifest, parse_wal};
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectMeta, ObjectStore};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// Age past which a probe or a staging file is taken as left by a crash.
+pub(crate) const STALE: Duration = Duration::from_secs(10 * 60);
+
+/// Collect the leaks of an index whose writer (`inner`) just opened on `manifest`.
+pub(crate) async fn collect(inner: Arc<Inner>, manifest: Manifest) {
+    let store = &inner.loc.store;
+    let concurrency = inner.reader.settings.io_concurrency;
+    let mut doomed: Vec<Path> = Vec::new();
+
+    let keep_wal_from = manifest.wal_replay_from.saturating_sub(1);
+    match list(store, &inner.paths.wal_dir()).await {
+        Ok(objects) => doomed.extend(
+            objects
+                .into_iter()
+                // Fences are kept: a stalled writer's next PUT at that id must collide.
+                .filter(|m| m.size > FENCE_LEN)
+                .filter(|m| parse_wal(&m.location).is_some_and(|id| id < keep_wal_from))
+                .map(|m| m.location),
+        ),
+        Err(e) => tracing::warn!("garbage collection: {e}"),
+    }
+
+    match named_generations(&inner, &manifest).await {
+        Ok(named) => match list(store, &inner.paths.generations_dir()).await {
+            Ok(objects) => doomed.extend(
+                objects
+                    .into_iter()
+                    .filter(|m| {
+                        parse_generation(&m.location).is_some_and(|(id, epoch)| {
+                            epoch < inner.epoch && !named.contains(&(id, epoch))
+                        })
+                    })
+                    .map(|m| m.location),
+            ),
+            Err(e) => tracing::warn!("garbage collection: {e}"),
+        },
+        Err(e) => tracing::warn!("garbage collection: cannot read the kept manifests: {e}"),
+    }
+
+    match list(store, &inner.paths.probe_dir()).await {
+        Ok(objects) => {
+            let now = unix_now();
+            doomed.extend(
+                objects
+                    .into_iter()
+                    .filter(|m| now - m.last_modified.timestamp() > STALE.as_secs() as i64)
+                    .map(|m| m.location),
+            )
+        }
+        Err(e) => tracing::warn!("garbage collection: {e}"),
+    }
+
+    if !doomed.is_empty() {
+        tracing::info!("collecting {} leaked objects", doomed.len());
+    }
+    delete_all(store, doomed, concurrency).await;
+
+    if let Some(dir) = inner.loc.local_dir.clone() {
+        let root = inner.loc.root.parts().fold(dir, |d, p| d.join(p.as_ref()));
+        let removed = tokio::task::spawn_blocking(move || remove_staging(&root)).await;
+        match removed {
+            Ok(0) => {}
+            Ok(n) => tracing::info!("removed {n} stale local staging files"),
+            Err(e) => tracing::warn!("garbage collection of staging files: {e}"),
+        }
+    }
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+async fn list(store: &Arc<dyn ObjectStore>, dir: &Path) -> crate::Result<Vec<ObjectMeta>> {
+    store
+        .list(Some(dir))
+        .try_collect()
+        .await
+        .map_err(|e| crate::Error::store(dir, e))
+}
+
+/// The (id, epoch) of every generation a kept manifest version names.
+async fn named_generations(inner: &Inner, latest: &Manifest) -> crate::Result<HashSet<(u64, u64)>> {
+    let mut named: HashSet<(u64, u64)> =
+        latest.generations.iter().map(|g| (g.id, g.epoch)).collect();
+    let versions: Vec<u64> = list(&inner.loc.store, &inner.paths.manifest_dir())
+        .await?
+        .iter()
+        .filter_map(|m| parse_manifest(&m.location))
+        .filter(|v| *v != latest.version)
+        .collect();
+    for v in versions {
+        match inner.manifests.read(v).await {
+            Ok(m) => named.extend(m.generations.iter().map(|g| (g.id, g.epoch))),
+            // Pruned meanwhile.
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(named)
+}
+
+/// Remove staging files older than [`STALE`] in the index's folders; returns how many.
+fn remove_staging(root: &std::path::Path) -> usize {
+    let mut removed = 0;
+    let dirs = ["", "wal", "generations", "manifest", "probe"];
+    for d in dirs {
+        let Ok(entries) = std::fs::read_dir(root.join(d)) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            let staging = name
+                .rsplit_once('#')
+                .is_some_and(|(_, s)| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()));
+            if !staging {
+                continue;
+            }
+            let old = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > STALE);
+            if old && std::fs::remove_file(e.path()).is_ok() {
+                removed += 1;
+            }
+        }
+    }
+    removed
+}
