@@ -72,3 +72,69 @@ impl<'a> Reader<'a> {
             .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Int64Array, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use std::sync::Arc;
+
+    fn sample() -> (SchemaRef, Vec<u8>) {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Utf8, false),
+            Field::new("v", DataType::Int64, true),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(StringArray::from(vec!["a", "bb", "ccc"])),
+                Arc::new(Int64Array::from(vec![Some(1), None, Some(3)])),
+            ],
+        )
+        .unwrap();
+        let bytes = ipc_encode(&schema, &[batch]).unwrap();
+        (schema, bytes)
+    }
+
+    /// Offsets of the messages of a stream: (metadata start, metadata length, body length).
+    fn messages(bytes: &[u8]) -> Vec<(usize, usize, usize)> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at + 8 <= bytes.len() {
+            let len = i32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
+            if len == 0 {
+                break;
+            }
+            let meta = &bytes[at + 8..at + 8 + len];
+            let body = arrow::ipc::root_as_message(meta).unwrap().bodyLength() as usize;
+            out.push((at + 8, len, body));
+            at += 8 + len + body;
+        }
+        out
+    }
+
+    #[test]
+    fn lengths_beyond_the_input_are_data_errors_not_allocations() {
+        let (schema, bytes) = sample();
+        assert_eq!(ipc_decode(bytes.clone().into(), &schema, &"x").unwrap().len(), 1);
+        let msgs = messages(&bytes);
+        assert_eq!(msgs.len(), 2, "a schema and a batch");
+        // A metadata length far beyond the input.
+        let mut b = bytes.clone();
+        b[4..8].copy_from_slice(&0x7fff_fff0i32.to_le_bytes());
+        let e = ipc_decode(b.into(), &schema, &"x").unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Data, "{e}");
+        // A record batch whose body length says 2^50 bytes.
+        let (start, len, body) = msgs[1];
+        let mut b = bytes.clone();
+        let pat = (body as i64).to_le_bytes();
+        let at = b[start..start + len]
+            .windows(8)
+            .position(|w| w == pat)
+            .expect("body length in the metadata");
+        b[start + at..start + at + 8].copy_from_slice(&(1i64 << 50).to_le_bytes());
+        let e = ipc_decode(b.into(), &schema, &"x").unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Data, "{e}");
+    }
+}
