@@ -77,6 +77,7 @@ mod wal;
 
 pub use db::{Index, IndexStats, ReadOnlyIndex, ScanOptions, WriteReceipt};
 pub use error::{Error, ErrorKind, Result};
+pub use format::ipc::IpcReader;
 pub use format::GenerationMeta;
 pub use generation::cache::CacheStats;
 pub use key::{Key, KeyType, PK_HASH_SEED};

@@ -661,14 +661,12 @@ fn open_rows(file: &Path, schema: &SchemaRef, batch_size: usize) -> lsmsearch::R
             Ok(Box::new(r))
         }
         "arrow" | "arrows" | "ipc" | "feather" => {
-            let batches: Vec<Result<RecordBatch, arrow::error::ArrowError>> =
-                match arrow::ipc::reader::FileReader::try_new(open()?, None) {
-                    Ok(r) => r.collect(),
-                    Err(_) => arrow::ipc::reader::StreamReader::try_new(open()?, None)
-                        .map_err(|e| bad(&e))?
-                        .collect(),
-                };
-            Ok(Box::new(rebatch(batches, batch_size).into_iter()))
+            // Lengths in the file are checked before anything is allocated by them.
+            let reader = lsmsearch::IpcReader::open(file)?.flat_map(move |b| {
+                let b = b.map_err(|e| arrow::error::ArrowError::ExternalError(Box::new(e)));
+                rebatch(vec![b], batch_size)
+            });
+            Ok(Box::new(reader))
         }
         _ => Err(Error::invalid(format!(
             "'{}': unknown file type (use .jsonl, .parquet or .arrow)",
