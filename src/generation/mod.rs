@@ -300,6 +300,7 @@ mod tests {
     use super::*;
     use crate::schema::IndexSchema;
     use arrow::array::StringArray;
+    use bytes::Bytes;
     use std::sync::Arc;
 
     #[test]
@@ -367,5 +368,90 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::Data);
+    }
+
+    /// A bundle like `bytes` with `replace` applied to its sections (CRCs recomputed).
+    fn rewrite(bytes: &[u8], replace: &dyn Fn(&str, Bytes) -> Bytes) -> Bytes {
+        let b = crate::format::bundle::Bundle::open(Bytes::copy_from_slice(bytes), &"g").unwrap();
+        let mut w = crate::format::bundle::BundleWriter::new();
+        let names: Vec<String> = b.section_names().map(str::to_string).collect();
+        for n in &names {
+            w.add(n, &replace(n, b.section(n).unwrap()));
+        }
+        let mut meta = b.stats().clone();
+        w.finish(&mut meta).unwrap().into()
+    }
+
+    #[test]
+    fn key_hashes_and_row_numbers_are_checked() {
+        let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t"]}"#).unwrap();
+        let ts = TextSchema::new(&s).unwrap();
+        let stored = |ids: Vec<&str>| {
+            let texts: Vec<String> = ids.iter().map(|i| format!("word {i}")).collect();
+            let user = RecordBatch::try_new(
+                s.arrow_schema(),
+                vec![
+                    Arc::new(StringArray::from(ids)),
+                    Arc::new(StringArray::from(texts)),
+                ],
+            )
+            .unwrap();
+            s.to_stored(&user, 1).unwrap()
+        };
+        let build = |rows: RecordBatch| {
+            let spec = IndexSpec {
+                text: Some(&ts),
+                vector: None,
+            };
+            Generation::build(1, 1, rows, &s.stored_schema(), spec).unwrap().1
+        };
+        let decode = |bytes: Bytes| {
+            let spec = IndexSpec {
+                text: Some(&ts),
+                vector: None,
+            };
+            Generation::decode(bytes, &s.stored_schema(), spec, &"g")
+        };
+        let three = build(stored(vec!["a", "b", "c"]));
+        decode(three.clone().into()).unwrap();
+        // Key hashes out of order.
+        let reversed = rewrite(&three, &|n, b| {
+            if n != "pk_hashes" {
+                return b;
+            }
+            let mut h: Vec<[u8; 8]> = b.chunks_exact(8).map(|c| c.try_into().unwrap()).collect();
+            h.reverse();
+            Bytes::from(h.concat())
+        });
+        let e = decode(reversed).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Data, "{e}");
+        // Key hashes of other keys.
+        let other = build(stored(vec!["x", "y", "z"]));
+        let other = crate::format::bundle::Bundle::open(other.into(), &"o").unwrap();
+        let swapped = rewrite(&three, &|n, b| {
+            if n == "pk_hashes" {
+                other.section(n).unwrap()
+            } else {
+                b
+            }
+        });
+        let e = decode(swapped).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Data, "{e}");
+        // A text index whose documents name rows the generation does not have.
+        let five = build(stored(vec!["a", "b", "c", "d", "e"]));
+        let five = crate::format::bundle::Bundle::open(five.into(), &"f").unwrap();
+        let names: Vec<String> = five.section_names().map(str::to_string).collect();
+        let mut w = crate::format::bundle::BundleWriter::new();
+        let orig = crate::format::bundle::Bundle::open(three.clone().into(), &"g").unwrap();
+        for n in ["rows", "pk_hashes", "text_token_counts"] {
+            w.add(n, &orig.section(n).unwrap());
+        }
+        for n in names.iter().filter(|n| n.starts_with("text/")) {
+            w.add(n, &five.section(n).unwrap());
+        }
+        let mut meta = orig.stats().clone();
+        let bad_rows = w.finish(&mut meta).unwrap();
+        let e = decode(bad_rows.into()).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Data, "{e}");
     }
 }
