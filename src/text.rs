@@ -195,8 +195,8 @@ impl DocRows<'_> {
     }
 }
 
-/// Each segment's document → row table.
-fn doc_row_tables(searcher: &Searcher) -> Result<Vec<Vec<u32>>> {
+/// Each segment's document → row table; every row number must be below `rows`.
+fn doc_row_tables(searcher: &Searcher, rows: usize) -> Result<Vec<Vec<u32>>> {
     searcher
         .segment_readers()
         .iter()
@@ -206,7 +206,10 @@ fn doc_row_tables(searcher: &Searcher) -> Result<Vec<Vec<u32>>> {
                 .map(|d| {
                     col.first(d)
                         .and_then(|r| u32::try_from(r).ok())
-                        .ok_or_else(|| Error::internal(format!("document {d} has no row number")))
+                        .filter(|r| (*r as usize) < rows)
+                        .ok_or_else(|| {
+                            Error::internal(format!("document {d} has no row number below {rows}"))
+                        })
                 })
                 .collect()
         })
@@ -298,8 +301,9 @@ impl TextIndex {
     /// A generation's text index over a finished tantivy index and its rows' token counts.
     fn of_generation(ts: &TextSchema, index: &tantivy::Index, counts: Vec<u32>) -> Result<Self> {
         let searcher = open_reader(index)?.searcher();
+        let rows = counts.len() / ts.fields.len().max(1);
         Ok(TextIndex {
-            doc_rows: Some(Arc::new(doc_row_tables(&searcher)?)),
+            doc_rows: Some(Arc::new(doc_row_tables(&searcher, rows)?)),
             doc_freqs: Some(Arc::default()),
             searcher,
             counts: Arc::new(counts),

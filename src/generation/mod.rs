@@ -72,6 +72,17 @@ fn candidates(row_hashes: &[u64]) -> std::sync::Arc<Vec<(usize, u64)>> {
     std::sync::Arc::new(row_hashes.iter().copied().enumerate().collect())
 }
 
+/// The key hash of every row of a decoded generation; an error if a key is null.
+fn checked_row_hashes(rows: &RecordBatch) -> std::result::Result<Vec<u64>, &'static str> {
+    (0..rows.num_rows())
+        .map(|r| {
+            Key::from_array(rows.column(0).as_ref(), r)
+                .map(|k| k.hash64())
+                .ok_or("a row has no key")
+        })
+        .collect()
+}
+
 fn row_hashes(rows: &RecordBatch) -> Vec<u64> {
     (0..rows.num_rows())
         .map(|r| Key::from_array(rows.column(0).as_ref(), r).map_or(0, |k| k.hash64()))
@@ -162,16 +173,25 @@ impl Generation {
         let t_crc = started.elapsed();
         let batches = ipc_decode(section("rows")?, schema, object)?;
         let rows = arrow::compute::concat_batches(schema, &batches)?;
-        let h = section("pk_hashes")?;
-        if h.len() % 8 != 0 {
-            return Err(bad("section 'pk_hashes' has a partial hash".into()));
-        }
         if rows.num_rows() as u64 != bundle.stats().rows {
             return Err(bad(format!(
                 "holds {} rows, its directory says {}",
                 rows.num_rows(),
                 bundle.stats().rows
             )));
+        }
+        let row_hashes = checked_row_hashes(&rows).map_err(|m| bad(m.into()))?;
+        let mut sorted = row_hashes.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let h = section("pk_hashes")?;
+        let listed = h
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")));
+        if h.len() != sorted.len() * 8 || !listed.eq(sorted.iter().copied()) {
+            return Err(bad(
+                "section 'pk_hashes' is not the sorted set of its rows' key hashes".into(),
+            ));
         }
         let t_rows = started.elapsed();
         let vector = match spec.vector {
@@ -210,7 +230,6 @@ impl Generation {
             None => None,
         };
         let t_text = started.elapsed();
-        let row_hashes = row_hashes(&rows);
         tracing::debug!(
             "decoded {object} ({} bytes, {} rows): checks {:?}, rows {:?}, vector {:?}, text {:?}, key hashes {:?}",
             bundle.len(),
@@ -403,7 +422,9 @@ mod tests {
                 text: Some(&ts),
                 vector: None,
             };
-            Generation::build(1, 1, rows, &s.stored_schema(), spec).unwrap().1
+            Generation::build(1, 1, rows, &s.stored_schema(), spec)
+                .unwrap()
+                .1
         };
         let decode = |bytes: Bytes| {
             let spec = IndexSpec {
