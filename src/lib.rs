@@ -62,7 +62,11 @@ pub mod bench;
 mod db;
 mod error;
 mod format;
+#[cfg(all(test, feature = "cli"))]
+mod fuzz;
 mod generation;
+#[cfg(feature = "cli")]
+pub mod ingest;
 mod key;
 mod manifest;
 mod memtable;

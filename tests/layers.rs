@@ -32,6 +32,8 @@ const LAYERS: &[(&str, u32)] = &[
     ("query", 8),
     ("db", 9),
     ("bench", 10),
+    ("ingest", 10),
+    ("fuzz", 10),
 ];
 
 fn src() -> PathBuf {

@@ -1,13 +1,13 @@
 //! The `lsmsearch` command line: create, fill, inspect and demo an index.
 
 use arrow::array::{Array, ArrayRef, RecordBatch};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::datatypes::{DataType, Field, Schema};
 use clap::{Parser, Subcommand};
 use lsmsearch::{
     Conjunction, Durability, Error, Index, IndexSchema, IndexStats, Key, Location, ScanOptions,
     SearchOptions, Settings, VectorSearchOptions, WriteOptions,
 };
-use std::io::{BufReader, IsTerminal, Write};
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -558,7 +558,7 @@ async fn ingest(
     if batch_size == 0 {
         return Err(Error::invalid("--batch-size must be at least 1"));
     }
-    let reader = open_rows(file, &index.arrow_schema(), batch_size)?;
+    let reader = lsmsearch::ingest::read_rows(file, &index.arrow_schema(), batch_size)?;
     let bar = (!json && std::io::stderr().is_terminal()).then(|| {
         let b = indicatif::ProgressBar::new_spinner();
         b.set_style(
@@ -574,8 +574,7 @@ async fn ingest(
     let opts = WriteOptions::with_durability(durability);
     let mut stdout = std::io::stdout().lock();
     for batch in reader {
-        let batch =
-            batch.map_err(|e| Error::invalid(format!("reading '{}': {e}", file.display())))?;
+        let batch = batch?;
         if batch.num_rows() == 0 {
             continue;
         }
@@ -612,88 +611,6 @@ async fn ingest(
         b.finish();
     }
     Ok(acked)
-}
-
-type RowReader = Box<dyn Iterator<Item = Result<RecordBatch, arrow::error::ArrowError>>>;
-
-/// Open JSON lines, Parquet or Arrow IPC as a stream of batches.
-fn open_rows(file: &Path, schema: &SchemaRef, batch_size: usize) -> lsmsearch::Result<RowReader> {
-    let open = || {
-        std::fs::File::open(file)
-            .map_err(|e| Error::invalid(format!("cannot open '{}': {e}", file.display())))
-    };
-    let ext = file
-        .extension()
-        .and_then(|e| e.to_str())
-        .unwrap_or("")
-        .to_ascii_lowercase();
-    let bad = |e: &dyn std::fmt::Display| {
-        Error::invalid(format!("cannot read '{}': {e}", file.display()))
-    };
-    match ext.as_str() {
-        "jsonl" | "json" | "ndjson" => {
-            // Vectors arrive as JSON arrays: read them as lists (validation checks the dimension)
-            // and every column as nullable (validation names a missing key or vector).
-            let fields: Vec<Field> = schema
-                .fields()
-                .iter()
-                .map(|f| {
-                    let t = match f.data_type() {
-                        DataType::FixedSizeList(inner, _) => DataType::List(inner.clone()),
-                        t => t.clone(),
-                    };
-                    Field::new(f.name(), t, true)
-                })
-                .collect();
-            let r = arrow::json::ReaderBuilder::new(Arc::new(Schema::new(fields)))
-                .with_batch_size(batch_size)
-                .with_strict_mode(true)
-                .build(BufReader::new(open()?))
-                .map_err(|e| bad(&e))?;
-            Ok(Box::new(r))
-        }
-        "parquet" => {
-            let r = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(open()?)
-                .map_err(|e| bad(&e))?
-                .with_batch_size(batch_size)
-                .build()
-                .map_err(|e| bad(&e))?;
-            Ok(Box::new(r))
-        }
-        "arrow" | "arrows" | "ipc" | "feather" => {
-            // Lengths in the file are checked before anything is allocated by them.
-            let reader = lsmsearch::IpcReader::open(file)?.flat_map(move |b| {
-                let b = b.map_err(|e| arrow::error::ArrowError::ExternalError(Box::new(e)));
-                rebatch(vec![b], batch_size)
-            });
-            Ok(Box::new(reader))
-        }
-        _ => Err(Error::invalid(format!(
-            "'{}': unknown file type (use .jsonl, .parquet or .arrow)",
-            file.display()
-        ))),
-    }
-}
-
-fn rebatch(
-    batches: Vec<Result<RecordBatch, arrow::error::ArrowError>>,
-    size: usize,
-) -> Vec<Result<RecordBatch, arrow::error::ArrowError>> {
-    let mut out = Vec::new();
-    for b in batches {
-        match b {
-            Ok(b) => {
-                let mut off = 0;
-                while off < b.num_rows() {
-                    let n = size.min(b.num_rows() - off);
-                    out.push(Ok(b.slice(off, n)));
-                    off += n;
-                }
-            }
-            Err(e) => out.push(Err(e)),
-        }
-    }
-    out
 }
 
 /// A query vector from a JSON array of numbers.
