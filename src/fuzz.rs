@@ -17,6 +17,8 @@
 //! is the long mode. A failure prints the seed and execution that replay it and writes the input
 //! to `target/fuzz-failures/`.
 
+#![allow(clippy::unwrap_used)] // test code: a failed setup step is a failed test
+
 use crate::format::bundle::{Bundle, BundleWriter};
 use crate::format::ipc::{ipc_decode, ipc_encode};
 use crate::format::manifest::Manifest;
@@ -98,14 +100,17 @@ static ALLOCATOR: Counting = Counting;
 /// What a decoder did with one input.
 type Outcome = std::result::Result<(), String>;
 
+/// Decodes (and uses) one input; `Err` describes a violation.
+type Runner = Box<dyn Fn(&[u8]) -> Outcome + Send + Sync>;
+
 /// A decoder under test.
 struct Target {
     name: &'static str,
     seeds: Vec<Vec<u8>>,
     /// Recompute checksums after a mutation (so that it reaches the parser behind them).
-    fix: fn(&mut Vec<u8>),
+    fix: fn(&mut [u8]),
     /// Decode (and use) an input; `Err` describes a violation.
-    run: Box<dyn Fn(&[u8]) -> Outcome + Send + Sync>,
+    run: Runner,
     /// How many executions of the run this target gets, relative to the others.
     weight: u64,
 }
@@ -126,10 +131,10 @@ fn input_error(e: &Error) -> Outcome {
     }
 }
 
-fn no_fix(_: &mut Vec<u8>) {}
+fn no_fix(_: &mut [u8]) {}
 
 /// WAL objects and manifests end with the CRC32 of everything before it.
-fn fix_trailing_crc(b: &mut Vec<u8>) {
+fn fix_trailing_crc(b: &mut [u8]) {
     if b.len() >= 4 {
         let n = b.len() - 4;
         let crc = crc32fast::hash(&b[..n]);
@@ -138,7 +143,7 @@ fn fix_trailing_crc(b: &mut Vec<u8>) {
 }
 
 /// A bundle's footer: body CRC over `[0, dir_offset + dir_len)` and the footer's own CRC.
-fn fix_bundle(b: &mut Vec<u8>) {
+fn fix_bundle(b: &mut [u8]) {
     if b.len() < 32 {
         return;
     }
@@ -647,6 +652,14 @@ fn decoders_survive_mutated_inputs() {
     let per_target = env_u64("LSMSEARCH_FUZZ_EXECS").unwrap_or(2_000);
     let seed = env_u64("LSMSEARCH_FUZZ_SEED").unwrap_or(0x5eed);
     let only = std::env::var("LSMSEARCH_FUZZ_TARGET").ok();
+    // Decoder panics are caught (and some are expected inside third-party decoders, which we
+    // guard): keep their messages off the output while a fuzzing thread runs one.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !WATCHED.try_with(Cell::get).unwrap_or(false) {
+            default_hook(info);
+        }
+    }));
     let fx = Arc::new(fixture());
     let mut all = targets(&fx);
     all.push(ingest_target(&fx));

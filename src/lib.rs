@@ -56,7 +56,7 @@
 
 // Layers, lowest first; a module uses only modules of lower layers (tests/layers.rs):
 // error ← key, settings ← schema ← storage ← format ← text, vector ← memtable, generation,
-// wal, manifest ← read ← query ← db ← bench.
+// wal, manifest ← read ← query ← db ← bench, ingest (and the fuzz tests).
 #[cfg(feature = "cli")]
 pub mod bench;
 mod db;

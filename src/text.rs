@@ -313,17 +313,38 @@ impl TextIndex {
     }
 
     /// Open an index from the files [`TextIndex::build`] exported and the stored token counts.
+    /// Every segment file's own checksum is verified first, and a panic of tantivy on
+    /// malformed files becomes an error.
     pub(crate) fn open(ts: &TextSchema, files: IndexFiles, counts: Vec<u32>) -> Result<TextIndex> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            Self::open_unguarded(ts, files, counts)
+        }))
+        .unwrap_or_else(|_| Err(Error::internal("tantivy failed on malformed index files")))
+    }
+
+    fn open_unguarded(ts: &TextSchema, files: IndexFiles, counts: Vec<u32>) -> Result<TextIndex> {
         let dir = RamDirectory::create();
+        let mut segment_files = Vec::new();
         for (name, bytes) in files {
-            dir.atomic_write(std::path::Path::new(&name), &bytes)
-                .map_err(tv)?;
+            let path = std::path::PathBuf::from(&name);
+            dir.atomic_write(&path, &bytes).map_err(tv)?;
+            if !name.ends_with(".json") {
+                segment_files.push(path);
+            }
         }
         let index = tantivy::Index::open(dir).map_err(tv)?;
         if index.schema() != ts.schema {
             return Err(Error::internal(
                 "text index schema differs from the index schema",
             ));
+        }
+        for path in segment_files {
+            if !index.directory().validate_checksum(&path).map_err(tv)? {
+                return Err(Error::internal(format!(
+                    "file '{}' fails its checksum",
+                    path.display()
+                )));
+            }
         }
         Self::of_generation(ts, &index, counts)
     }
