@@ -33,7 +33,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("db", 9),
     ("bench", 10),
     ("ingest", 10),
-    ("fuzz", 10),
+    ("fuzz", 11),
 ];
 
 fn src() -> PathBuf {
