@@ -368,8 +368,25 @@ async fn ingest_file(
     durability: Durability,
     json: bool,
 ) -> lsmsearch::Result<()> {
+    // Check the file (its type, its first batch against the schema) before opening the index
+    // as its writer, which claims an epoch: a bad file leaves the index untouched.
+    if batch_size == 0 {
+        return Err(Error::invalid("--batch-size must be at least 1"));
+    }
+    let schema = Index::open_read_only(Location::parse(location)?, Settings::default())
+        .await?
+        .schema()
+        .clone();
+    let mut reader = lsmsearch::ingest::read_rows(file, &schema.arrow_schema(), batch_size)?;
+    let first = reader.next().transpose()?;
+    if let Some(b) = first.as_ref().filter(|b| b.num_rows() > 0) {
+        schema
+            .validate_batch(b)
+            .map_err(|e| e.context(format!("rows 0..{} of '{}'", b.num_rows(), file.display())))?;
+    }
+    let reader: lsmsearch::ingest::RowReader = Box::new(first.map(Ok).into_iter().chain(reader));
     let index = Index::open(Location::parse(location)?, Settings::default()).await?;
-    let r = ingest(&index, file, batch_size, flush_every, durability, json).await;
+    let r = ingest(&index, file, reader, flush_every, durability, json).await;
     index.close().await?;
     let n = r?;
     if !json {
@@ -380,16 +397,20 @@ async fn ingest_file(
 
 /// `lsmsearch delete`.
 async fn delete(location: &str, keys: &[String], json: bool) -> lsmsearch::Result<()> {
-    let index = Index::open(Location::parse(location)?, Settings::default()).await?;
-    let kt = index.schema().primary_key_type;
+    // Parse the keys before opening the index as its writer (which claims an epoch).
+    let kt = Index::open_read_only(Location::parse(location)?, Settings::default())
+        .await?
+        .schema()
+        .primary_key_type;
     let keys = keys
         .iter()
         .map(|k| Key::parse(k, kt))
-        .collect::<lsmsearch::Result<Vec<_>>>();
-    let r = match keys {
-        Ok(keys) => index.delete(&keys).await,
-        Err(e) => Err(e),
-    };
+        .collect::<lsmsearch::Result<Vec<_>>>()?;
+    if keys.is_empty() {
+        return Err(Error::invalid("no keys to delete"));
+    }
+    let index = Index::open(Location::parse(location)?, Settings::default()).await?;
+    let r = index.delete(&keys).await;
     index.close().await?;
     let r = r?;
     if json {
@@ -550,15 +571,11 @@ fn millis(v: f64, flag: &str) -> lsmsearch::Result<std::time::Duration> {
 async fn ingest(
     index: &Index,
     file: &Path,
-    batch_size: usize,
+    reader: lsmsearch::ingest::RowReader,
     flush_every: Option<usize>,
     durability: Durability,
     json: bool,
 ) -> lsmsearch::Result<usize> {
-    if batch_size == 0 {
-        return Err(Error::invalid("--batch-size must be at least 1"));
-    }
-    let reader = lsmsearch::ingest::read_rows(file, &index.arrow_schema(), batch_size)?;
     let bar = (!json && std::io::stderr().is_terminal()).then(|| {
         let b = indicatif::ProgressBar::new_spinner();
         b.set_style(
