@@ -449,3 +449,29 @@ async fn buffered_acks_stop_at_a_bound_while_the_wal_is_down() {
     let reopened = Index::open(loc, settings).await.unwrap();
     assert_eq!(live(&reopened).await, to_model(&[batch(&s, &all[..11])]));
 }
+
+#[tokio::test]
+async fn appends_do_not_wait_forever_behind_flushes_that_keep_failing() {
+    // With the frozen-memtable bound reached and every flush failing, an append waiting for
+    // room must get an answer (the flush error, or its ack once the freeze gives up), not hang.
+    let (store, loc) = faulty();
+    let s = schema();
+    let settings = Settings {
+        memtable_max_rows: 5,
+        max_frozen_memtables: 1,
+        ..Settings::default()
+    };
+    let index = Index::create(loc, s.clone(), settings).await.unwrap();
+    store.on("put", "generations/", Action::Fail);
+    for round in 0..4 {
+        let rows = rows(&format!("r{round}-"), 5);
+        let r = tokio::time::timeout(Duration::from_secs(20), index.append(&batch(&s, &rows)))
+            .await
+            .unwrap_or_else(|_| panic!("append {round} hung behind failing flushes"));
+        if let Err(e) = r {
+            assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+        }
+    }
+    store.clear();
+    index.flush().await.unwrap();
+}
