@@ -362,7 +362,10 @@ impl Committer {
             let st = self.inner.read_state();
             return Ok(st.frozen.back().map(|m| read_memtable(m).id()));
         }
-        // Backpressure: wait while too many frozen memtables await their flush.
+        // Backpressure: wait while too many frozen memtables await their flush, but not past a
+        // failed flush attempt: while the store refuses flushes, the active memtable keeps
+        // taking rows (their WAL writes are the durability) and each freeze retries the wait.
+        let failures_before = self.inner.flush_status.borrow().failures;
         loop {
             let notified = self.inner.backpressure.notified();
             if self.inner.read_state().frozen.len()
@@ -375,6 +378,16 @@ impl Committer {
             }
             if self.inner.closed.load(Ordering::SeqCst) {
                 return Err(Error::closed());
+            }
+            {
+                let status = self.inner.flush_status.borrow();
+                if status.failures > failures_before {
+                    let e = status
+                        .error
+                        .clone()
+                        .unwrap_or_else(|| Error::internal("flush failed"));
+                    return Err(e.context("no room for another frozen memtable"));
+                }
             }
             notified.await;
         }

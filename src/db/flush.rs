@@ -40,6 +40,8 @@ pub(crate) async fn run_flusher(inner: Arc<Inner>) {
                     s.error = Some(e.clone());
                     s.failures += 1;
                 });
+                // A freeze waiting for room gives up with this error.
+                inner.backpressure.notify_waiters();
                 if is_fenced(&e) {
                     return;
                 }

@@ -13,6 +13,7 @@ pub mod fashion;
 pub mod faulty;
 pub mod fts;
 pub mod scenarios;
+pub mod sim;
 
 pub const DIM: usize = 4;
 

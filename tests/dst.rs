@@ -1,0 +1,642 @@
+//! Deterministic simulation: a seeded run of a writer appending and deleting (durable and
+//! buffered) over a small key space, flushing, closing and reopening, crashing (its store dies
+//! at a random request: a crash between any two requests, mid-flush or mid-open included) and
+//! restarting from the store, a second writer taking over while the first still runs (which must
+//! then acknowledge nothing), and read-only handles opening and refreshing; every process talks
+//! to the store through its own `SimStore`, which adds latency, fails requests and reports
+//! errors for PUTs that landed (ambiguous outcomes).
+//!
+//! Every read is checked against a model of each key's history: what it returns for a key is
+//! the newest version acknowledged (durably, or on this handle) or something written after it
+//! whose outcome is unknown; never an older version (no stale row), never nothing when a version
+//! was acknowledged (never short), and never a write made by a writer after it was taken over.
+//!
+//! `cargo test --test dst` runs 200 seeds; `LSMSEARCH_DST_SEEDS=N` (and `LSMSEARCH_DST_FIRST`)
+//! run more; `LSMSEARCH_DST_SEED=S` replays one, printing its steps. Fault decisions come from
+//! the seed; the interleaving of background flushes with the steps depends on timing, so a
+//! replay reproduces the same operations and faults, and most often the same interleaving.
+
+mod common;
+
+use common::sim::{Faults, SimStore};
+use common::*;
+use lsmsearch::{
+    Durability, ErrorKind, Index, Key, Location, ReadOnlyIndex, ScanOptions, Settings, WriteOptions,
+};
+use object_store::memory::InMemory;
+use object_store::ObjectStore;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+const KEYS: usize = 12;
+const STEPS: usize = 60;
+const SEED_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    /// Acknowledged by a durable append, or a buffered one a later durable step covered.
+    Durable,
+    /// Acknowledged as buffered by writer `n`, not yet known to be in the WAL.
+    Pending(u32),
+    /// Outcome unknown (failed, or buffered by a writer that died): may or may not exist.
+    Maybe,
+    /// Made by a writer that was taken over: must never be visible.
+    Never,
+}
+
+#[derive(Debug, Clone)]
+struct Write {
+    step: usize,
+    value: Option<Row>,
+    status: Status,
+}
+
+#[derive(Default)]
+struct History {
+    keys: BTreeMap<String, Vec<Write>>,
+}
+
+impl History {
+    fn record(&mut self, step: usize, key: &str, value: Option<Row>, status: Status) {
+        self.keys.entry(key.to_string()).or_default().push(Write {
+            step,
+            value,
+            status,
+        });
+    }
+
+    fn promote(&mut self, writer: u32, to: Status) {
+        for w in self.keys.values_mut().flatten() {
+            if w.status == Status::Pending(writer) {
+                w.status = to;
+            }
+        }
+    }
+
+    /// Check what a read returned. `floor` says which statuses a version must have to be
+    /// required (the newest such version, or something written after it, must be returned).
+    fn check(&self, found: &Model, floor: &dyn Fn(Status) -> bool) -> Result<(), String> {
+        for (k, f) in found {
+            if !self.keys.contains_key(k) {
+                return Err(format!("key {k} was never written: {f:?}"));
+            }
+        }
+        for (k, writes) in &self.keys {
+            let got = found.get(k);
+            let from = writes.iter().rposition(|w| floor(w.status));
+            let candidates: Vec<&Write> = match from {
+                Some(i) => writes[i..].iter().collect(),
+                None => writes.iter().collect(),
+            };
+            let ok = candidates
+                .iter()
+                .filter(|w| w.status != Status::Never)
+                .any(|w| w.value.as_ref() == got)
+                || (from.is_none() && got.is_none());
+            if !ok {
+                let history: Vec<String> = writes
+                    .iter()
+                    .map(|w| {
+                        format!(
+                            "step {} {:?} {}",
+                            w.step,
+                            w.status,
+                            w.value
+                                .as_ref()
+                                .map_or("delete".into(), |r| format!("v{}", r.year))
+                        )
+                    })
+                    .collect();
+                return Err(format!(
+                    "key {k}: read {:?}, history [{}]",
+                    got.map(|r| r.year),
+                    history.join(", ")
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+struct Writer {
+    id: u32,
+    index: Index,
+    store: Arc<SimStore>,
+}
+
+struct Sim {
+    rng: StdRng,
+    shared: Arc<dyn ObjectStore>,
+    history: History,
+    writer: Option<Writer>,
+    /// A writer taken over by `writer`, still running: everything it does must fail.
+    zombie: Option<Writer>,
+    readers: Vec<(ReadOnlyIndex, Arc<SimStore>)>,
+    next_writer: u32,
+    faults: Faults,
+    settings: Settings,
+    verbose: bool,
+    log: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+fn write_error_ok(e: &lsmsearch::Error) -> Result<(), String> {
+    match e.kind() {
+        ErrorKind::Unavailable | ErrorKind::Fenced | ErrorKind::Closed => Ok(()),
+        _ => Err(format!("a write failed with {:?}: {e}", e.kind())),
+    }
+}
+
+fn read_error_ok(e: &lsmsearch::Error) -> Result<(), String> {
+    match e.kind() {
+        ErrorKind::Unavailable | ErrorKind::Fenced | ErrorKind::Closed => Ok(()),
+        _ => Err(format!("a read failed with {:?}: {e}", e.kind())),
+    }
+}
+
+impl Sim {
+    fn note(&mut self, s: String) {
+        if self.verbose {
+            println!("{s}");
+        }
+        self.log.lock().unwrap().push(s);
+    }
+
+    fn location(&self, store: &Arc<SimStore>) -> Location {
+        Location::from_store(store.clone() as Arc<dyn ObjectStore>, "idx")
+    }
+
+    fn process_store(&mut self) -> Arc<SimStore> {
+        SimStore::new(self.shared.clone(), self.rng.random(), self.faults)
+    }
+
+    /// Open a writer, retrying through injected failures.
+    async fn open_writer(&mut self) -> Result<Writer, String> {
+        for _ in 0..50 {
+            let store = self.process_store();
+            match Index::open(self.location(&store), self.settings.clone()).await {
+                Ok(index) => {
+                    self.next_writer += 1;
+                    let w = Writer {
+                        id: self.next_writer,
+                        index,
+                        store,
+                    };
+                    self.note(format!(
+                        "writer {} opened (epoch {})",
+                        w.id,
+                        w.index.epoch()
+                    ));
+                    return Ok(w);
+                }
+                Err(e) if e.kind() == ErrorKind::Unavailable || e.kind() == ErrorKind::Fenced => {
+                    store.kill();
+                }
+                Err(e) => return Err(format!("open failed with {:?}: {e}", e.kind())),
+            }
+        }
+        Err("no open succeeded in 50 attempts".into())
+    }
+
+    fn value(&self, key: &str, step: usize) -> Row {
+        Row::new(key, step as i64)
+    }
+
+    async fn step(&mut self, step: usize) -> Result<(), String> {
+        let roll = self.rng.random_range(0..100);
+        if self.writer.is_none() {
+            let w = self.open_writer().await?;
+            self.writer = Some(w);
+            return self.check_writer("after a restart").await;
+        }
+        match roll {
+            0..=39 => self.append(step).await,
+            40..=47 => self.delete(step).await,
+            48..=55 => self.flush().await,
+            56..=67 => self.check_writer("read").await,
+            68..=77 => self.read_only().await,
+            78..=83 => self.crash(step).await,
+            84..=88 => self.takeover().await,
+            89..=93 => self.close_and_reopen().await,
+            _ => self.zombie_write(step).await,
+        }
+    }
+
+    async fn append(&mut self, step: usize) -> Result<(), String> {
+        let n = self.rng.random_range(1..=4);
+        let mut keys: Vec<String> = (0..n)
+            .map(|_| format!("k{:02}", self.rng.random_range(0..KEYS)))
+            .collect();
+        keys.sort();
+        keys.dedup();
+        let rows: Vec<Row> = keys.iter().map(|k| self.value(k, step)).collect();
+        let durable = self.rng.random_bool(0.6);
+        let w = self.writer.as_ref().expect("a writer");
+        let opts = WriteOptions::with_durability(if durable {
+            Durability::Durable
+        } else {
+            Durability::Buffered
+        });
+        let r = w.index.append_with(&batch(&schema(), &rows), opts).await;
+        let id = w.id;
+        let status = match &r {
+            Ok(_) if durable => Status::Durable,
+            Ok(_) => Status::Pending(id),
+            Err(e) => {
+                write_error_ok(e)?;
+                Status::Maybe
+            }
+        };
+        if durable && r.is_ok() {
+            // The group commit wrote this handle's buffered rows with it.
+            self.history.promote(id, Status::Durable);
+        }
+        for r in &rows {
+            self.history.record(step, &r.id, Some(r.clone()), status);
+        }
+        self.note(format!(
+            "step {step}: writer {id} appends {keys:?} {} -> {:?}",
+            if durable { "durable" } else { "buffered" },
+            r.as_ref().map(|_| ()).map_err(|e| e.kind())
+        ));
+        Ok(())
+    }
+
+    async fn delete(&mut self, step: usize) -> Result<(), String> {
+        let key = format!("k{:02}", self.rng.random_range(0..KEYS));
+        let w = self.writer.as_ref().expect("a writer");
+        let r = w.index.delete(&[Key::from(key.as_str())]).await;
+        let id = w.id;
+        let status = match &r {
+            Ok(_) => Status::Durable,
+            Err(e) => {
+                write_error_ok(e)?;
+                Status::Maybe
+            }
+        };
+        if r.is_ok() {
+            self.history.promote(id, Status::Durable);
+        }
+        self.history.record(step, &key, None, status);
+        self.note(format!(
+            "step {step}: writer {id} deletes {key} -> {:?}",
+            r.as_ref().map(|_| ()).map_err(|e| e.kind())
+        ));
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<(), String> {
+        let w = self.writer.as_ref().expect("a writer");
+        let r = w.index.flush().await;
+        let id = w.id;
+        match &r {
+            Ok(()) => self.history.promote(id, Status::Durable),
+            Err(e) => write_error_ok(e)?,
+        }
+        self.note(format!(
+            "writer {id} flushes -> {:?}",
+            r.map_err(|e| e.kind())
+        ));
+        Ok(())
+    }
+
+    async fn check_writer(&mut self, what: &str) -> Result<(), String> {
+        let w = self.writer.as_ref().expect("a writer");
+        let id = w.id;
+        match w.index.scan(ScanOptions::default()).await {
+            Ok(b) => {
+                let found = to_model(&b);
+                self.history
+                    .check(&found, &|s| {
+                        s == Status::Durable || s == Status::Pending(id)
+                    })
+                    .map_err(|e| format!("writer {id} {what}: {e}"))?;
+                self.note(format!(
+                    "writer {id} {what}: {} live rows, as the model allows",
+                    found.len()
+                ));
+            }
+            Err(e) => read_error_ok(&e)?,
+        }
+        Ok(())
+    }
+
+    async fn read_only(&mut self) -> Result<(), String> {
+        if self.readers.is_empty() || self.rng.random_bool(0.3) {
+            let store = self.process_store();
+            match Index::open_read_only(self.location(&store), self.settings.clone()).await {
+                Ok(r) => self.readers.push((r, store)),
+                Err(e) => return read_error_ok(&e),
+            }
+            if self.readers.len() > 3 {
+                self.readers.remove(0);
+            }
+        } else {
+            let i = self.rng.random_range(0..self.readers.len());
+            if let Err(e) = self.readers[i].0.refresh().await {
+                return read_error_ok(&e);
+            }
+            let r = self.readers.remove(i);
+            self.readers.push(r);
+        }
+        let (reader, _) = self.readers.last().expect("a reader");
+        match reader.scan(ScanOptions::default()).await {
+            Ok(b) => {
+                let found = to_model(&b);
+                self.history
+                    .check(&found, &|s| s == Status::Durable)
+                    .map_err(|e| format!("read-only handle: {e}"))?;
+                self.note(format!(
+                    "read-only handle: {} live rows, as the model allows",
+                    found.len()
+                ));
+                Ok(())
+            }
+            Err(e) => read_error_ok(&e),
+        }
+    }
+
+    /// The writer's process dies at one of its next requests (or at once), possibly in the
+    /// middle of a write or a flush; it is dropped, and a new writer starts from the store.
+    async fn crash(&mut self, step: usize) -> Result<(), String> {
+        let w = self.writer.take().expect("a writer");
+        let at = self.rng.random_range(0..6);
+        w.store.die_in(at);
+        let mut w = Some(w);
+        // Keep it busy so that the death lands inside an operation.
+        for i in 0..3 {
+            self.writer = w.take();
+            if self.rng.random_bool(0.5) {
+                self.append(step * 10 + i).await?;
+            } else {
+                self.flush().await?;
+            }
+            w = self.writer.take();
+        }
+        let w = w.expect("the crashing writer");
+        w.store.kill();
+        self.history.promote(w.id, Status::Maybe);
+        self.note(format!(
+            "writer {} crashed (its store died at request +{at})",
+            w.id
+        ));
+        drop(w.index);
+        Ok(())
+    }
+
+    /// A second writer opens while the first still runs: the first is fenced.
+    async fn takeover(&mut self) -> Result<(), String> {
+        if let Some(z) = self.zombie.take() {
+            z.store.kill();
+            drop(z.index);
+        }
+        let old = self.writer.take().expect("a writer");
+        let new = self.open_writer().await?;
+        // What the old writer buffered may be lost; what it acknowledged durably is not.
+        self.history.promote(old.id, Status::Maybe);
+        self.note(format!(
+            "writer {} took over from writer {}",
+            new.id, old.id
+        ));
+        self.zombie = Some(old);
+        self.writer = Some(new);
+        self.check_writer("after a takeover").await
+    }
+
+    /// The taken-over writer tries again: nothing may be acknowledged, nothing may appear.
+    async fn zombie_write(&mut self, step: usize) -> Result<(), String> {
+        let Some(z) = self.zombie.as_ref() else {
+            return self.append(step).await;
+        };
+        let key = format!("k{:02}", self.rng.random_range(0..KEYS));
+        let row = self.value(&key, step);
+        let durable = self.rng.random_bool(0.5);
+        let opts = WriteOptions::with_durability(if durable {
+            Durability::Durable
+        } else {
+            Durability::Buffered
+        });
+        let r = z
+            .index
+            .append_with(&batch(&schema(), std::slice::from_ref(&row)), opts)
+            .await;
+        let id = z.id;
+        let flushed = if self.rng.random_bool(0.5) {
+            Some(z.index.flush().await)
+        } else {
+            None
+        };
+        self.note(format!(
+            "step {step}: taken-over writer {id} appends {key} -> {:?}",
+            r.as_ref().map(|_| ()).map_err(|e| e.kind())
+        ));
+        match r {
+            Ok(_) if durable => {
+                return Err(format!(
+                    "writer {id}, taken over, acknowledged a durable write of {key}"
+                ))
+            }
+            // A buffered ack stays in its memory: it never reaches the WAL.
+            Ok(_) => {}
+            Err(e) => write_error_ok(&e)?,
+        }
+        self.history.record(step, &key, Some(row), Status::Never);
+        if let Some(Ok(())) = flushed {
+            return Err(format!("writer {id}, taken over, published a flush"));
+        }
+        Ok(())
+    }
+
+    async fn close_and_reopen(&mut self) -> Result<(), String> {
+        let w = self.writer.take().expect("a writer");
+        let r = w.index.close().await;
+        match &r {
+            Ok(()) => self.history.promote(w.id, Status::Durable),
+            Err(e) => {
+                write_error_ok(e)?;
+                self.history.promote(w.id, Status::Maybe);
+            }
+        }
+        self.note(format!(
+            "writer {} closes -> {:?}",
+            w.id,
+            r.map_err(|e| e.kind())
+        ));
+        w.store.kill();
+        Ok(())
+    }
+
+    /// Without faults: a last writer opens, and every durably acknowledged write is there.
+    async fn finish(&mut self) -> Result<(), String> {
+        if let Some(z) = self.zombie.take() {
+            z.store.kill();
+        }
+        if let Some(w) = self.writer.take() {
+            w.store.kill();
+            self.history.promote(w.id, Status::Maybe);
+        }
+        self.faults = Faults::NONE;
+        let w = self.open_writer().await?;
+        let found = to_model(
+            &w.index
+                .scan(ScanOptions::default())
+                .await
+                .map_err(|e| e.to_string())?,
+        );
+        self.history
+            .check(&found, &|s| s == Status::Durable)
+            .map_err(|e| format!("final open: {e}"))?;
+        w.index
+            .flush()
+            .await
+            .map_err(|e| format!("final flush: {e}"))?;
+        w.index
+            .close()
+            .await
+            .map_err(|e| format!("final close: {e}"))?;
+        let store = self.process_store();
+        let r = Index::open_read_only(self.location(&store), self.settings.clone())
+            .await
+            .map_err(|e| format!("final read-only open: {e}"))?;
+        let again = to_model(
+            &r.scan(ScanOptions::default())
+                .await
+                .map_err(|e| e.to_string())?,
+        );
+        if again != found {
+            return Err("the final flush changed the live rows".into());
+        }
+        self.note(format!(
+            "final: {} live rows, as the model allows",
+            found.len()
+        ));
+        Ok(())
+    }
+}
+
+type Log = Arc<std::sync::Mutex<Vec<String>>>;
+
+async fn run_seed(seed: u64, verbose: bool, log: Log) -> Result<(), String> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let faults = Faults {
+        fail: [0.0, 0.02, 0.05, 0.1][rng.random_range(0..4)],
+        ambiguous: [0.0, 0.02, 0.05][rng.random_range(0..3)],
+        latency_us: [0, 200, 2_000][rng.random_range(0..3)],
+    };
+    let settings = Settings {
+        memtable_max_rows: rng.random_range(4..40),
+        max_frozen_memtables: rng.random_range(1..3),
+        wal_buffer_interval_ms: rng.random_range(1..30),
+        wal_buffer_max_rows: rng.random_range(2..20),
+        manifest_retention: rng.random_range(1..4),
+        io_concurrency: rng.random_range(1..8),
+        ..Settings::default()
+    };
+    let shared: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let mut sim = Sim {
+        rng,
+        shared: shared.clone(),
+        history: History::default(),
+        writer: None,
+        zombie: None,
+        readers: Vec::new(),
+        next_writer: 0,
+        faults,
+        settings: settings.clone(),
+        verbose,
+        log,
+    };
+    sim.note(format!(
+        "seed {seed}: faults {faults:?}, settings {settings:?}"
+    ));
+    let create = Index::create(
+        Location::from_store(shared, "idx"),
+        schema(),
+        settings.clone(),
+    )
+    .await;
+    match create {
+        // The index is created without faults and closed at once.
+        Ok(i) => {
+            sim.next_writer += 1;
+            i.close().await.map_err(|e| e.to_string())?;
+        }
+        Err(e) => return Err(format!("create: {e}")),
+    }
+    for step in 0..STEPS {
+        sim.step(step).await?;
+    }
+    sim.finish().await
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn simulation() {
+    if let Some(seed) = env_u64("LSMSEARCH_DST_SEED") {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        match rt.block_on(run_seed(seed, true, Log::default())) {
+            Ok(()) => println!("seed {seed}: no violation"),
+            Err(e) => panic!("seed {seed}: {e}"),
+        }
+        return;
+    }
+    let seeds = env_u64("LSMSEARCH_DST_SEEDS").unwrap_or(200);
+    let first = env_u64("LSMSEARCH_DST_FIRST").unwrap_or(1);
+    let started = Instant::now();
+    let next = std::sync::atomic::AtomicU64::new(first);
+    let failures = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                loop {
+                    let seed = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    if seed >= first + seeds {
+                        break;
+                    }
+                    let log = Log::default();
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        rt.block_on(async {
+                            tokio::time::timeout(SEED_TIMEOUT, run_seed(seed, false, log.clone()))
+                                .await
+                                .unwrap_or_else(|_| Err(format!("hung for {SEED_TIMEOUT:?}")))
+                        })
+                    }));
+                    let last_steps = || {
+                        let log = log.lock().unwrap_or_else(|e| e.into_inner());
+                        log.iter().rev().take(12).rev().cloned().collect::<Vec<_>>().join("\n      ")
+                    };
+                    let failure = match r {
+                        Ok(Ok(())) => None,
+                        Ok(Err(e)) => Some(format!("{e}\n    last steps:\n      {}", last_steps())),
+                        Err(_) => Some(format!("panicked\n    last steps:\n      {}", last_steps())),
+                    };
+                    if let Some(f) = failure {
+                        failures.lock().unwrap().push(format!(
+                            "seed {seed}: {f}\n    replay: LSMSEARCH_DST_SEED={seed} cargo test --test dst -- --nocapture"
+                        ));
+                    }
+                }
+            });
+        }
+    });
+    let failures = failures.into_inner().unwrap();
+    println!(
+        "{seeds} seeds ({first}..{}) in {:.1} s: {} violations",
+        first + seeds,
+        started.elapsed().as_secs_f64(),
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
