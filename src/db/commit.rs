@@ -305,8 +305,20 @@ impl Committer {
                 Err(object_store::Error::AlreadyExists { .. }) => {
                     // Either a newer writer's fence (or rows), or our own earlier attempt whose
                     // PUT succeeded although we saw an error.
-                    let existing =
-                        crate::storage::read_object(self.inner.loc.store.as_ref(), &p).await?;
+                    let existing = match crate::storage::read_object(
+                        self.inner.loc.store.as_ref(),
+                        &p,
+                    )
+                    .await
+                    {
+                        Ok(b) => b,
+                        // Gone already: only a newer writer's flush deletes WAL objects.
+                        Err(e) if e.is_not_found() => {
+                            self.inner.mark_fenced();
+                            return Err(self.inner.fenced_error());
+                        }
+                        Err(e) => return Err(e),
+                    };
                     let header = decode_header(&existing, &p);
                     match header {
                         Ok(h) if h.epoch == self.inner.epoch && h.kind == WalKind::Rows => {
