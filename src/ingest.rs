@@ -11,6 +11,9 @@ use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// The largest batch size [`read_rows`] accepts (readers size buffers by it).
+pub const MAX_BATCH_SIZE: usize = 1 << 20;
+
 /// Batches of rows read from a file, at most `batch_size` rows each.
 pub type RowReader = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>;
 
@@ -19,8 +22,10 @@ pub type RowReader = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>;
 /// `schema`. JSON vectors are read as lists and every JSON column as nullable, so that
 /// validation at append names a wrong dimension or a missing key.
 pub fn read_rows(file: &Path, schema: &SchemaRef, batch_size: usize) -> Result<RowReader> {
-    if batch_size == 0 {
-        return Err(Error::invalid("the batch size must be at least 1"));
+    if batch_size == 0 || batch_size > MAX_BATCH_SIZE {
+        return Err(Error::invalid(format!(
+            "the batch size must be between 1 and {MAX_BATCH_SIZE}, not {batch_size}"
+        )));
     }
     let name = file.to_path_buf();
     let open = || {
@@ -86,14 +91,22 @@ fn unreadable(file: &Path, e: impl std::fmt::Display) -> Error {
     Error::invalid(format!("cannot read '{}': {e}", file.display()))
 }
 
-/// `b` in slices of at most `size` rows.
-fn rebatch(b: Result<RecordBatch>, size: usize) -> Vec<Result<RecordBatch>> {
+/// `b` in slices of at most `size` rows, made one at a time (a batch announcing a huge number
+/// of zero-width rows costs nothing until its slices are read).
+fn rebatch(
+    b: Result<RecordBatch>,
+    size: usize,
+) -> Box<dyn Iterator<Item = Result<RecordBatch>> + Send> {
     match b {
-        Ok(b) => (0..b.num_rows())
-            .step_by(size)
-            .map(|off| Ok(b.slice(off, size.min(b.num_rows() - off))))
-            .collect(),
-        Err(e) => vec![Err(e)],
+        Ok(b) => {
+            let n = b.num_rows();
+            Box::new(
+                (0..n)
+                    .step_by(size)
+                    .map(move |off| Ok(b.slice(off, size.min(n - off)))),
+            )
+        }
+        Err(e) => Box::new(std::iter::once(Err(e))),
     }
 }
 

@@ -474,10 +474,11 @@ impl MemTextIndex {
             return Err(Error::internal("injected commit failure"));
         }
         writer.commit().map_err(tv)?;
-        st.reader.reload().map_err(tv)?;
+        // Committed: these rows are indexed whatever happens next.
         st.indexed_rows = offset.max(start);
         st.counts.extend(new_counts);
         st.searcher = None;
+        st.reader.reload().map_err(tv)?;
         Ok(())
     }
 

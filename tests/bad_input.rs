@@ -420,6 +420,43 @@ async fn the_bad_input_matrix() {
         &["ingest", &loc, &parquet],
         &["garbage.parquet"],
     );
+    // A stream announcing 2^40 rows of a zero-width (Null) column: nothing may be sized by it.
+    let nulls = {
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Null, true)]));
+        let b = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(arrow::array::NullArray::new(12345))],
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        {
+            let mut w = arrow::ipc::writer::StreamWriter::try_new(&mut out, &schema).unwrap();
+            w.write(&b).unwrap();
+            w.finish().unwrap();
+        }
+        let from = 12345i64.to_le_bytes();
+        let to = (1i64 << 40).to_le_bytes();
+        let mut i = 0;
+        while i + 8 <= out.len() {
+            if out[i..i + 8] == from {
+                out[i..i + 8].copy_from_slice(&to);
+            }
+            i += 1;
+        }
+        out
+    };
+    let nulls = file("nulls.arrows", &nulls);
+    m.cli(
+        "cli: 2^40 zero-width rows",
+        &["ingest", &loc, &nulls],
+        &["nulls.arrows"],
+    );
+    let ok_jsonl = file("ok.jsonl", b"{\"id\": \"x\", \"emb\": [1, 2, 3, 4]}\n");
+    m.cli(
+        "cli: a batch size no buffer may have",
+        &["ingest", &loc, &ok_jsonl, "--batch-size", "10000000000"],
+        &["batch size"],
+    );
     let missing = files.path().join("missing.jsonl").display().to_string();
     m.cli(
         "cli: missing file",

@@ -26,8 +26,9 @@ const CYCLES_PER_INDEX: usize = 50;
 fn write_rows(path: &std::path::Path, cycle: usize, n: usize) -> Vec<Row> {
     let rows: Vec<Row> = (0..n)
         .map(|i| {
-            let id = if i % 3 == 0 && cycle > 0 {
-                format!("c{:04}-{i:05}", cycle - 1)
+            // Cycle c - 1 wrote `c{c-1}-{i+1}` itself (i + 1 is not a multiple of 3).
+            let id = if i % 3 == 0 && cycle > 0 && i + 1 < n {
+                format!("c{:04}-{:05}", cycle - 1, i + 1)
             } else {
                 format!("c{cycle:04}-{i:05}")
             };

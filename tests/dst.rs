@@ -136,6 +136,7 @@ struct Sim {
     zombie: Option<Writer>,
     readers: Vec<(ReadOnlyIndex, Arc<SimStore>)>,
     next_writer: u32,
+    next_version: i64,
     faults: Faults,
     settings: Settings,
     verbose: bool,
@@ -206,8 +207,10 @@ impl Sim {
         Err("no open succeeded in 50 attempts".into())
     }
 
-    fn value(&self, key: &str, step: usize) -> Row {
-        Row::new(key, step as i64)
+    /// A version of `key` no other write has (rows are derived from key and version).
+    fn value(&mut self, key: &str, _step: usize) -> Row {
+        self.next_version += 1;
+        Row::new(key, self.next_version)
     }
 
     async fn step(&mut self, step: usize) -> Result<(), String> {
@@ -413,12 +416,13 @@ impl Sim {
 
     /// The taken-over writer tries again: nothing may be acknowledged, nothing may appear.
     async fn zombie_write(&mut self, step: usize) -> Result<(), String> {
-        let Some(z) = self.zombie.as_ref() else {
+        if self.zombie.is_none() {
             return self.append(step).await;
-        };
+        }
         let key = format!("k{:02}", self.rng.random_range(0..KEYS));
         let row = self.value(&key, step);
         let durable = self.rng.random_bool(0.5);
+        let z = self.zombie.as_ref().expect("a zombie");
         let opts = WriteOptions::with_durability(if durable {
             Durability::Durable
         } else {
@@ -554,6 +558,7 @@ async fn run_seed(seed: u64, verbose: bool, log: Log) -> Result<(), String> {
         zombie: None,
         readers: Vec::new(),
         next_writer: 0,
+        next_version: 0,
         faults,
         settings: settings.clone(),
         verbose,

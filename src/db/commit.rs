@@ -23,6 +23,10 @@ pub(crate) struct Committer {
     /// A WAL id whose PUT failed with an error that does not say whether it landed.
     ambiguous: Option<u64>,
     pending_since: Option<Instant>,
+    /// A size-triggered freeze gave up waiting for room after a failed flush: until the queue
+    /// of frozen memtables has room again, the active memtable keeps taking rows instead of
+    /// every group waiting for the next failure.
+    gave_up: bool,
 }
 
 struct Prepared {
@@ -47,6 +51,7 @@ impl Committer {
             pending: Vec::new(),
             ambiguous: None,
             pending_since: None,
+            gave_up: false,
         }
     }
 
@@ -120,8 +125,15 @@ impl Committer {
             m.rows() >= self.inner.reader.settings.memtable_max_rows
                 || m.bytes() >= self.inner.reader.settings.memtable_max_bytes
         };
-        if full || !freezes.is_empty() {
+        if self.gave_up
+            && self.inner.read_state().frozen.len()
+                < self.inner.reader.settings.max_frozen_memtables
+        {
+            self.gave_up = false;
+        }
+        if (full && !self.gave_up) || !freezes.is_empty() {
             let r = self.freeze().await;
+            self.gave_up = r.is_err();
             if let Err(e) = &r {
                 tracing::warn!("freeze failed: {e}");
             }

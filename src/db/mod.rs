@@ -262,6 +262,8 @@ pub struct Index {
     inner: Arc<Inner>,
     tx: mpsc::Sender<Request>,
     tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The leak collection started at open (`garbage.rs`).
+    collector: tokio::task::JoinHandle<()>,
 }
 
 impl Index {
@@ -435,14 +437,26 @@ impl Index {
         let tasks = vec![
             tokio::spawn(committer.run()),
             tokio::spawn(flush::run_flusher(inner.clone())),
-            tokio::spawn(garbage::collect(inner.clone(), opened_on)),
         ];
+        // Leak collection is best effort: close() and drop stop it wherever it is.
+        let collector = tokio::spawn(garbage::collect(inner.clone(), opened_on));
         catch_up_graph(&inner.read_state().active);
         Ok(Index {
             inner,
             tx,
             tasks: std::sync::Mutex::new(tasks),
+            collector,
         })
+    }
+
+    /// The schema of the index at `loc`, from its newest manifest alone (one GET and one
+    /// short LIST): nothing else is read and nothing is written.
+    pub async fn read_schema(loc: &Location) -> Result<IndexSchema> {
+        let manifests = ManifestStore::new(loc.store.clone(), Paths::new(loc.root.clone()));
+        let m = manifests.load_latest().await?.ok_or_else(|| {
+            Error::invalid(format!("no index at {} (create it first)", loc.display))
+        })?;
+        Ok(m.schema)
     }
 
     /// Open the index at `loc` read-only (see [`ReadOnlyIndex`]).
@@ -573,6 +587,7 @@ impl Index {
         if self.inner.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
+        self.collector.abort();
         self.inner.flush_wake.notify_waiters();
         self.inner.backpressure.notify_waiters();
         // Wake flush() callers, which see the handle closed.
@@ -720,6 +735,7 @@ impl Drop for Index {
     fn drop(&mut self) {
         // The committer stops when its queue closes (dropping `tx`); stop the flusher too.
         self.inner.closed.store(true, Ordering::SeqCst);
+        self.collector.abort();
         self.inner.flush_wake.notify_waiters();
         self.inner.backpressure.notify_waiters();
     }

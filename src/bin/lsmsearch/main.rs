@@ -373,10 +373,7 @@ async fn ingest_file(
     if batch_size == 0 {
         return Err(Error::invalid("--batch-size must be at least 1"));
     }
-    let schema = Index::open_read_only(Location::parse(location)?, Settings::default())
-        .await?
-        .schema()
-        .clone();
+    let schema = Index::read_schema(&Location::parse(location)?).await?;
     let mut reader = lsmsearch::ingest::read_rows(file, &schema.arrow_schema(), batch_size)?;
     let first = reader.next().transpose()?;
     if let Some(b) = first.as_ref().filter(|b| b.num_rows() > 0) {
@@ -398,9 +395,8 @@ async fn ingest_file(
 /// `lsmsearch delete`.
 async fn delete(location: &str, keys: &[String], json: bool) -> lsmsearch::Result<()> {
     // Parse the keys before opening the index as its writer (which claims an epoch).
-    let kt = Index::open_read_only(Location::parse(location)?, Settings::default())
+    let kt = Index::read_schema(&Location::parse(location)?)
         .await?
-        .schema()
         .primary_key_type;
     let keys = keys
         .iter()
