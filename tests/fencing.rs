@@ -304,6 +304,58 @@ async fn a_zombie_whose_last_wal_put_was_ambiguous_is_fenced() {
 }
 
 #[tokio::test]
+async fn a_zombie_stays_suspicious_until_its_superseded_check_succeeds() {
+    // As above, but the zombie's check of the id after its re-landed PUT fails (a GET error):
+    // that PUT wrote rows below B's replay point. Once they are collected too, the zombie's
+    // next PUT at that id lands again: it must still check, and find itself fenced.
+    use common::faulty::{Action, FaultyStore};
+    use object_store::ObjectStoreExt;
+    let inner = std::sync::Arc::new(object_store::memory::InMemory::new());
+    let faulty = FaultyStore::new(inner.clone());
+    let a_loc = Location::from_store(faulty.clone(), "idx");
+    let b_loc = Location::from_store(inner.clone(), "idx");
+    let s = schema();
+    let a = Index::create(a_loc, s.clone(), small_settings())
+        .await
+        .unwrap();
+    a.append(&batch(&s, &[Row::new("a0", 1)])).await.unwrap();
+    // WAL: 1 fence (A), 2 a0; the PUT of 3 lands and reports an error.
+    faulty.on("put", "wal/", Action::SucceedThenFailOnce);
+    a.append(&batch(&s, &[Row::new("a1", 1)]))
+        .await
+        .expect_err("the ambiguous PUT is reported");
+    // B replays 2 and 3, fences at 4, writes 5, and its flush deletes 2 and 3.
+    let b = Index::open(b_loc.clone(), small_settings()).await.unwrap();
+    b.append(&batch(&s, &[Row::new("b1", 1)])).await.unwrap();
+    b.flush().await.unwrap();
+    // A's retry re-lands at 3; its look at 4 fails.
+    faulty.on("get", "wal/00000000000000000004.wal", Action::Fail);
+    a.append(&batch(&s, &[Row::new("a2", 1)]))
+        .await
+        .expect_err("the superseded check failed: nothing is acknowledged");
+    faulty.clear();
+    b.close().await.unwrap();
+    // C's open collects 3 (a rows object below its replay point).
+    let c = Index::open(b_loc.clone(), small_settings()).await.unwrap();
+    for _ in 0..200 {
+        let gone = inner
+            .get(&object_store::path::Path::from(
+                "idx/wal/00000000000000000003.wal",
+            ))
+            .await
+            .is_err();
+        if gone {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let r = a.append(&batch(&s, &[Row::new("a3", 1)])).await;
+    let e = r.expect_err("a fenced writer acknowledges nothing");
+    assert_eq!(e.kind(), ErrorKind::Fenced, "{e}");
+    c.close().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_zombie_cannot_recreate_a_pruned_manifest_version() {
     // B opens and flushes with retention 0, pruning the version A's flush would create next.
     // A's flush must fail as fenced instead of re-creating that version (and moving LATEST
