@@ -11,8 +11,8 @@
 //! whose outcome is unknown; never an older version (no stale row), never nothing when a version
 //! was acknowledged (never short), and never a write made by a writer after it was taken over.
 //!
-//! `cargo test --test dst` runs 200 seeds; `LSMSEARCH_DST_SEEDS=N` (and `LSMSEARCH_DST_FIRST`)
-//! run more; `LSMSEARCH_DST_SEED=S` replays one, printing its steps. Fault decisions come from
+//! `cargo test --test dst` runs 200 seeds; `LSMSEARCH_DST_SEEDS=N` (and `LSMSEARCH_DST_FIRST`,
+//! `LSMSEARCH_DST_THREADS`) run more; `LSMSEARCH_DST_SEED=S` replays one, printing its steps. Fault decisions come from
 //! the seed; the interleaving of background flushes with the steps depends on timing, so a
 //! replay reproduces the same operations and faults, and most often the same interleaving.
 
@@ -609,8 +609,11 @@ fn simulation() {
     let started = Instant::now();
     let next = std::sync::atomic::AtomicU64::new(first);
     let failures = std::sync::Mutex::new(Vec::new());
+    // Seeds spend much of their time waiting on simulated latency: more threads than cores
+    // help long runs (`LSMSEARCH_DST_THREADS`, default 2).
+    let threads = env_u64("LSMSEARCH_DST_THREADS").unwrap_or(2);
     std::thread::scope(|s| {
-        for _ in 0..2 {
+        for _ in 0..threads {
             s.spawn(|| {
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()

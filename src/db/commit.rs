@@ -304,11 +304,14 @@ impl Committer {
                 .await
             {
                 Ok(_) => {
-                    if self.ambiguous.take() == Some(id) {
+                    if self.ambiguous == Some(id) {
                         // Our earlier PUT at this id may have landed: a newer writer then
                         // replayed it, fenced at the next id, and its flush freed this one.
                         // Rows written here would lie below its replay point, never read.
+                        // Until the check succeeds the id stays suspect: if it fails, this
+                        // object may be collected and the next PUT land here again.
                         self.check_not_superseded(id).await?;
+                        self.ambiguous = None;
                     }
                     self.next_wal_id = id + 1;
                     self.inner.next_wal_id.store(id + 1, Ordering::SeqCst);
