@@ -37,11 +37,26 @@ pub(crate) struct GraphDistance {
 impl Distance<f32> for GraphDistance {
     fn eval(&self, a: &[f32], b: &[f32]) -> f32 {
         if self.cosine {
-            distance::cosine(a, b).max(0.0)
+            // Graph points (and queries) are unit vectors (or zero, whose distance to anything
+            // is then 1, as `cosine` says): one dot product instead of three accumulations.
+            (1.0 - distance::dot(a, b)).max(0.0)
         } else {
             distance::l2_sq(a, b).sqrt()
         }
     }
+}
+
+/// `v` as a graph point: for `cosine`, scaled to unit length (a zero vector stays zero); for
+/// the other metrics, as is.
+fn graph_vector(metric: Metric, v: &[f32]) -> Vec<f32> {
+    if metric != Metric::Cosine {
+        return v.to_vec();
+    }
+    let norm = distance::dot(v, v).sqrt();
+    if norm == 0.0 || !norm.is_finite() {
+        return vec![0.0; v.len()];
+    }
+    v.iter().map(|x| x / norm).collect()
 }
 
 /// The distance between `a` and `b` under `metric`, in f32 (accumulated in fixed lanes, see
@@ -125,7 +140,7 @@ fn graph_points(rows: &RecordBatch, vcol: usize, metric: Metric) -> Result<(Vec<
     let (dim, vectors) = vectors_of(rows, vcol)?;
     let mut data: Vec<Point> = (0..rows.num_rows())
         .filter(|r| !deleted.value(*r) && !list.is_null(*r))
-        .map(|r| (vectors[r * dim..(r + 1) * dim].to_vec(), r))
+        .map(|r| (graph_vector(metric, &vectors[r * dim..(r + 1) * dim]), r))
         .collect();
     if metric != Metric::Dot {
         return Ok((data, 0.0));
@@ -324,6 +339,8 @@ pub(crate) struct MemGraphSpec {
 /// needs the final largest norm); they are always scanned.
 pub(crate) struct MemVectorIndex {
     vcol: usize,
+    /// Points and queries go through [`graph_vector`] with it.
+    metric: Metric,
     /// hnsw_rs graphs take concurrent inserts and searches (`&self`, locks per node).
     graph: Graph<'static>,
     indexed: std::sync::atomic::AtomicUsize,
@@ -354,6 +371,7 @@ impl MemVectorIndex {
         );
         Some(MemVectorIndex {
             vcol: spec.vcol,
+            metric: spec.metric,
             graph,
             indexed: std::sync::atomic::AtomicUsize::new(0),
             running: std::sync::atomic::AtomicBool::new(false),
@@ -404,7 +422,7 @@ impl MemVectorIndex {
                 let dim = list.value_length() as usize;
                 let values = list.values().as_primitive::<Float32Type>().values();
                 let s = list.value_offset(r) as usize;
-                chunk.push((values[s..s + dim].to_vec(), ord));
+                chunk.push((graph_vector(self.metric, &values[s..s + dim]), ord));
             }
             let refs: Vec<(&[f32], usize)> =
                 chunk.iter().map(|(v, o)| (v.as_slice(), *o)).collect();
@@ -428,7 +446,8 @@ impl MemVectorIndex {
         if indexed == 0 {
             return (Vec::new(), 0);
         }
-        let rows = walk(&self.graph, query, k, ef, &|id| id < indexed && admit(id));
+        let query = graph_vector(self.metric, query);
+        let rows = walk(&self.graph, &query, k, ef, &|id| id < indexed && admit(id));
         (rows, indexed)
     }
 }
