@@ -53,15 +53,23 @@ struct Counting;
 
 static REFUSED: AtomicUsize = AtomicUsize::new(0);
 
+/// Note an allocation of `size` bytes by a watched thread; false when it must be refused.
+fn admit(size: usize) -> bool {
+    if !WATCHED.try_with(Cell::get).unwrap_or(false) {
+        return true;
+    }
+    let _ = LARGEST.try_with(|l| l.set(l.get().max(size)));
+    if size > 16 * ALLOCATION_BOUND {
+        REFUSED.store(size, Ordering::SeqCst);
+        return false;
+    }
+    true
+}
+
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if WATCHED.try_with(Cell::get).unwrap_or(false) {
-            let size = layout.size();
-            let _ = LARGEST.try_with(|l| l.set(l.get().max(size)));
-            if size > 16 * ALLOCATION_BOUND {
-                REFUSED.store(size, Ordering::SeqCst);
-                return std::ptr::null_mut();
-            }
+        if !admit(layout.size()) {
+            return std::ptr::null_mut();
         }
         unsafe { System.alloc(layout) }
     }
@@ -71,24 +79,15 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if WATCHED.try_with(Cell::get).unwrap_or(false) {
-            let size = layout.size();
-            let _ = LARGEST.try_with(|l| l.set(l.get().max(size)));
-            if size > 16 * ALLOCATION_BOUND {
-                REFUSED.store(size, Ordering::SeqCst);
-                return std::ptr::null_mut();
-            }
+        if !admit(layout.size()) {
+            return std::ptr::null_mut();
         }
         unsafe { System.alloc_zeroed(layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if WATCHED.try_with(Cell::get).unwrap_or(false) {
-            let _ = LARGEST.try_with(|l| l.set(l.get().max(new_size)));
-            if new_size > 16 * ALLOCATION_BOUND {
-                REFUSED.store(new_size, Ordering::SeqCst);
-                return std::ptr::null_mut();
-            }
+        if !admit(new_size) {
+            return std::ptr::null_mut();
         }
         unsafe { System.realloc(ptr, layout, new_size) }
     }

@@ -37,9 +37,7 @@ pub fn read_rows(file: &Path, schema: &SchemaRef, batch_size: usize) -> Result<R
         .and_then(|e| e.to_str())
         .unwrap_or("")
         .to_ascii_lowercase();
-    let bad = |e: &dyn std::fmt::Display| {
-        Error::invalid(format!("cannot read '{}': {e}", file.display()))
-    };
+    let bad = |e: &dyn std::fmt::Display| unreadable(file, e);
     let reader: RowReader = match ext.as_str() {
         "jsonl" | "json" | "ndjson" => {
             let fields: Vec<Field> = schema

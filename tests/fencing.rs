@@ -267,20 +267,32 @@ async fn a_store_that_ignores_conditional_creates_is_refused() {
     assert!(e.message().contains("conditional"), "{e}");
 }
 
+/// Writer A, created through a fault-injecting wrapper of a memory store; the store itself;
+/// and a location for other writers that reach the store directly.
+async fn writer_behind_faults() -> (
+    std::sync::Arc<object_store::memory::InMemory>,
+    std::sync::Arc<common::faulty::FaultyStore>,
+    Index,
+    Location,
+) {
+    let inner = std::sync::Arc::new(object_store::memory::InMemory::new());
+    let faulty = common::faulty::FaultyStore::new(inner.clone());
+    let a_loc = Location::from_store(faulty.clone(), "idx");
+    let b_loc = Location::from_store(inner.clone(), "idx");
+    let a = Index::create(a_loc, schema(), small_settings())
+        .await
+        .unwrap();
+    (inner, faulty, a, b_loc)
+}
+
 #[tokio::test]
 async fn a_zombie_whose_last_wal_put_was_ambiguous_is_fenced() {
     // A's WAL PUT at id N lands but reports an error. B opens: it replays N and fences at N+1.
     // B's flush deletes N. A's retry at N finds the id free: it must not acknowledge rows
     // written below B's replay point, where nobody will ever read them.
-    use common::faulty::{Action, FaultyStore};
-    let inner = std::sync::Arc::new(object_store::memory::InMemory::new());
-    let faulty = FaultyStore::new(inner.clone());
-    let a_loc = Location::from_store(faulty.clone(), "idx");
-    let b_loc = Location::from_store(inner.clone(), "idx");
+    use common::faulty::Action;
+    let (_, faulty, a, b_loc) = writer_behind_faults().await;
     let s = schema();
-    let a = Index::create(a_loc, s.clone(), small_settings())
-        .await
-        .unwrap();
     faulty.on("put", "wal/", Action::SucceedThenFailOnce);
     a.append(&batch(&s, &[Row::new("a0", 1)]))
         .await
@@ -308,16 +320,10 @@ async fn a_zombie_stays_suspicious_until_its_superseded_check_succeeds() {
     // As above, but the zombie's check of the id after its re-landed PUT fails (a GET error):
     // that PUT wrote rows below B's replay point. Once they are collected too, the zombie's
     // next PUT at that id lands again: it must still check, and find itself fenced.
-    use common::faulty::{Action, FaultyStore};
+    use common::faulty::Action;
     use object_store::ObjectStoreExt;
-    let inner = std::sync::Arc::new(object_store::memory::InMemory::new());
-    let faulty = FaultyStore::new(inner.clone());
-    let a_loc = Location::from_store(faulty.clone(), "idx");
-    let b_loc = Location::from_store(inner.clone(), "idx");
+    let (inner, faulty, a, b_loc) = writer_behind_faults().await;
     let s = schema();
-    let a = Index::create(a_loc, s.clone(), small_settings())
-        .await
-        .unwrap();
     a.append(&batch(&s, &[Row::new("a0", 1)])).await.unwrap();
     // WAL: 1 fence (A), 2 a0; the PUT of 3 lands and reports an error.
     faulty.on("put", "wal/", Action::SucceedThenFailOnce);

@@ -162,6 +162,14 @@ impl Inner {
 }
 
 /// A name for a probe object no other handle picks.
+/// The newest manifest at `loc`; `Invalid` when there is no index there.
+async fn latest_manifest(manifests: &ManifestStore, loc: &Location) -> Result<Manifest> {
+    manifests
+        .load_latest()
+        .await?
+        .ok_or_else(|| Error::invalid(format!("no index at {} (create it first)", loc.display)))
+}
+
 fn probe_token() -> String {
     static COUNT: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
@@ -325,9 +333,7 @@ impl Index {
         // writer, which may still hold those rows in memory and flush them.
         let mut reader: Option<Reader> = None;
         let (manifest, generations, checked) = loop {
-            let cur = manifests.load_latest().await?.ok_or_else(|| {
-                Error::invalid(format!("no index at {} (create it first)", loc.display))
-            })?;
+            let cur = latest_manifest(&manifests, &loc).await?;
             let r = reader.get_or_insert_with(|| {
                 Reader::new(&loc, &paths, cur.schema.clone(), settings.clone())
             });
@@ -453,10 +459,7 @@ impl Index {
     /// short LIST): nothing else is read and nothing is written.
     pub async fn read_schema(loc: &Location) -> Result<IndexSchema> {
         let manifests = ManifestStore::new(loc.store.clone(), Paths::new(loc.root.clone()));
-        let m = manifests.load_latest().await?.ok_or_else(|| {
-            Error::invalid(format!("no index at {} (create it first)", loc.display))
-        })?;
-        Ok(m.schema)
+        Ok(latest_manifest(&manifests, loc).await?.schema)
     }
 
     /// Open the index at `loc` read-only (see [`ReadOnlyIndex`]).

@@ -72,20 +72,14 @@ fn candidates(row_hashes: &[u64]) -> std::sync::Arc<Vec<(usize, u64)>> {
     std::sync::Arc::new(row_hashes.iter().copied().enumerate().collect())
 }
 
-/// The key hash of every row of a decoded generation; an error if a key is null.
-fn checked_row_hashes(rows: &RecordBatch) -> std::result::Result<Vec<u64>, &'static str> {
+/// The key hash of every row; an error if a key is null.
+fn row_hashes(rows: &RecordBatch) -> std::result::Result<Vec<u64>, &'static str> {
     (0..rows.num_rows())
         .map(|r| {
             Key::from_array(rows.column(0).as_ref(), r)
                 .map(|k| k.hash64())
                 .ok_or("a row has no key")
         })
-        .collect()
-}
-
-fn row_hashes(rows: &RecordBatch) -> Vec<u64> {
-    (0..rows.num_rows())
-        .map(|r| Key::from_array(rows.column(0).as_ref(), r).map_or(0, |k| k.hash64()))
         .collect()
 }
 
@@ -105,7 +99,7 @@ impl Generation {
         let min_seq = seqs.iter().flatten().min().unwrap_or(0);
         let max_seq = seqs.iter().flatten().max().unwrap_or(0);
         let tombstones = deleted_flags(&rows).true_count() as u64;
-        let row_hashes = row_hashes(&rows);
+        let row_hashes = row_hashes(&rows).map_err(Error::internal)?;
         let mut pk_hashes = row_hashes.clone();
         pk_hashes.sort_unstable();
         pk_hashes.dedup();
@@ -180,7 +174,7 @@ impl Generation {
                 bundle.stats().rows
             )));
         }
-        let row_hashes = checked_row_hashes(&rows).map_err(|m| bad(m.into()))?;
+        let row_hashes = row_hashes(&rows).map_err(|m| bad(m.into()))?;
         let mut sorted = row_hashes.clone();
         sorted.sort_unstable();
         sorted.dedup();
