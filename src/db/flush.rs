@@ -76,10 +76,20 @@ async fn published_earlier(inner: &Inner, base: &Manifest) -> Result<Option<Mani
 }
 
 async fn flush_one(inner: &Arc<Inner>, m: &SharedMemtable, retrying: bool) -> Result<()> {
-    let (rows, last_wal_id, wal_ids, max_seq, mid) = {
+    let (rows, ordinals, mem_graph, last_wal_id, wal_ids, max_seq, mid) = {
         let g = read_memtable(m);
         let ids = g.wal_ids().to_vec();
-        (g.newest_rows()?, g.last_wal_id(), ids, g.max_seq(), g.id())
+        let (rows, ordinals) = g.newest()?;
+        let graph = g.graph().map(|graph| (graph, g.batches()));
+        (
+            rows,
+            ordinals,
+            graph,
+            g.last_wal_id(),
+            ids,
+            g.max_seq(),
+            g.id(),
+        )
     };
     let base = inner.read_state().manifest.clone();
     let gen_id = base.next_generation_id;
@@ -111,7 +121,20 @@ async fn flush_one(inner: &Arc<Inner>, m: &SharedMemtable, retrying: bool) -> Re
             text: text.as_deref(),
             vector,
         };
-        Generation::build(gen_id, epoch, rows, &schema, spec)
+        // The memtable's graph, every row in, becomes the generation's: no row is inserted
+        // into a graph twice.
+        let graph = mem_graph.and_then(|(graph, (batches, offsets, mrows))| {
+            while graph.indexed() < mrows {
+                if graph.try_start() {
+                    graph.catch_up(&batches, &offsets, mrows, &|| true);
+                    graph.stop();
+                } else {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
+            graph.to_adjacency(mrows, &ordinals)
+        });
+        Generation::build(gen_id, epoch, rows, &schema, spec, graph)
     })
     .await??;
     // Created, never overwritten: if an earlier attempt's PUT landed (whatever it reported),

@@ -190,9 +190,9 @@ fn mem_graph_spec(schema: &IndexSchema, settings: &Settings) -> Option<MemGraphS
     let (vcol, metric, params) = schema.vector_spec(settings)?;
     Some(MemGraphSpec {
         vcol,
+        dim: schema.vector.as_ref()?.dim,
         metric,
         params,
-        capacity: settings.memtable_max_rows,
         above: settings.memtable_graph_above,
     })
 }

@@ -15,6 +15,7 @@ use crate::key::Key;
 use crate::schema::{deleted_flags, Metric, SEQ_COLUMN};
 use crate::settings::GraphParams;
 use crate::text::{TextIndex, TextSchema};
+use crate::vector::graph::Adjacency;
 use crate::vector::{VectorIndex, GRAPH_SECTION};
 use crate::{Error, Result};
 use arrow::array::{AsArray, RecordBatch};
@@ -84,13 +85,16 @@ fn row_hashes(rows: &RecordBatch) -> std::result::Result<Vec<u64>, &'static str>
 }
 
 impl Generation {
-    /// Build a generation (and its encoded bundle) from stored rows holding one version per key.
+    /// Build a generation (and its encoded bundle) from stored rows holding one version per key,
+    /// with `graph` as its vector graph when it is given (a memtable's, converted to `rows`),
+    /// else a graph built here.
     pub(crate) fn build(
         id: u64,
         epoch: u64,
         rows: RecordBatch,
         schema: &SchemaRef,
         spec: IndexSpec<'_>,
+        graph: Option<Adjacency>,
     ) -> Result<(Generation, Vec<u8>)> {
         let seqs = rows
             .column_by_name(SEQ_COLUMN)
@@ -110,7 +114,10 @@ impl Generation {
         w.add("pk_hashes", &hashes);
         let vector = match spec.vector {
             Some((col, metric, params)) => {
-                let (vi, sections) = VectorIndex::build(&rows, col, metric, params)?;
+                let (vi, sections) = match graph {
+                    Some(adjacency) => VectorIndex::from_adjacency(&rows, col, metric, adjacency)?,
+                    None => VectorIndex::build(&rows, col, metric, params)?,
+                };
                 for (name, bytes) in sections {
                     w.add(&name, &bytes);
                 }
@@ -337,6 +344,7 @@ mod tests {
                 text: TextSchema::new(&s).as_deref(),
                 vector: None,
             },
+            None,
         )
         .unwrap();
         assert_eq!(g.meta().bytes as usize, bytes.len());
@@ -416,7 +424,7 @@ mod tests {
                 text: Some(&ts),
                 vector: None,
             };
-            Generation::build(1, 1, rows, &s.stored_schema(), spec)
+            Generation::build(1, 1, rows, &s.stored_schema(), spec, None)
                 .unwrap()
                 .1
         };

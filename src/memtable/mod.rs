@@ -206,16 +206,17 @@ impl Memtable {
     }
 
     /// The newest version of every key (tombstones included), in sequence order, as one stored
-    /// batch: what a flush writes and what a scan reads.
-    pub(crate) fn newest_rows(&self) -> Result<RecordBatch> {
+    /// batch (what a flush writes), and the memtable row ordinal of each of its rows.
+    pub(crate) fn newest(&self) -> Result<(RecordBatch, Vec<usize>)> {
         let mut slots: Vec<Slot> = self.index.values().copied().collect();
         slots.sort_unstable_by_key(|s| s.seq);
         let idx: Vec<(usize, usize)> = slots
             .iter()
             .map(|s| (s.batch as usize, s.row as usize))
             .collect();
+        let ordinals = idx.iter().map(|(b, r)| self.offsets[*b] + r).collect();
         if idx.is_empty() {
-            return Ok(RecordBatch::new_empty(self.schema.clone()));
+            return Ok((RecordBatch::new_empty(self.schema.clone()), ordinals));
         }
         let mut columns = Vec::with_capacity(self.schema.fields().len());
         for c in 0..self.schema.fields().len() {
@@ -223,7 +224,15 @@ impl Memtable {
                 self.batches.iter().map(|b| b.column(c).as_ref()).collect();
             columns.push(arrow::compute::interleave(&arrays, &idx)?);
         }
-        Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
+        Ok((
+            RecordBatch::try_new(self.schema.clone(), columns)?,
+            ordinals,
+        ))
+    }
+
+    /// The vector graph, when the memtable has one.
+    pub(crate) fn graph(&self) -> Option<Arc<MemVectorIndex>> {
+        self.graph.clone()
     }
 }
 
@@ -283,7 +292,7 @@ mod tests {
             .unwrap();
         let keys: ArrayRefStr = Arc::new(StringArray::from(vec!["b"]));
         m.apply(s.tombstones(&keys, 10).unwrap()).unwrap();
-        let rows = m.newest_rows().unwrap();
+        let rows = m.newest().unwrap().0;
         assert_eq!(rows.num_rows(), 2);
         let v = rows.column(2).as_primitive::<arrow::datatypes::Int64Type>();
         assert_eq!(v.value(0), 3); // "a" newest = 3 (seq 3)

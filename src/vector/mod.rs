@@ -10,6 +10,7 @@
 
 pub(crate) mod distance;
 pub(crate) mod graph;
+pub(crate) mod hnsw;
 
 use crate::format::bundle::Sections;
 use crate::schema::{deleted_flags, Metric};
@@ -19,6 +20,7 @@ use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::buffer::ScalarBuffer;
 use arrow::datatypes::Float32Type;
 use graph::{Adjacency, FlatGraph};
+use hnsw::{HnswBuilder, Space};
 use hnsw_rs::prelude::{Distance, Hnsw, HnswIo};
 
 /// Name of the bundle section holding a generation's graph.
@@ -78,26 +80,20 @@ pub(crate) struct VectorIndex {
     graph: Option<FlatGraph>,
 }
 
+/// The space a graph of `metric` is built in: unit vectors for `cosine`, Euclidean for `l2`
+/// and for `dot` (over augmented vectors).
+fn space_of(metric: Metric) -> Space {
+    if metric == Metric::Cosine {
+        Space::UnitDot
+    } else {
+        Space::L2
+    }
+}
+
 fn graph_distance(metric: Metric) -> GraphDistance {
     GraphDistance {
         cosine: metric == Metric::Cosine,
     }
-}
-
-/// The data ids of up to `k` points near `q` that `admit` accepts, from a filtered walk with
-/// candidate list `max(ef, k)`.
-fn walk(
-    g: &Graph<'_>,
-    q: &[f32],
-    k: usize,
-    ef: usize,
-    admit: &dyn Fn(usize) -> bool,
-) -> Vec<usize> {
-    let filter = |id: &usize| admit(*id);
-    g.search_filter(q, k, ef.max(k), Some(&filter))
-        .into_iter()
-        .map(|n| n.d_id)
-        .collect()
 }
 
 fn augment(v: &[f32], max_norm: f32) -> Vec<f32> {
@@ -186,22 +182,30 @@ impl VectorIndex {
         metric: Metric,
         params: GraphParams,
     ) -> Result<(VectorIndex, Sections)> {
-        let (dim, vectors) = vectors_of(rows, vcol)?;
         let (data, _) = graph_points(rows, vcol, metric)?;
-        let adjacency = if data.is_empty() {
-            Adjacency::from_lists(rows.num_rows(), Vec::new(), 0)
-        } else {
-            let graph: Graph<'static> = Hnsw::new(
-                params.m,
-                data.len(),
-                16,
-                params.ef_construction,
-                graph_distance(metric),
-            );
-            let refs: Vec<(&[f32], usize)> = data.iter().map(|(v, r)| (v.as_slice(), *r)).collect();
-            graph.parallel_insert_slice(&refs);
-            adjacency_of(&graph, rows.num_rows())
+        let Some(dim) = data.first().map(|(v, _)| v.len()) else {
+            let adjacency = Adjacency::from_lists(rows.num_rows(), Vec::new(), 0);
+            return Self::from_adjacency(rows, vcol, metric, adjacency);
         };
+        let graph = HnswBuilder::new(dim, space_of(metric), params.m, params.ef_construction);
+        let ids: Vec<u32> = data.iter().map(|(_, r)| *r as u32).collect();
+        for (v, r) in data {
+            graph.add(r as u32, v);
+        }
+        graph.insert_all(&ids);
+        let adjacency = graph.to_adjacency(rows.num_rows(), ids.into_iter(), &Some);
+        Self::from_adjacency(rows, vcol, metric, adjacency)
+    }
+
+    /// The index over a graph built elsewhere (a memtable's, converted to the generation's
+    /// rows), and its encoded `vector/graph` section.
+    pub(crate) fn from_adjacency(
+        rows: &RecordBatch,
+        vcol: usize,
+        metric: Metric,
+        adjacency: Adjacency,
+    ) -> Result<(VectorIndex, Sections)> {
+        let (dim, vectors) = vectors_of(rows, vcol)?;
         let section = vec![(GRAPH_SECTION.to_string(), adjacency.encode())];
         Ok((
             VectorIndex {
@@ -317,32 +321,34 @@ impl VectorIndex {
     }
 }
 
-/// What a memtable needs to keep a vector graph: where the vector is, its metric, the graph
-/// parameters, the expected row count (capacity) and the size above which the graph is kept.
+/// What a memtable needs to keep a vector graph: where the vector is, its dimension and
+/// metric, the graph parameters, and the size above which the graph is kept.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct MemGraphSpec {
     /// Position of the vector column in the stored schema.
     pub vcol: usize,
+    /// The vector dimension.
+    pub dim: usize,
     /// The schema's metric.
     pub metric: Metric,
     /// Graph parameters.
     pub params: GraphParams,
-    /// Rows the memtable is expected to hold at most (the graph's initial capacity).
-    pub capacity: usize,
     /// The graph is started once the memtable holds this many rows.
     pub above: usize,
 }
 
 /// A memtable's vector graph, filled in the background: rows `[0, indexed)` (memtable row
 /// ordinals, every version and tombstone) are in the graph, later rows are scanned exactly by
-/// searches until the inserter catches up. `dot` memtables get no graph (the augmentation
-/// needs the final largest norm); they are always scanned.
+/// searches until the inserter catches up. At flush the graph becomes the generation's (see
+/// [`MemVectorIndex::to_adjacency`]). `dot` memtables get no graph (the augmentation needs the
+/// generation's largest norm); they are scanned, and their generation's graph is built at
+/// flush.
 pub(crate) struct MemVectorIndex {
     vcol: usize,
     /// Points and queries go through [`graph_vector`] with it.
     metric: Metric,
-    /// hnsw_rs graphs take concurrent inserts and searches (`&self`, locks per node).
-    graph: Graph<'static>,
+    /// Takes concurrent inserts and searches (`&self`, a lock per node).
+    graph: HnswBuilder,
     indexed: std::sync::atomic::AtomicUsize,
     running: std::sync::atomic::AtomicBool,
 }
@@ -354,7 +360,7 @@ impl std::fmt::Debug for MemVectorIndex {
 }
 
 /// Rows inserted per step of a catch-up (the step after which `indexed` advances).
-const INSERT_CHUNK: usize = 512;
+const INSERT_CHUNK: usize = 1024;
 
 impl MemVectorIndex {
     /// An empty graph as `spec` describes; `None` for `dot`.
@@ -362,17 +368,15 @@ impl MemVectorIndex {
         if spec.metric == Metric::Dot {
             return None;
         }
-        let graph: Graph<'static> = Hnsw::new(
-            spec.params.m,
-            spec.capacity.clamp(1, 10_000_000),
-            16,
-            spec.params.ef_construction,
-            graph_distance(spec.metric),
-        );
         Some(MemVectorIndex {
             vcol: spec.vcol,
             metric: spec.metric,
-            graph,
+            graph: HnswBuilder::new(
+                spec.dim,
+                space_of(spec.metric),
+                spec.params.m,
+                spec.params.ef_construction,
+            ),
             indexed: std::sync::atomic::AtomicUsize::new(0),
             running: std::sync::atomic::AtomicBool::new(false),
         })
@@ -395,9 +399,10 @@ impl MemVectorIndex {
     }
 
     /// Insert rows `[indexed, rows)` of the memtable's stored `batches` (starting at `offsets`),
-    /// a chunk at a time, while `keep_going` holds. Tombstones and older versions are
-    /// inserted too (a tombstone's vector is null and skipped): searches mask them. Only the
-    /// holder of the inserter role ([`MemVectorIndex::try_start`]) calls this.
+    /// a chunk at a time with every core, while `keep_going` holds. Older versions are
+    /// inserted too (searches mask them; a flush leaves them out); tombstones and null vectors
+    /// have no node. Only the holder of the inserter role ([`MemVectorIndex::try_start`])
+    /// calls this.
     pub(crate) fn catch_up(
         &self,
         batches: &[RecordBatch],
@@ -411,7 +416,7 @@ impl MemVectorIndex {
                 return;
             }
             let end = rows.min(start + INSERT_CHUNK);
-            let mut chunk: Vec<(Vec<f32>, usize)> = Vec::with_capacity(end - start);
+            let mut ids = Vec::with_capacity(end - start);
             for ord in start..end {
                 let b = offsets.partition_point(|o| *o <= ord) - 1;
                 let r = ord - offsets[b];
@@ -422,11 +427,15 @@ impl MemVectorIndex {
                 let dim = list.value_length() as usize;
                 let values = list.values().as_primitive::<Float32Type>().values();
                 let s = list.value_offset(r) as usize;
-                chunk.push((graph_vector(self.metric, &values[s..s + dim]), ord));
+                let id = ord as u32;
+                if self
+                    .graph
+                    .add(id, graph_vector(self.metric, &values[s..s + dim]))
+                {
+                    ids.push(id);
+                }
             }
-            let refs: Vec<(&[f32], usize)> =
-                chunk.iter().map(|(v, o)| (v.as_slice(), *o)).collect();
-            self.graph.parallel_insert_slice(&refs);
+            self.graph.insert_all(&ids);
             self.indexed
                 .store(end, std::sync::atomic::Ordering::Release);
         }
@@ -447,7 +456,38 @@ impl MemVectorIndex {
             return (Vec::new(), 0);
         }
         let query = graph_vector(self.metric, query);
-        let rows = walk(&self.graph, &query, k, ef, &|id| id < indexed && admit(id));
+        let rows = self
+            .graph
+            .search(&query, k, ef, &|id| {
+                (id as usize) < indexed && admit(id as usize)
+            })
+            .into_iter()
+            .map(|id| id as usize)
+            .collect();
         (rows, indexed)
+    }
+
+    /// The graph over a generation's rows, once every memtable row is in it (false
+    /// otherwise): generation row `r` is memtable row `ordinals[r]`; older versions are left
+    /// out, with their links.
+    pub(crate) fn to_adjacency(
+        &self,
+        memtable_rows: usize,
+        ordinals: &[usize],
+    ) -> Option<Adjacency> {
+        if self.indexed() < memtable_rows {
+            return None;
+        }
+        let mut row_of = vec![u32::MAX; memtable_rows];
+        for (row, ord) in ordinals.iter().enumerate() {
+            if let Some(slot) = row_of.get_mut(*ord) {
+                *slot = row as u32;
+            }
+        }
+        let map = |id: u32| row_of.get(id as usize).copied().filter(|r| *r != u32::MAX);
+        Some(
+            self.graph
+                .to_adjacency(ordinals.len(), ordinals.iter().map(|o| *o as u32), &map),
+        )
     }
 }
