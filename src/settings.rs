@@ -16,6 +16,12 @@ pub struct Settings {
     /// How many frozen memtables may wait for their flush before appends wait (backpressure).
     /// Each costs up to one memtable of memory. Default 2.
     pub max_frozen_memtables: usize,
+    /// Appends slow down once more than this many memtable rows wait for the vector graph
+    /// (searches scan them exactly): each group commit waits in proportion to the excess,
+    /// so that at twice this many rows appends go as fast as the graph is built, and the
+    /// unindexed rows stay below about twice this. Raising it trades query latency (more
+    /// rows scanned exactly) for burst ingest. Default 10,000.
+    pub max_unindexed_rows: usize,
     /// Upper bound, in milliseconds, on how long a `Buffered` write stays only in memory before
     /// its WAL object is written. Default 100 ms.
     pub wal_buffer_interval_ms: u64,
@@ -66,6 +72,7 @@ impl Default for Settings {
             memtable_max_rows: 100_000,
             memtable_max_bytes: 64 << 20,
             max_frozen_memtables: 2,
+            max_unindexed_rows: 10_000,
             wal_buffer_interval_ms: 100,
             wal_buffer_max_rows: 100_000,
             max_commit_rows: 100_000,
@@ -116,6 +123,7 @@ impl Settings {
         check(self.memtable_max_rows > 0, "memtable_max_rows")?;
         check(self.memtable_max_bytes > 0, "memtable_max_bytes")?;
         check(self.max_frozen_memtables > 0, "max_frozen_memtables")?;
+        check(self.max_unindexed_rows > 0, "max_unindexed_rows")?;
         check(self.max_commit_rows > 0, "max_commit_rows")?;
         check(self.io_concurrency > 0, "io_concurrency")?;
         check(self.hnsw_m > 1, "hnsw_m")?;

@@ -11,6 +11,7 @@
 
 pub mod corpus;
 mod plot;
+pub mod stream;
 
 use crate::{
     Durability, Error, Index, IndexSchema, LatencyConfig, LatencyStore, Location, Result,

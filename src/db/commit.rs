@@ -27,6 +27,10 @@ pub(crate) struct Committer {
     /// of frozen memtables has room again, the active memtable keeps taking rows instead of
     /// every group waiting for the next failure.
     gave_up: bool,
+    /// Delays group commits while the indexers are behind.
+    pacer: super::pace::Pacer,
+    /// Rows applied to memtables by this committer.
+    applied: u64,
 }
 
 struct Prepared {
@@ -52,6 +56,8 @@ impl Committer {
             ambiguous: None,
             pending_since: None,
             gave_up: false,
+            pacer: Default::default(),
+            applied: 0,
         }
     }
 
@@ -117,6 +123,22 @@ impl Committer {
             }
         }
         if !writes.is_empty() {
+            let rows: usize = writes.iter().map(|w| w.0.len()).sum();
+            let delay = self.pacer.delay(
+                std::time::Instant::now(),
+                self.applied,
+                self.inner.unindexed_rows(),
+                self.inner.reader.settings.max_unindexed_rows,
+                rows,
+            );
+            let us = delay.as_micros() as u64;
+            self.inner.append_delay_us.store(us, Ordering::Relaxed);
+            self.inner
+                .append_delay_total_us
+                .fetch_add(us, Ordering::Relaxed);
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
             self.commit(writes).await;
         }
         let full = {
@@ -242,9 +264,10 @@ impl Committer {
     }
 
     /// Apply stored rows to the active memtable (they are visible when this returns).
-    fn apply(&self, stored: &RecordBatch) -> Result<WriteReceipt> {
+    fn apply(&mut self, stored: &RecordBatch) -> Result<WriteReceipt> {
         let active = self.inner.read_state().active.clone();
         write_memtable(&active).apply(stored.clone())?;
+        self.applied += stored.num_rows() as u64;
         super::catch_up_graph(&active);
         let n = stored.num_rows();
         let last_seq = self.next_seq - 1;

@@ -24,8 +24,12 @@ pub(crate) async fn run_flusher(inner: Arc<Inner>) {
             notified.await;
             continue;
         };
+        let started = std::time::Instant::now();
         match flush_one(&inner, &m, retrying).await {
             Ok(()) => {
+                inner
+                    .last_flush_ms
+                    .store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
                 backoff = Duration::from_millis(50);
                 retrying = false;
             }

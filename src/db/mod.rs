@@ -13,6 +13,7 @@ mod commit;
 mod fixtures;
 mod flush;
 mod garbage;
+mod pace;
 mod reader;
 mod readonly;
 
@@ -84,6 +85,16 @@ pub struct IndexStats {
     pub wal_objects_pending: u64,
     /// Highest sequence number assigned.
     pub last_seq: u64,
+    /// Rows of the active and frozen memtables not yet in their vector graph: searches scan
+    /// them exactly, and appends slow down once there are more than
+    /// [`Settings::max_unindexed_rows`] (see [`Settings::max_unindexed_rows`]).
+    pub unindexed_rows: usize,
+    /// Milliseconds the last successful flush took (0 before the first).
+    pub last_flush_ms: u64,
+    /// Milliseconds the last group commit waited because of the indexing debt.
+    pub append_delay_ms: f64,
+    /// Milliseconds group commits waited in total because of the indexing debt.
+    pub append_delay_total_ms: f64,
 }
 
 pub(crate) type SharedMemtable = Arc<RwLock<Memtable>>;
@@ -125,12 +136,26 @@ pub(crate) struct Inner {
     /// The last WAL object the previous flush covered, kept until the next flush (see
     /// `flush.rs`).
     pub kept_wal: std::sync::Mutex<Option<u64>>,
+    /// Milliseconds the last successful flush took.
+    pub last_flush_ms: AtomicU64,
+    /// Microseconds the last group commit was delayed by pacing (see `pace.rs`), and in total.
+    pub append_delay_us: AtomicU64,
+    pub append_delay_total_us: AtomicU64,
 }
 
 impl Inner {
     /// The vector graph a new active memtable keeps (none without a vector column).
     pub(crate) fn mem_graph_spec(&self) -> Option<MemGraphSpec> {
         mem_graph_spec(&self.reader.schema, &self.reader.settings)
+    }
+
+    /// Rows of the active and frozen memtables not yet in their vector graph.
+    pub(crate) fn unindexed_rows(&self) -> usize {
+        let st = self.read_state();
+        std::iter::once(&st.active)
+            .chain(st.frozen.iter())
+            .map(|m| read_memtable(m).unindexed_rows())
+            .sum()
     }
 
     pub(crate) fn read_state(&self) -> std::sync::RwLockReadGuard<'_, State> {
@@ -216,8 +241,23 @@ pub(crate) fn catch_up_graph(mem: &SharedMemtable) {
                 return;
             };
             let (batches, offsets, rows) = read_memtable(&mem).batches();
+            let text = read_memtable(&mem).text();
             drop(mem);
-            graph.catch_up(&batches, &offsets, rows, &|| weak.strong_count() > 0);
+            // Between graph chunks the text index catches up with every row applied so far,
+            // so a search rarely finds more than the last few appends unindexed.
+            let between = || {
+                let Some(mem) = weak.upgrade() else {
+                    return false;
+                };
+                if let Some(text) = &text {
+                    let (batches, _, rows) = read_memtable(&mem).batches();
+                    if let Err(e) = text.catch_up(&batches, rows) {
+                        tracing::warn!("memtable text index catch-up failed: {e}");
+                    }
+                }
+                true
+            };
+            graph.catch_up(&batches, &offsets, rows, &between);
             graph.stop();
             // Rows applied while this pass ran: go on unless another inserter took over.
             let behind = weak
@@ -435,6 +475,9 @@ impl Index {
             // The object the previous writer's last flush kept (the last one below the replay
             // point, always a rows object): this writer's first flush deletes it.
             kept_wal: std::sync::Mutex::new(kept_wal),
+            last_flush_ms: AtomicU64::new(0),
+            append_delay_us: AtomicU64::new(0),
+            append_delay_total_us: AtomicU64::new(0),
             loc,
         });
         let (tx, rx) = mpsc::channel(1024);
@@ -710,7 +753,7 @@ impl Index {
             let m = read_memtable(&st.active);
             (m.rows(), m.graph_rows())
         };
-        IndexStats {
+        let stats = IndexStats {
             location: self.inner.loc.display.clone(),
             epoch: st.manifest.epoch,
             manifest_version: st.manifest.version,
@@ -725,6 +768,16 @@ impl Index {
                 .load(Ordering::SeqCst)
                 .saturating_sub(st.manifest.wal_replay_from),
             last_seq: self.inner.last_seq.load(Ordering::SeqCst),
+            unindexed_rows: 0,
+            last_flush_ms: self.inner.last_flush_ms.load(Ordering::Relaxed),
+            append_delay_ms: self.inner.append_delay_us.load(Ordering::Relaxed) as f64 / 1e3,
+            append_delay_total_ms: self.inner.append_delay_total_us.load(Ordering::Relaxed) as f64
+                / 1e3,
+        };
+        drop(st);
+        IndexStats {
+            unindexed_rows: self.inner.unindexed_rows(),
+            ..stats
         }
     }
 

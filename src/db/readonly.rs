@@ -224,6 +224,10 @@ impl ReadOnlyIndex {
             frozen_memtables: 0,
             wal_objects_pending: v.wal_objects,
             last_seq: v.manifest.last_seq.max(v.wal.max_seq()),
+            unindexed_rows: v.wal.unindexed_rows(),
+            last_flush_ms: 0,
+            append_delay_ms: 0.0,
+            append_delay_total_ms: 0.0,
         }
     }
 }

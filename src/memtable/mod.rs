@@ -137,6 +137,19 @@ impl Memtable {
             .cloned()
     }
 
+    /// The full-text index, when the schema has text columns.
+    pub(crate) fn text(&self) -> Option<Arc<MemTextIndex>> {
+        self.text.clone()
+    }
+
+    /// Rows not yet in the vector graph (0 without one: a memtable below the graph's
+    /// threshold is small, and a `dot` memtable is scanned by design).
+    pub(crate) fn unindexed_rows(&self) -> usize {
+        self.graph
+            .as_ref()
+            .map_or(0, |g| self.rows.saturating_sub(g.indexed()))
+    }
+
     /// Rows in the vector graph (0 without one).
     pub(crate) fn graph_rows(&self) -> usize {
         self.graph.as_ref().map_or(0, |g| g.indexed())

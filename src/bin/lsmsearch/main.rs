@@ -10,6 +10,7 @@ use lsmsearch::{
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 mod demo;
 
@@ -173,6 +174,54 @@ enum BenchCommand {
         #[arg(long)]
         reuse: bool,
     },
+    /// Writers and readers on one index at once: prints acknowledged rows/s, append and query
+    /// latency, generations, memtable and unindexed rows and memory every interval, checks
+    /// recall@10 and full-text results on snapshots, and writes OUT/results.json and
+    /// OUT/stream.png.
+    Stream {
+        /// Writers.
+        #[arg(long, default_value_t = 1)]
+        writers: usize,
+        /// Rows per append (new keys, 10% updates; deletes of 1% of it follow each append).
+        #[arg(long, default_value_t = 1000)]
+        batch: usize,
+        /// Target rows/s of all writers together (0 = as fast as they can).
+        #[arg(long, default_value_t = 0.0)]
+        rate: f64,
+        /// durable or buffered.
+        #[arg(long, default_value = "durable")]
+        durability: Durability,
+        /// Readers.
+        #[arg(long, default_value_t = 2)]
+        readers: usize,
+        /// Query kinds the readers cycle through (fts, vector, filtered).
+        #[arg(long, default_value = "fts,vector,filtered", value_delimiter = ',')]
+        kinds: Vec<String>,
+        /// Target queries/s of all readers together (0 = as fast as they can).
+        #[arg(long, default_value_t = 0.0)]
+        qps: f64,
+        /// Seconds the stream runs.
+        #[arg(long, default_value_t = 180.0)]
+        seconds: f64,
+        /// Seconds between printed rows.
+        #[arg(long, default_value_t = 10.0)]
+        interval: f64,
+        /// Seconds between snapshot checks (0 = none).
+        #[arg(long, default_value_t = 60.0)]
+        checkpoint: f64,
+        /// Output directory (the index is built in OUT/index and removed afterwards).
+        #[arg(long, default_value = "bench-out/stream")]
+        out: PathBuf,
+        /// A Cranfield collection directory (default: the bundled one).
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// Vector dimension.
+        #[arg(long, default_value_t = 128)]
+        dim: usize,
+        /// Index settings as JSON (fields of `Settings`; the rest keep their defaults).
+        #[arg(long)]
+        settings: Option<String>,
+    },
     /// Write the benchmark corpus (Cranfield replicated, with vectors) to OUT/docs.parquet and
     /// its queries to OUT/queries.parquet, for measuring other systems on the same data.
     Corpus {
@@ -292,6 +341,82 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
                 out,
                 data,
             } => bench_corpus(docs, dim, &out, data.as_deref(), json),
+            BenchCommand::Stream {
+                writers,
+                batch,
+                rate,
+                durability,
+                readers,
+                kinds,
+                qps,
+                seconds,
+                interval,
+                checkpoint,
+                out,
+                data,
+                dim,
+                settings,
+            } => {
+                let positive = |v: f64, name: &str| {
+                    if v.is_finite() && v >= 0.0 {
+                        Ok(Duration::from_secs_f64(v))
+                    } else {
+                        Err(Error::invalid(format!(
+                            "--{name} must be a number of seconds"
+                        )))
+                    }
+                };
+                if let Some(k) = kinds
+                    .iter()
+                    .find(|k| !["fts", "vector", "filtered"].contains(&k.as_str()))
+                {
+                    return Err(Error::invalid(format!(
+                        "unknown query kind '{k}' (fts, vector, filtered)"
+                    )));
+                }
+                if writers == 0
+                    || batch == 0
+                    || dim == 0
+                    || !rate.is_finite()
+                    || rate < 0.0
+                    || !qps.is_finite()
+                    || qps < 0.0
+                {
+                    return Err(Error::invalid(
+                        "--writers, --batch and --dim must be at least 1, --rate and --qps at least 0",
+                    ));
+                }
+                if readers > 0 && kinds.is_empty() {
+                    return Err(Error::invalid("--kinds is empty"));
+                }
+                let settings: lsmsearch::Settings = match settings {
+                    Some(json) => serde_json::from_str(&json)
+                        .map_err(|e| Error::invalid(format!("--settings: {e}")))?,
+                    None => lsmsearch::Settings::default(),
+                };
+                let opts = lsmsearch::bench::stream::StreamOptions {
+                    writers,
+                    batch,
+                    rate,
+                    durability,
+                    readers,
+                    kinds,
+                    qps,
+                    duration: positive(seconds, "seconds")?,
+                    interval: positive(interval, "interval")?.max(Duration::from_millis(100)),
+                    checkpoint: positive(checkpoint, "checkpoint")?,
+                    out,
+                    data,
+                    dim,
+                    settings,
+                    print: !json,
+                };
+                let report = lsmsearch::bench::stream::run(&opts).await?;
+                if json {
+                    println!("{}", serde_json::to_string(&report).unwrap_or_default());
+                }
+                Ok(())
+            }
             BenchCommand::Generations {
                 docs,
                 gens,
@@ -692,7 +817,17 @@ pub(crate) fn print_stats(s: &IndexStats, json: bool) {
             s.frozen_memtables, s.frozen_rows
         );
     }
+    println!("unindexed rows:      {}", s.unindexed_rows);
     println!("WAL objects pending: {}", s.wal_objects_pending);
+    if s.last_flush_ms > 0 {
+        println!("last flush:          {} ms", s.last_flush_ms);
+    }
+    if s.append_delay_total_ms > 0.0 {
+        println!(
+            "append delay:        {:.1} ms last, {:.0} ms in total",
+            s.append_delay_ms, s.append_delay_total_ms
+        );
+    }
     println!("generations:         {}", s.generations.len());
     if !s.generations.is_empty() {
         println!(

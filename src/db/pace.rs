@@ -1,0 +1,87 @@
+//! Append pacing: appends slow down smoothly as rows pile up ahead of the background
+//! indexers, instead of stopping when the memtable queue is full.
+//!
+//! The debt is the memtable rows (active and frozen) not yet in their vector graph. Up to
+//! [`Settings::max_unindexed_rows`](crate::Settings::max_unindexed_rows) (`S`) appends are not
+//! delayed. Above it, each group commit of `n` rows first waits
+//! `n / r * min(4, (debt - S) / S)` (at most one second), `r` being the rate at which the
+//! indexers drained the debt recently (rows/s, smoothed). At a debt of `2S` appends go exactly
+//! as fast as the indexers, so the debt settles below about `2S` rows; every search scans at
+//! most that many rows exactly. The queue of frozen memtables
+//! ([`Settings::max_frozen_memtables`](crate::Settings::max_frozen_memtables)) stays as the
+//! hard bound on memory.
+
+use std::time::{Duration, Instant};
+
+/// Longest wait of one group commit.
+const MAX_DELAY: Duration = Duration::from_secs(1);
+/// Rate assumed before any was measured, and the lowest used (rows/s).
+const MIN_RATE: f64 = 500.0;
+/// The drain rate is measured over windows of at least this long.
+const WINDOW: Duration = Duration::from_millis(250);
+
+/// See the module documentation.
+#[derive(Debug, Default)]
+pub(crate) struct Pacer {
+    /// `(time, rows applied, debt)` at the start of the current window.
+    window: Option<(Instant, u64, usize)>,
+    /// Smoothed drain rate, rows/s (0 until measured).
+    rate: f64,
+}
+
+impl Pacer {
+    /// How long a group of `rows` rows waits, given the rows applied so far (`applied`, which
+    /// only grows) and the current `debt`, with soft limit `soft`.
+    pub(crate) fn delay(
+        &mut self,
+        now: Instant,
+        applied: u64,
+        debt: usize,
+        soft: usize,
+        rows: usize,
+    ) -> Duration {
+        match self.window {
+            Some((t0, a0, d0)) if now.duration_since(t0) >= WINDOW => {
+                let secs = now.duration_since(t0).as_secs_f64();
+                // Rows that left the debt: the ones applied, minus the growth of the debt.
+                let drained = (applied - a0) as f64 - (debt as f64 - d0 as f64);
+                let r = (drained / secs).max(0.0);
+                self.rate = if self.rate == 0.0 {
+                    r
+                } else {
+                    0.7 * self.rate + 0.3 * r
+                };
+                self.window = Some((now, applied, debt));
+            }
+            Some(_) => {}
+            None => self.window = Some((now, applied, debt)),
+        }
+        if debt <= soft || rows == 0 {
+            return Duration::ZERO;
+        }
+        let pressure = ((debt - soft) as f64 / soft.max(1) as f64).min(4.0);
+        let rate = self.rate.max(MIN_RATE);
+        Duration::from_secs_f64(rows as f64 / rate * pressure).min(MAX_DELAY)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn appends_wait_in_proportion_to_the_debt_above_the_limit() {
+        let mut p = Pacer::default();
+        let t0 = Instant::now();
+        assert_eq!(p.delay(t0, 0, 10_000, 10_000, 1_000), Duration::ZERO);
+        // 20,000 rows applied in a second while the debt grew by 10,000: drained 10,000/s.
+        let t1 = t0 + Duration::from_secs(1);
+        let at_2s = p.delay(t1, 20_000, 20_000, 10_000, 1_000);
+        assert!((at_2s.as_secs_f64() - 0.1).abs() < 1e-6, "{at_2s:?}");
+        let at_1_5s = p.delay(t1, 20_000, 15_000, 10_000, 1_000);
+        assert!((at_1_5s.as_secs_f64() - 0.05).abs() < 1e-6, "{at_1_5s:?}");
+        // Never more than a second, however deep the debt or slow the indexers.
+        let t2 = t1 + Duration::from_secs(10);
+        assert_eq!(p.delay(t2, 20_000, 1_000_000, 10_000, 100_000), MAX_DELAY);
+    }
+}
