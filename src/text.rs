@@ -405,6 +405,9 @@ pub(crate) struct MemTextIndex {
     schema: Arc<TextSchema>,
     index: tantivy::Index,
     state: Mutex<MemState>,
+    /// Set by the first search that reads this index: from then on the background inserter
+    /// keeps it up to date too.
+    searched: std::sync::atomic::AtomicBool,
     /// Tests: fail the next commit of a catch-up (after its rows were added to the writer).
     #[cfg(test)]
     fail_next_commit: std::sync::atomic::AtomicBool,
@@ -431,6 +434,7 @@ impl MemTextIndex {
                 indexed_rows: 0,
                 searcher: None,
             }),
+            searched: std::sync::atomic::AtomicBool::new(false),
             #[cfg(test)]
             fail_next_commit: std::sync::atomic::AtomicBool::new(false),
         })
@@ -480,6 +484,17 @@ impl MemTextIndex {
         st.searcher = None;
         st.reader.reload().map_err(tv)?;
         Ok(())
+    }
+
+    /// Record that a search reads this index (see [`MemTextIndex::searched`]).
+    pub(crate) fn mark_searched(&self) {
+        self.searched
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether a search has read this index.
+    pub(crate) fn searched(&self) -> bool {
+        self.searched.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// A searcher covering at least the first `rows` rows of `batches` (the memtable's stored

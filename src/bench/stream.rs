@@ -306,8 +306,9 @@ fn jitter(
 async fn writer(s: Arc<Shared>, o: StreamOptions, w: usize) -> Result<()> {
     let mut rng = StdRng::seed_from_u64(17 + w as u64);
     let opts = WriteOptions::with_durability(o.durability);
-    let every =
-        (o.rate > 0.0).then(|| Duration::from_secs_f64(o.batch as f64 * o.writers as f64 / o.rate));
+    let every = (o.rate > 0.0)
+        .then(|| Duration::try_from_secs_f64(o.batch as f64 * o.writers as f64 / o.rate).ok())
+        .flatten();
     let mut next_at = Instant::now();
     let mut sent = 0usize;
     while !s.stop.load(Ordering::Relaxed) {
@@ -376,7 +377,9 @@ async fn run_query(s: &Shared, kind: &str, i: usize) -> Result<()> {
 }
 
 async fn reader(s: Arc<Shared>, o: StreamOptions, r: usize) -> Result<()> {
-    let every = (o.qps > 0.0).then(|| Duration::from_secs_f64(o.readers as f64 / o.qps));
+    let every = (o.qps > 0.0)
+        .then(|| Duration::try_from_secs_f64(o.readers as f64 / o.qps).ok())
+        .flatten();
     let mut next_at =
         Instant::now() + every.map_or(Duration::ZERO, |e| e.mul_f64(r as f64 / o.readers as f64));
     let mut i = r;
@@ -609,6 +612,20 @@ fn unindexed(index: &Index) -> (usize, usize, usize) {
 
 /// Run the stream (see the module documentation).
 pub async fn run(o: &StreamOptions) -> Result<StreamReport> {
+    if o.writers == 0 || o.batch == 0 || (o.readers > 0 && o.kinds.is_empty()) {
+        return Err(crate::Error::invalid(
+            "a stream needs a writer, batches of at least one row, and query kinds for its readers",
+        ));
+    }
+    if let Some(k) = o
+        .kinds
+        .iter()
+        .find(|k| !["fts", "vector", "filtered"].contains(&k.as_str()))
+    {
+        return Err(crate::Error::invalid(format!(
+            "unknown query kind '{k}' (fts, vector, filtered)"
+        )));
+    }
     let corpus = Corpus::load(o.data.as_deref())?;
     let mut embedder = Embedder::new(o.dim);
     let pool_rows = 20_000usize;

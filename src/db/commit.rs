@@ -137,6 +137,14 @@ impl Committer {
                 .append_delay_total_us
                 .fetch_add(us, Ordering::Relaxed);
             if !delay.is_zero() {
+                // Acknowledged Buffered rows do not wait in memory longer than their bound
+                // because of the pause: they are written first (a failure leaves them pending,
+                // retried by the committer's loop).
+                if !self.pending.is_empty() {
+                    if let Err(e) = self.write_pending().await {
+                        tracing::warn!("WAL write of buffered rows failed (will retry): {e}");
+                    }
+                }
                 tokio::time::sleep(delay).await;
             }
             self.commit(writes).await;

@@ -10,6 +10,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How long a flush waits for a memtable graph inserter that makes no progress.
+const STUCK_INSERTER: Duration = Duration::from_secs(30);
+
 pub(crate) async fn run_flusher(inner: Arc<Inner>) {
     let mut backoff = Duration::from_millis(50);
     // After a failure the manifest write may have landed although it reported an error.
@@ -127,11 +130,20 @@ async fn flush_one(inner: &Arc<Inner>, m: &SharedMemtable, retrying: bool) -> Re
         };
         // The memtable's graph, every row in, becomes the generation's: no row is inserted
         // into a graph twice.
+        // If the background inserter makes no progress for a while (it should not happen),
+        // the generation's graph is built here instead of waiting on.
         let graph = mem_graph.and_then(|(graph, (batches, offsets, mrows))| {
+            let mut progress = (graph.indexed(), std::time::Instant::now());
             while graph.indexed() < mrows {
-                if graph.try_start() {
+                if let Some(_role) = graph.try_start() {
                     graph.catch_up(&batches, &offsets, mrows, &|| true);
-                    graph.stop();
+                } else if graph.indexed() != progress.0 {
+                    progress = (graph.indexed(), std::time::Instant::now());
+                } else if progress.1.elapsed() > STUCK_INSERTER {
+                    tracing::warn!(
+                        "memtable {mid}: its graph inserter is stuck; building the graph at flush"
+                    );
+                    return None;
                 } else {
                     std::thread::sleep(Duration::from_millis(2));
                 }

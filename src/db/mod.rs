@@ -229,27 +229,30 @@ pub(crate) fn catch_up_graph(mem: &SharedMemtable) {
     let Some(graph) = read_memtable(mem).graph_behind() else {
         return;
     };
-    if !graph.try_start() {
+    if graph.running() {
         return;
     }
     let weak = Arc::downgrade(mem);
     let spawned = std::thread::Builder::new()
         .name("lsmsearch-memgraph".into())
         .spawn(move || loop {
+            let Some(_role) = graph.try_start() else {
+                return;
+            };
             let Some(mem) = weak.upgrade() else {
-                graph.stop();
                 return;
             };
             let (batches, offsets, rows) = read_memtable(&mem).batches();
             let text = read_memtable(&mem).text();
             drop(mem);
-            // Between graph chunks the text index catches up with every row applied so far,
-            // so a search rarely finds more than the last few appends unindexed.
+            // Between graph chunks the text index catches up with every row applied so far
+            // once full-text searches read this memtable, so such a search rarely finds more
+            // than the last few appends unindexed.
             let between = || {
                 let Some(mem) = weak.upgrade() else {
                     return false;
                 };
-                if let Some(text) = &text {
+                if let Some(text) = text.as_ref().filter(|t| t.searched()) {
                     let (batches, _, rows) = read_memtable(&mem).batches();
                     if let Err(e) = text.catch_up(&batches, rows) {
                         tracing::warn!("memtable text index catch-up failed: {e}");
@@ -258,12 +261,12 @@ pub(crate) fn catch_up_graph(mem: &SharedMemtable) {
                 true
             };
             graph.catch_up(&batches, &offsets, rows, &between);
-            graph.stop();
-            // Rows applied while this pass ran: go on unless another inserter took over.
+            drop(_role);
+            // Rows applied while this pass ran: go on unless another inserter takes over.
             let behind = weak
                 .upgrade()
                 .is_some_and(|m| read_memtable(&m).rows() > graph.indexed());
-            if !behind || !graph.try_start() {
+            if !behind {
                 return;
             }
         });

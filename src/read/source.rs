@@ -100,7 +100,10 @@ impl Source {
     pub(crate) fn text_index(&self) -> Result<Option<TextIndex>> {
         Ok(match self {
             Source::Memtable(m) => match &m.view.text {
-                Some(t) => Some(t.catch_up(&m.view.batches, m.view.rows)?),
+                Some(t) => {
+                    t.mark_searched();
+                    Some(t.catch_up(&m.view.batches, m.view.rows)?)
+                }
                 None => None,
             },
             Source::Generation(g) => g.text().cloned(),

@@ -320,7 +320,9 @@ impl HnswBuilder {
             }
             let Some(node) = self.node(c.1) else { continue };
             let v = &node.vector[..];
-            if kept.iter().all(|(_, s)| self.dist(v, s) > c.0) {
+            // Kept on a tie (as hnswlib does): with `>`, a duplicate of a kept node would
+            // shut out every later candidate, since both are equally far from each.
+            if kept.iter().all(|(_, s)| self.dist(v, s) >= c.0) {
                 kept.push((*c, v));
             }
         }
@@ -469,12 +471,32 @@ impl HnswBuilder {
         let mut kept: Vec<u32> = Vec::with_capacity(links.len());
         let mut replacements: Vec<u32> = Vec::new();
         let mut buf = Vec::new();
+        // Dropped neighbours are walked through (breadth first, a bounded number of them) to
+        // the kept nodes behind them: chains of versions of one key are common.
+        let mut through: Vec<u32> = Vec::new();
         for n in &links {
             if map(*n).is_some() {
                 kept.push(*n);
             } else {
-                self.links_into(*n, layer, &mut buf);
-                replacements.extend(buf.iter().filter(|x| **x != id && map(**x).is_some()));
+                through.push(*n);
+            }
+        }
+        let limit = 4 * links.len().max(1);
+        let mut walked = 0;
+        let mut visited: Vec<u32> = through.clone();
+        while let Some(n) = (walked < through.len() && walked < limit).then(|| through[walked]) {
+            walked += 1;
+            self.links_into(n, layer, &mut buf);
+            for x in &buf {
+                if *x == id || visited.contains(x) {
+                    continue;
+                }
+                visited.push(*x);
+                if map(*x).is_some() {
+                    replacements.push(*x);
+                } else {
+                    through.push(*x);
+                }
             }
         }
         let max = if layer == 0 { self.m0 } else { self.m };
@@ -617,6 +639,57 @@ mod tests {
             total += recall(&got, &want);
         }
         assert!(total / 50.0 >= 0.9, "recall@10 {}", total / 50.0);
+    }
+
+    #[test]
+    fn updates_with_unchanged_vectors_leave_every_newest_version_reachable() {
+        // Rows 0..1500; every tenth row was upserted with an unchanged vector (only its text
+        // changed): ids 0..1500 are first versions, ids 1500..1650 the second versions of rows
+        // 0, 10, 20, ..., and the flush drops the first versions of those rows (under the
+        // drop rate up to which a flush converts the memtable's graph).
+        let base = points(1500, 16, 7);
+        let g = HnswBuilder::new(16, Space::L2, 8, 64);
+        let ids: Vec<u32> = (0..1650).collect();
+        let row_of = |id: u32| if id < 1500 { id } else { (id - 1500) * 10 };
+        for id in &ids {
+            g.add(*id, base[row_of(*id) as usize].clone());
+        }
+        g.insert_all(&ids);
+        let map = |id: u32| (id >= 1500 || !id.is_multiple_of(10)).then(|| row_of(id));
+        let kept: Vec<u32> = ids.iter().copied().filter(|i| map(*i).is_some()).collect();
+        let adjacency = g.to_adjacency(1500, kept.iter().copied(), &map);
+        let rows: Vec<f32> = base.iter().flatten().copied().collect();
+        let flat = super::super::graph::FlatGraph::new(
+            adjacency,
+            crate::schema::Metric::L2,
+            16,
+            rows.into(),
+        )
+        .unwrap();
+        // A graph built over the kept rows alone is the yardstick.
+        let fresh = HnswBuilder::new(16, Space::L2, 8, 64);
+        let rows_ids: Vec<u32> = (0..1500).collect();
+        for id in &rows_ids {
+            fresh.add(*id, base[*id as usize].clone());
+        }
+        fresh.insert_all(&rows_ids);
+        let fresh = super::super::graph::FlatGraph::new(
+            fresh.to_adjacency(1500, rows_ids.iter().copied(), &Some),
+            crate::schema::Metric::L2,
+            16,
+            base.iter().flatten().copied().collect::<Vec<f32>>().into(),
+        )
+        .unwrap();
+        let finds = |g: &super::super::graph::FlatGraph| {
+            (0..1500)
+                .filter(|row| g.search(&base[*row], 1, 32, &|_| true) == [*row])
+                .count()
+        };
+        let (converted, yardstick) = (finds(&flat), finds(&fresh));
+        assert!(
+            converted + 75 >= yardstick,
+            "{converted} of 1,500 rows find themselves in the converted graph, {yardstick} in a fresh one"
+        );
     }
 
     #[test]

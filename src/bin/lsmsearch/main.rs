@@ -358,13 +358,9 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
                 settings,
             } => {
                 let positive = |v: f64, name: &str| {
-                    if v.is_finite() && v >= 0.0 {
-                        Ok(Duration::from_secs_f64(v))
-                    } else {
-                        Err(Error::invalid(format!(
-                            "--{name} must be a number of seconds"
-                        )))
-                    }
+                    Duration::try_from_secs_f64(v).map_err(|_| {
+                        Error::invalid(format!("--{name} must be a number of seconds"))
+                    })
                 };
                 if let Some(k) = kinds
                     .iter()
