@@ -8,7 +8,7 @@
 //! queries, cycled) at their maximum rate or paced (queries/s in total). Every interval a
 //! row is printed: acknowledged rows/s, append and per-kind query latency (p50/p99/max),
 //! generations, memtable and unindexed rows, resident memory. At every checkpoint the writers
-//! pause while a snapshot is read (its live rows, ten full-text and twenty vector queries
+//! pause while a snapshot is read (its live rows, ten full-text and fifty vector queries
 //! with graphs and exactly); after the stream, the full-text answers are compared with one
 //! tantivy index over the snapshot's rows and the vector answers with the exact ones
 //! (recall@10). Writes `results.json` and `stream.png` into the output directory.
@@ -421,6 +421,9 @@ fn ranked(batches: &[RecordBatch]) -> Ranked {
     out
 }
 
+/// Vector queries a checkpoint compares with exact search.
+const VECTOR_PROBES: usize = 50;
+
 /// What a checkpoint reads while the writers wait.
 struct Snapshot {
     t: f64,
@@ -440,8 +443,8 @@ async fn snapshot(s: &Shared, t: f64, n: usize) -> Result<Snapshot> {
         fts.push((q.clone(), ranked(&got)));
     }
     let mut vector = Vec::new();
-    for i in 0..20 {
-        let q = &s.query_vectors[(n * 20 + i) % s.query_vectors.len()];
+    for i in 0..VECTOR_PROBES {
+        let q = &s.query_vectors[(n * VECTOR_PROBES + i) % s.query_vectors.len()];
         let graph = s
             .index
             .search_vector(q, &VectorSearchOptions::default())
