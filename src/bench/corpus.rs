@@ -83,8 +83,19 @@ impl Embedder {
         if noise == 0.0 {
             return v;
         }
-        let jitter = unit(salt ^ 0x5151_5151, dim);
-        normalised(v.iter().zip(jitter).map(|(a, b)| a + noise * b).collect())
+        Self::jitter(&v, salt, noise)
+    }
+
+    /// `base` (a text's vector, [`Embedder::embed`] without noise) with the per-`salt` jitter
+    /// `embed` adds: `embed(text, salt, noise) == jitter(&embed(text, 0, 0.0), salt, noise)`.
+    pub fn jitter(base: &[f32], salt: u64, noise: f32) -> Vec<f32> {
+        let jitter = unit(salt ^ 0x5151_5151, base.len());
+        normalised(
+            base.iter()
+                .zip(jitter)
+                .map(|(a, b)| a + noise * b)
+                .collect(),
+        )
     }
 }
 

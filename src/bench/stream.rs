@@ -215,6 +215,9 @@ struct Shared {
     next_key: AtomicUsize,
     stop: AtomicBool,
     pool: Vec<RecordBatch>,
+    /// The text vector (no jitter) of each pool row.
+    bases: Vec<Vec<f32>>,
+    dim: usize,
     queries: Vec<String>,
     query_vectors: Vec<Vec<f32>>,
 }
@@ -245,8 +248,11 @@ impl Shared {
     }
 }
 
-/// Rows of the pool with keys `keys` (the pool's text and vectors, cycled).
-fn rows_with_keys(pool: &[RecordBatch], keys: &[i64], from: usize) -> Result<RecordBatch> {
+/// Rows with keys `keys`: the text and payload of the pool's rows from `from` on (cycled),
+/// and vectors made as the benchmark corpus makes them (the text's vector jittered by the
+/// key, see [`Embedder::jitter`]), so no two keys share a vector.
+fn rows_with_keys(s: &Shared, keys: &[i64], from: usize) -> Result<RecordBatch> {
+    let pool = &s.pool;
     let per = pool[0].num_rows();
     let total = per * pool.len();
     let idx: Vec<(usize, usize)> = (0..keys.len())
@@ -258,49 +264,28 @@ fn rows_with_keys(pool: &[RecordBatch], keys: &[i64], from: usize) -> Result<Rec
     let schema = pool[0].schema();
     let mut columns = vec![Arc::new(Int64Array::from(keys.to_vec())) as arrow::array::ArrayRef];
     for c in 1..schema.fields().len() {
+        if pool[0].column(c).as_fixed_size_list_opt().is_some() {
+            let mut values = Vec::with_capacity(keys.len() * s.dim);
+            for (i, key) in keys.iter().enumerate() {
+                let base = &s.bases[(from + i) % total];
+                values.extend(Embedder::jitter(base, *key as u64, 0.2));
+            }
+            columns.push(Arc::new(arrow::array::FixedSizeListArray::try_new(
+                Arc::new(arrow::datatypes::Field::new(
+                    "item",
+                    arrow::datatypes::DataType::Float32,
+                    true,
+                )),
+                s.dim as i32,
+                Arc::new(Float32Array::from(values)),
+                None,
+            )?));
+            continue;
+        }
         let arrays: Vec<&dyn Array> = pool.iter().map(|b| b.column(c).as_ref()).collect();
-        let column = arrow::compute::interleave(&arrays, &idx)?;
-        columns.push(match column.as_fixed_size_list_opt() {
-            Some(list) => Arc::new(jitter(list, keys)?),
-            None => column,
-        });
+        columns.push(arrow::compute::interleave(&arrays, &idx)?);
     }
     Ok(RecordBatch::try_new(schema, columns)?)
-}
-
-/// Each row's vector moved by a small offset drawn from its key, so that keys sharing a pool
-/// row do not share a vector (exact duplicates are rare in real embeddings).
-fn jitter(
-    list: &arrow::array::FixedSizeListArray,
-    keys: &[i64],
-) -> Result<arrow::array::FixedSizeListArray> {
-    let dim = list.value_length() as usize;
-    let values = list
-        .values()
-        .as_primitive::<arrow::datatypes::Float32Type>()
-        .values();
-    let mut out = Vec::with_capacity(values.len());
-    for (r, key) in keys.iter().enumerate() {
-        let mut state = *key as u64 ^ 0x5eed;
-        for x in &values[r * dim..(r + 1) * dim] {
-            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            let u = ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
-            out.push(x + 0.02 * u);
-        }
-    }
-    Ok(arrow::array::FixedSizeListArray::try_new(
-        Arc::new(arrow::datatypes::Field::new(
-            "item",
-            arrow::datatypes::DataType::Float32,
-            true,
-        )),
-        dim as i32,
-        Arc::new(Float32Array::from(out)),
-        None,
-    )?)
 }
 
 async fn writer(s: Arc<Shared>, o: StreamOptions, w: usize) -> Result<()> {
@@ -328,7 +313,7 @@ async fn writer(s: Arc<Shared>, o: StreamOptions, w: usize) -> Result<()> {
                 keys.push(s.next_key.fetch_add(1, Ordering::Relaxed) as i64);
             }
         }
-        let rows = rows_with_keys(&s.pool, &keys, sent)?;
+        let rows = rows_with_keys(&s, &keys, sent)?;
         sent += o.batch;
         // 1% of the batch size, the fraction carried over between batches.
         let deletes =
@@ -640,6 +625,12 @@ pub async fn run(o: &StreamOptions) -> Result<StreamReport> {
     // Equal-sized pool batches: `rows_with_keys` indexes them by position.
     let per = pool[0].num_rows();
     pool.retain(|b| b.num_rows() == per);
+    let bases = (0..per * pool.len())
+        .map(|i| {
+            let (title, text) = corpus.document(i);
+            embedder.embed(&format!("{title} {text}"), 0, 0.0)
+        })
+        .collect();
     let queries = corpus.queries().to_vec();
     let query_vectors = queries.iter().map(|q| embedder.embed(q, 0, 0.0)).collect();
     let dir = o.out.join("index");
@@ -662,6 +653,8 @@ pub async fn run(o: &StreamOptions) -> Result<StreamReport> {
         next_key: AtomicUsize::new(0),
         stop: AtomicBool::new(false),
         pool,
+        bases,
+        dim: o.dim,
         queries,
         query_vectors,
     });

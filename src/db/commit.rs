@@ -127,7 +127,7 @@ impl Committer {
             let delay = self.pacer.delay(
                 std::time::Instant::now(),
                 self.applied,
-                self.inner.unindexed_rows(),
+                self.inner.debt_rows(),
                 self.inner.reader.settings.max_unindexed_rows,
                 rows,
             );

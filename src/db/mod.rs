@@ -158,6 +158,21 @@ impl Inner {
             .sum()
     }
 
+    /// The debt appends are paced by (see `pace.rs`): the unindexed rows, plus the active
+    /// memtable's rows while the queue of frozen memtables is full (its freeze would wait for
+    /// a flush).
+    pub(crate) fn debt_rows(&self) -> usize {
+        let queue_full = {
+            let st = self.read_state();
+            if st.frozen.len() >= self.reader.settings.max_frozen_memtables {
+                read_memtable(&st.active).rows()
+            } else {
+                0
+            }
+        };
+        self.unindexed_rows() + queue_full
+    }
+
     pub(crate) fn read_state(&self) -> std::sync::RwLockReadGuard<'_, State> {
         self.state.read().unwrap_or_else(|e| e.into_inner())
     }

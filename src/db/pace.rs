@@ -1,7 +1,9 @@
 //! Append pacing: appends slow down smoothly as rows pile up ahead of the background
 //! indexers, instead of stopping when the memtable queue is full.
 //!
-//! The debt is the memtable rows (active and frozen) not yet in their vector graph. Up to
+//! The debt is the memtable rows (active and frozen) not yet in their vector graph, plus the
+//! active memtable's rows while the queue of frozen memtables is full (its freeze would wait
+//! for a flush, so appends slow down as it fills instead of stopping when it is full). Up to
 //! [`Settings::max_unindexed_rows`](crate::Settings::max_unindexed_rows) (`S`) appends are not
 //! delayed. Above it, each group commit of `n` rows first waits
 //! `n / r * min(4, (debt - S) / S)` (at most one second), `r` being the rate at which the

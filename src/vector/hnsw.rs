@@ -385,9 +385,20 @@ impl HnswBuilder {
                 });
             let chosen = self.select(&found, self.m);
             {
+                // Links other inserts already added to this node (they found it through a
+                // layer above) are kept while there is room.
+                let max = if layer == 0 { self.m0 } else { self.m };
                 let mut l = lock(&node.layers[layer]);
-                l.clear();
+                let earlier: Vec<u32> = l.drain(..).collect();
                 l.extend(chosen.iter().map(|n| n.1));
+                for x in earlier {
+                    if l.len() >= max {
+                        break;
+                    }
+                    if !l.contains(&x) {
+                        l.push(x);
+                    }
+                }
             }
             for n in &chosen {
                 self.link(n.1, id, n.0, layer);
@@ -406,10 +417,13 @@ impl HnswBuilder {
 
     /// Insert `ids` (each added before) with one thread per core.
     pub(crate) fn insert_all(&self, ids: &[u32]) {
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(ids.len().div_ceil(64))
-            .max(1);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        self.insert_with(ids, cores);
+    }
+
+    /// Insert `ids` (each added before) with up to `threads` threads.
+    pub(crate) fn insert_with(&self, ids: &[u32], threads: usize) {
+        let threads = threads.min(ids.len().div_ceil(64)).max(1);
         let next = AtomicUsize::new(0);
         let work = || {
             SCRATCH.with_borrow_mut(|scratch| loop {

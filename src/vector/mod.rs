@@ -415,7 +415,7 @@ impl MemVectorIndex {
     }
 
     /// Insert rows `[indexed, rows)` of the memtable's stored `batches` (starting at `offsets`),
-    /// a chunk at a time with every core, while `keep_going` holds. Older versions are
+    /// a chunk at a time (with every core when more than two chunks behind), while `keep_going` holds. Older versions are
     /// inserted too (searches mask them; a flush leaves them out); tombstones and null vectors
     /// have no node. Only the holder of the inserter role ([`MemVectorIndex::try_start`])
     /// calls this.
@@ -451,7 +451,14 @@ impl MemVectorIndex {
                     ids.push(id);
                 }
             }
-            self.graph.insert_all(&ids);
+            // One thread while the inserter keeps up, every core once it falls behind: a
+            // paced stream leaves a core to the searches.
+            let threads = if rows - end > 2 * INSERT_CHUNK {
+                std::thread::available_parallelism().map_or(1, |n| n.get())
+            } else {
+                1
+            };
+            self.graph.insert_with(&ids, threads);
             self.indexed
                 .store(end, std::sync::atomic::Ordering::Release);
         }
