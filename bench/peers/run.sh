@@ -30,4 +30,10 @@ PY
     "$venv/bin/python" -m pip install --quiet "${pins[@]}" >&2
 fi
 
-PEERS_LAUNCHER="bash bench/peers/run.sh" exec "$venv/bin/python" "$here/peers.py" "$@"
+# `run.sh ingest ...` runs the ingest comparison (ingest.py); anything else, the query one.
+script=peers.py
+if [ "${1:-}" = "ingest" ]; then
+    shift
+    script=ingest.py
+fi
+PEERS_LAUNCHER="bash bench/peers/run.sh" exec "$venv/bin/python" "$here/$script" "$@"
