@@ -519,3 +519,30 @@ impl MemVectorIndex {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_claim_leaves_the_inserter_role_with_its_holder() {
+        let spec = MemGraphSpec {
+            vcol: 0,
+            dim: 4,
+            metric: Metric::L2,
+            params: GraphParams {
+                m: 4,
+                ef_construction: 8,
+            },
+            above: 0,
+        };
+        let g = MemVectorIndex::new(&spec).expect("an l2 graph");
+        let held = g.try_start().expect("the role is free");
+        assert!(g.try_start().is_none(), "the role is held");
+        assert!(g.running(), "a refused claim released the holder's role");
+        assert!(g.try_start().is_none(), "two inserters at once");
+        drop(held);
+        assert!(!g.running());
+        assert!(g.try_start().is_some());
+    }
+}
