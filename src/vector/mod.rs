@@ -411,7 +411,9 @@ impl MemVectorIndex {
     /// holder panics); `None` when another inserter runs.
     pub(crate) fn try_start(&self) -> Option<InserterRole<'_>> {
         (!self.running.swap(true, std::sync::atomic::Ordering::AcqRel))
-            .then_some(InserterRole(self))
+            // `then`, not `then_some`: a guard built for a refused claim would release the
+            // holder's role when dropped.
+            .then(|| InserterRole(self))
     }
 
     /// Insert rows `[indexed, rows)` of the memtable's stored `batches` (starting at `offsets`),
