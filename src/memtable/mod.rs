@@ -42,7 +42,17 @@ pub(crate) struct Memtable {
     max_seq: u64,
     /// Ids of the WAL objects holding rows of this memtable, ascending.
     wal_ids: Vec<u64>,
+    /// First of the trailing batches that may still be coalesced (see
+    /// [`Memtable::coalesce`]).
+    open_from: usize,
 }
+
+/// Batches of fewer rows than this are coalesced; a larger one is kept as it came.
+const SMALL_BATCH: usize = 512;
+/// Trailing small batches are coalesced once there are this many of them...
+const COALESCE_BATCHES: usize = 32;
+/// ...into one batch, which takes more batches until it holds this many rows.
+const COALESCED_ROWS: usize = 4096;
 
 impl Memtable {
     /// An empty memtable for stored rows of `schema`; `id` orders memtables of one handle.
@@ -72,6 +82,7 @@ impl Memtable {
             bytes: 0,
             max_seq: 0,
             wal_ids: Vec::new(),
+            open_from: 0,
         })
     }
 
@@ -119,12 +130,60 @@ impl Memtable {
         self.offsets.push(self.rows);
         self.rows += batch.num_rows();
         self.bytes += batch.get_array_memory_size();
+        let small = batch.num_rows() < SMALL_BATCH;
         self.batches.push(batch);
+        if !small {
+            self.open_from = self.batches.len();
+        } else if self.batches.len() - self.open_from >= COALESCE_BATCHES {
+            self.coalesce()?;
+        }
         if let (None, Some(spec)) = (&self.graph, &self.graph_spec) {
             if self.rows >= spec.above {
                 self.graph = MemVectorIndex::new(spec).map(Arc::new);
                 self.graph_spec = None;
             }
+        }
+        Ok(())
+    }
+
+    /// Concatenate the trailing batches from `open_from` into one, so that a memtable fed by
+    /// many small appends holds few batches and what a search copies of it (the batch list,
+    /// see [`Memtable::search_view`]) does not grow with the number of appends. Row ordinals
+    /// are unchanged (the text index and the graph refer to rows by ordinal); the key map is
+    /// pointed at the new batch.
+    fn coalesce(&mut self) -> Result<()> {
+        let from = self.open_from;
+        let merged = arrow::compute::concat_batches(&self.schema, &self.batches[from..])?;
+        let base = self.offsets[from];
+        let keys = merged.column(0).clone();
+        for row in 0..merged.num_rows() {
+            let key = Key::from_array(keys.as_ref(), row)
+                .ok_or_else(|| crate::Error::internal("stored row with a null key"))?;
+            if let Some(slot) = self.index.get_mut(&key) {
+                let b = slot.batch as usize;
+                if b >= from && self.offsets[b] + slot.row as usize == base + row {
+                    slot.batch = from as u32;
+                    slot.row = row as u32;
+                }
+            }
+        }
+        let hashes: Vec<u64> = self.row_hashes[from..]
+            .iter()
+            .flat_map(|h| h.iter().copied())
+            .collect();
+        self.bytes -= self.batches[from..]
+            .iter()
+            .map(RecordBatch::get_array_memory_size)
+            .sum::<usize>();
+        self.bytes += merged.get_array_memory_size();
+        let rows = merged.num_rows();
+        self.batches.truncate(from);
+        self.batches.push(merged);
+        self.offsets.truncate(from + 1);
+        self.row_hashes.truncate(from);
+        self.row_hashes.push(hashes.into());
+        if rows >= COALESCED_ROWS {
+            self.open_from = self.batches.len();
         }
         Ok(())
     }
@@ -315,4 +374,46 @@ mod tests {
     }
 
     type ArrayRefStr = arrow::array::ArrayRef;
+
+    #[test]
+    fn many_small_appends_are_coalesced_without_changing_a_row() {
+        let s = IndexSchema::from_json(
+            r#"{"primary_key": "id", "text": ["t"], "payload": [{"name": "v", "type": "int64"}]}"#,
+        )
+        .unwrap();
+        let mut m = Memtable::new(0, s.stored_schema(), None, None).unwrap();
+        // 10,000 one-row appends over 300 keys: versions supersede each other across the
+        // coalesced batches.
+        for i in 0..10_000i64 {
+            let id = format!("k{}", i % 300);
+            let user = RecordBatch::try_new(
+                s.arrow_schema(),
+                vec![
+                    Arc::new(StringArray::from(vec![id.as_str()])),
+                    Arc::new(StringArray::from(vec!["t"])),
+                    Arc::new(Int64Array::from(vec![i])),
+                ],
+            )
+            .unwrap();
+            m.apply(s.to_stored(&user, i as u64 + 1).unwrap()).unwrap();
+        }
+        assert_eq!(m.rows(), 10_000);
+        assert!(m.batches.len() < 100, "{} batches", m.batches.len());
+        let (rows, ordinals) = m.newest().unwrap();
+        assert_eq!(rows.num_rows(), 300);
+        let v = rows.column(2).as_primitive::<arrow::datatypes::Int64Type>();
+        for (r, ord) in ordinals.iter().enumerate() {
+            // The newest version of key k{j} is the last i with i % 300 == j.
+            let i = v.value(r);
+            assert!(i >= 10_000 - 300, "row {r} holds an old version {i}");
+            assert_eq!(*ord, i as usize, "ordinal of row {r}");
+        }
+        let view = m.search_view();
+        let hashes: usize = view.row_hashes.iter().map(|h| h.len()).sum();
+        assert_eq!(hashes, 10_000);
+        assert_eq!(
+            *view.offsets.last().unwrap() + view.batches.last().unwrap().num_rows(),
+            10_000
+        );
+    }
 }
