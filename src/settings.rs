@@ -50,9 +50,9 @@ pub struct Settings {
     /// 100/200 11,800 rows/s and 0.93-0.97, 100/400 10,800 rows/s and 0.96-0.98.
     pub hnsw_ef_construction: usize,
     /// HNSW: default candidate list size of a graph search (a query's `ef` overrides it).
-    /// Default 400 (see `hnsw_ef_construction`): in the paced stream (2,000 rows/s, 20
-    /// queries/s) it costs 1.4 ms of vector p50 over 200 (5.6 against 4.2 ms) for recall 0.95-0.97
-    /// instead of 0.93-0.94.
+    /// Default 400, from the paced `lsmsearch bench stream` (1 writer at 2,000 rows/s in
+    /// 100-row batches, 20 queries/s, 90 s): recall@10 on snapshots 0.958-0.970 and vector
+    /// p50 4.1 ms, against 0.902-0.910 and 2.7 ms at 200.
     pub hnsw_ef_search: usize,
     /// A vector arm scans exactly instead of walking its graph when its block list and filter
     /// leave fewer candidate rows than this (a walk over a sparse filter can come back short;
