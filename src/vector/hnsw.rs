@@ -115,6 +115,8 @@ pub(crate) struct HnswBuilder {
     segments: Box<[OnceLock<Segment>]>,
     /// The entry node and its level.
     entry: Mutex<Option<(u32, usize)>>,
+    /// Held by an insert whose level is above the top level (see [`HnswBuilder::insert`]).
+    raising: Mutex<()>,
     /// One past the largest id added.
     bound: AtomicUsize,
     /// Nodes added.
@@ -145,6 +147,7 @@ impl HnswBuilder {
             level_mult: 1.0 / (m as f64).ln(),
             segments: (0..SEGMENTS).map(|_| OnceLock::new()).collect(),
             entry: Mutex::new(None),
+            raising: Mutex::new(()),
             bound: AtomicUsize::new(0),
             nodes: AtomicUsize::new(0),
         }
@@ -365,15 +368,31 @@ impl HnswBuilder {
         let Some(node) = self.node(id) else { return };
         let level = node.layers.len() - 1;
         let q = &node.vector[..];
-        let (ep, top) = {
+        let read_entry = || {
             let mut e = self.entry.lock().unwrap_or_else(|e| e.into_inner());
             match *e {
-                Some(entry) => entry,
+                Some(entry) => Some(entry),
                 None => {
                     *e = Some((id, level));
-                    return;
+                    None
                 }
             }
+        };
+        let Some((mut ep, mut top)) = read_entry() else {
+            return;
+        };
+        // An insert that raises the top level runs alone among such inserts (as in hnswlib):
+        // two at once would each link only up to the old top and one would become the entry
+        // unlinked in the layers above it. It reads the entry again once it holds the lock.
+        let _raising = if level > top {
+            let guard = self.raising.lock().unwrap_or_else(|e| e.into_inner());
+            match read_entry() {
+                Some(entry) => (ep, top) = entry,
+                None => return,
+            }
+            Some(guard)
+        } else {
+            None
         };
         let Some(ep_node) = self.node(ep) else { return };
         let start = Near(self.dist(q, &ep_node.vector), ep);
