@@ -11,6 +11,14 @@ const FONTS: &[&str] = &[
     "/usr/share/fonts/dejavu/DejaVuSans.ttf",
 ];
 
+/// Line colours, in order.
+const PALETTE: [RGBColor; 4] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+];
+
 fn register_font() -> Result<(), String> {
     static REGISTERED: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
     REGISTERED
@@ -55,11 +63,7 @@ pub(super) fn latency(report: &Report, path: &Path) -> Result<(), String> {
     let root = BitMapBackend::new(path, (1400, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let areas = root.split_evenly((1, 2));
-    let colors = [
-        RGBColor(31, 119, 180),
-        RGBColor(214, 39, 40),
-        RGBColor(44, 160, 44),
-    ];
+    let colors = PALETTE;
     for ((mode, title), area) in panels.iter().zip(areas.iter()) {
         let runs: Vec<&super::Run> = report.runs.iter().filter(|r| r.mode == *mode).collect();
         let max_ms = runs.iter().map(|r| r.p50_ms).fold(0.0f64, f64::max) * 1.15 + 0.1;
@@ -131,12 +135,7 @@ pub(super) fn stream(report: &super::stream::StreamReport, path: &Path) -> Resul
     let root = BitMapBackend::new(path, (1500, 500)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let areas = root.split_evenly((1, 3));
-    let colors = [
-        RGBColor(31, 119, 180),
-        RGBColor(214, 39, 40),
-        RGBColor(44, 160, 44),
-        RGBColor(148, 103, 189),
-    ];
+    let colors = PALETTE;
     type Series = (String, Vec<(f64, f64)>);
     let draw = |area: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
                 title: &str,

@@ -600,10 +600,14 @@ fn unindexed(index: &Index) -> (usize, usize, usize) {
 
 /// Run the stream (see the module documentation).
 pub async fn run(o: &StreamOptions) -> Result<StreamReport> {
-    if o.writers == 0 || o.batch == 0 || (o.readers > 0 && o.kinds.is_empty()) {
+    let rate_ok = |r: f64| r.is_finite() && r >= 0.0;
+    if o.writers == 0 || o.batch == 0 || o.dim == 0 || !rate_ok(o.rate) || !rate_ok(o.qps) {
         return Err(crate::Error::invalid(
-            "a stream needs a writer, batches of at least one row, and query kinds for its readers",
+            "writers, batch and dim must be at least 1, rate and qps at least 0",
         ));
+    }
+    if o.readers > 0 && o.kinds.is_empty() {
+        return Err(crate::Error::invalid("readers need query kinds"));
     }
     if let Some(k) = o
         .kinds

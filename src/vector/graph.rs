@@ -227,9 +227,10 @@ impl Adjacency {
     }
 }
 
-/// A node and its search key, ordered by key then row.
+/// A node and its search key (or distance), ordered by key then node: the entries of the
+/// heaps of graph walks and builds.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct Scored(f32, u32);
+pub(crate) struct Scored(pub(crate) f32, pub(crate) u32);
 
 impl Eq for Scored {}
 

@@ -14,8 +14,8 @@
 //! in a per-thread [`Scratch`].
 
 use super::distance;
-use super::graph::Adjacency;
-use std::cmp::{Ordering as CmpOrdering, Reverse};
+use super::graph::{Adjacency, Scored as Near};
+use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -43,24 +43,6 @@ struct Node {
     vector: Box<[f32]>,
     /// Neighbour lists, one per layer the node is in.
     layers: Box<[Mutex<Vec<u32>>]>,
-}
-
-/// A distance and a node id, ordered by distance then id.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Near(f32, u32);
-
-impl Eq for Near {}
-
-impl PartialOrd for Near {
-    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Near {
-    fn cmp(&self, other: &Self) -> CmpOrdering {
-        self.0.total_cmp(&other.0).then(self.1.cmp(&other.1))
-    }
 }
 
 /// Per-thread working memory of inserts and searches: a visited set stamped with an epoch
@@ -596,6 +578,12 @@ mod tests {
         (0..n).map(|_| (0..dim).map(|_| next()).collect()).collect()
     }
 
+    /// A flat l2 graph of `dim`-d rows over `adjacency`.
+    fn flat_l2(adjacency: Adjacency, dim: usize, rows: Vec<f32>) -> super::super::graph::FlatGraph {
+        super::super::graph::FlatGraph::new(adjacency, crate::schema::Metric::L2, dim, rows.into())
+            .unwrap()
+    }
+
     fn exact(data: &[Vec<f32>], q: &[f32], k: usize, keep: &dyn Fn(u32) -> bool) -> Vec<u32> {
         let mut d: Vec<Near> = (0..data.len() as u32)
             .filter(|i| keep(*i))
@@ -651,13 +639,7 @@ mod tests {
             .iter()
             .flat_map(|i| data[*i as usize].clone())
             .collect();
-        let flat = super::super::graph::FlatGraph::new(
-            adjacency,
-            crate::schema::Metric::L2,
-            24,
-            rows.into(),
-        )
-        .unwrap();
+        let flat = flat_l2(adjacency, 24, rows);
         let mut total = 0.0;
         for q in points(50, 24, 4) {
             let got: Vec<u32> = flat
@@ -692,13 +674,7 @@ mod tests {
         let kept: Vec<u32> = ids.iter().copied().filter(|i| map(*i).is_some()).collect();
         let adjacency = g.to_adjacency(1500, kept.iter().copied(), &map);
         let rows: Vec<f32> = base.iter().flatten().copied().collect();
-        let flat = super::super::graph::FlatGraph::new(
-            adjacency,
-            crate::schema::Metric::L2,
-            16,
-            rows.into(),
-        )
-        .unwrap();
+        let flat = flat_l2(adjacency, 16, rows);
         // A graph built over the kept rows alone is the yardstick.
         let fresh = HnswBuilder::new(16, Space::L2, 8, 64);
         let rows_ids: Vec<u32> = (0..1500).collect();
@@ -706,13 +682,11 @@ mod tests {
             fresh.add(*id, base[*id as usize].clone());
         }
         fresh.insert_all(&rows_ids);
-        let fresh = super::super::graph::FlatGraph::new(
+        let fresh = flat_l2(
             fresh.to_adjacency(1500, rows_ids.iter().copied(), &Some),
-            crate::schema::Metric::L2,
             16,
-            base.iter().flatten().copied().collect::<Vec<f32>>().into(),
-        )
-        .unwrap();
+            base.iter().flatten().copied().collect(),
+        );
         let finds = |g: &super::super::graph::FlatGraph| {
             (0..1500)
                 .filter(|row| g.search(&base[*row], 1, 32, &|_| true) == [*row])

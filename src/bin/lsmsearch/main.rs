@@ -362,29 +362,7 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
                         Error::invalid(format!("--{name} must be a number of seconds"))
                     })
                 };
-                if let Some(k) = kinds
-                    .iter()
-                    .find(|k| !["fts", "vector", "filtered"].contains(&k.as_str()))
-                {
-                    return Err(Error::invalid(format!(
-                        "unknown query kind '{k}' (fts, vector, filtered)"
-                    )));
-                }
-                if writers == 0
-                    || batch == 0
-                    || dim == 0
-                    || !rate.is_finite()
-                    || rate < 0.0
-                    || !qps.is_finite()
-                    || qps < 0.0
-                {
-                    return Err(Error::invalid(
-                        "--writers, --batch and --dim must be at least 1, --rate and --qps at least 0",
-                    ));
-                }
-                if readers > 0 && kinds.is_empty() {
-                    return Err(Error::invalid("--kinds is empty"));
-                }
+                // The options are checked by `lsmsearch::bench::stream::run`.
                 let settings: lsmsearch::Settings = match settings {
                     Some(json) => serde_json::from_str(&json)
                         .map_err(|e| Error::invalid(format!("--settings: {e}")))?,
