@@ -434,6 +434,7 @@ fn use_generation(g: &Generation) -> Outcome {
         let _ = v.candidates(&[0.5, -0.5, 0.25, 1.0], 5, 16, &|_| true);
     }
     if let Some(t) = g.text() {
+        let _ = t.total_tokens(0);
         let searcher = t.searcher();
         for (ord, seg) in searcher.segment_readers().iter().enumerate() {
             let rows = t.doc_rows(ord).map_err(|e| format!("doc rows: {e}"))?;
@@ -445,7 +446,9 @@ fn use_generation(g: &Generation) -> Outcome {
                             g.rows().num_rows()
                         ));
                     }
-                    let _ = t.tokens(r, 0);
+                    if r >= t.rows() {
+                        return Err(format!("document {d} has no token counts"));
+                    }
                 }
             }
         }

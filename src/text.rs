@@ -91,6 +91,11 @@ impl TextSchema {
         &self.fields
     }
 
+    /// Column positions of the text columns in a stored batch, in the order of [`Self::fields`].
+    pub(crate) fn columns(&self) -> &[usize] {
+        &self.columns
+    }
+
     /// Position of `field` among the text fields.
     pub(crate) fn field_position(&self, field: Field) -> Option<usize> {
         self.fields.iter().position(|f| *f == field)
@@ -262,9 +267,9 @@ impl TextIndex {
         Ok(n)
     }
 
-    /// Token count of `row` in text field number `field`.
-    pub(crate) fn tokens(&self, row: usize, field: usize) -> u32 {
-        self.counts[row * self.nfields + field]
+    /// Rows the index covers: its documents are the non-tombstone rows among them.
+    pub(crate) fn rows(&self) -> usize {
+        self.counts.len() / self.nfields.max(1)
     }
 
     /// Tokens of text field `field` summed over every row (tombstones count none).

@@ -19,8 +19,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 use tantivy::query::{Bm25StatisticsProvider, EnableScoring, Query, QueryParser, Weight};
-use tantivy::schema::IndexRecordOption;
-use tantivy::{DocSet, Term, TERMINATED};
+use tantivy::Term;
 
 fn tv(e: impl std::fmt::Display) -> Error {
     Error::internal(format!("tantivy: {e}"))
@@ -196,44 +195,18 @@ pub(crate) fn plan(
     let mut stats = GlobalStats::default();
     let live_rows: Vec<usize> = live.iter().map(Live::count).collect();
     for (i, ti) in indexes.iter().enumerate() {
-        let live = &live[i];
+        // The index's totals minus what its dead rows hold.
+        let dead = snapshot.block_lists.dead_terms(&sources[i]);
+        let mut dead = dead.lock().unwrap_or_else(|e| e.into_inner());
+        dead.update(ts, &sources[i], ti, &live[i].mask)?;
         stats.docs += live_rows[i] as u64;
-        match &live.hidden {
-            // A generation: its totals (cached) minus the rows newer sources hide.
-            Some(hidden) => {
-                for (pos, field) in ts.fields().iter().enumerate() {
-                    let gone: u64 = hidden
-                        .iter()
-                        .map(|r| ti.tokens(*r as usize, pos) as u64)
-                        .sum();
-                    *stats.tokens.entry(*field).or_default() += ti.total_tokens(pos) - gone;
-                }
-                for term in &terms {
-                    let df = if hidden.is_empty() {
-                        ti.doc_freq(term)?
-                    } else {
-                        live_doc_freq(ti, term, &live.mask)?
-                    };
-                    *stats.doc_freq.entry(term.clone()).or_default() += df;
-                }
-            }
-            // A memtable: count over its live rows.
-            None => {
-                for (pos, field) in ts.fields().iter().enumerate() {
-                    let sum: u64 = live
-                        .mask
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, l)| **l)
-                        .map(|(r, _)| ti.tokens(r, pos) as u64)
-                        .sum();
-                    *stats.tokens.entry(*field).or_default() += sum;
-                }
-                for term in &terms {
-                    *stats.doc_freq.entry(term.clone()).or_default() +=
-                        live_doc_freq(ti, term, &live.mask)?;
-                }
-            }
+        for (pos, field) in ts.fields().iter().enumerate() {
+            *stats.tokens.entry(*field).or_default() +=
+                ti.total_tokens(pos).saturating_sub(dead.tokens(pos));
+        }
+        for term in &terms {
+            *stats.doc_freq.entry(term.clone()).or_default() +=
+                ti.doc_freq(term)?.saturating_sub(dead.doc_freq(term));
         }
     }
     // One weight for every arm: BM25 over the global statistics does not depend on the arm.
@@ -309,31 +282,6 @@ pub(crate) fn plan(
     Ok(Arc::new(
         SortPreservingMergeExec::new(ordering, leaf).with_fetch(Some(opts.k)),
     ))
-}
-
-/// Documents containing `term` among the live rows.
-fn live_doc_freq(ti: &TextIndex, term: &Term, live: &[bool]) -> Result<u64> {
-    let mut n = 0;
-    for (ord, seg) in ti.searcher().segment_readers().iter().enumerate() {
-        let inv = seg.inverted_index(term.field()).map_err(tv)?;
-        let Some(mut postings) = inv
-            .read_postings(term, IndexRecordOption::Basic)
-            .map_err(tv)?
-        else {
-            continue;
-        };
-        let rows = ti.doc_rows(ord)?;
-        let mut doc = postings.doc();
-        while doc != TERMINATED {
-            if let Some(r) = rows.get(doc) {
-                if live.get(r).copied().unwrap_or(false) {
-                    n += 1;
-                }
-            }
-            doc = postings.advance();
-        }
-    }
-    Ok(n)
 }
 
 /// A row competing for an arm's top k: ordered so that the greatest is the worst (lowest score,

@@ -8,6 +8,7 @@
 //! appended, so a handle keeps both in its [`BlockLists`] and a query does no work proportional
 //! to the generations' rows.
 
+use super::dead_terms::DeadTerms;
 use super::source::Source;
 use crate::generation::Generation;
 use crate::key::Key;
@@ -21,9 +22,6 @@ use std::sync::{Arc, Mutex};
 pub(crate) struct Live {
     /// Per row: the newest version of its key in the snapshot, and not a tombstone.
     pub(crate) mask: Arc<Vec<bool>>,
-    /// For a generation: its rows (not tombstones) that newer sources hide. Statistics of a
-    /// generation are its own totals minus these rows.
-    pub(crate) hidden: Option<Vec<u32>>,
 }
 
 impl Live {
@@ -40,8 +38,6 @@ struct NewerMask {
     newer: Vec<(u64, u64)>,
     /// Per row: neither a tombstone nor superseded by a newer generation.
     live: Arc<Vec<bool>>,
-    /// Rows (not tombstones) that newer generations hide.
-    hidden: Vec<u32>,
 }
 
 /// Memtable rows checked against one generation, and `(generation row, memtable row)` pairs.
@@ -64,6 +60,27 @@ pub(crate) struct BlockLists {
     between: Mutex<HashMap<(u64, u64), Arc<NewerMask>>>,
     /// Per memtable id: what its rows hide of each generation.
     memtables: Mutex<HashMap<u64, Arc<MemtableBlocks>>>,
+    /// Per source: the dead rows of its text index last counted.
+    dead: Mutex<HashMap<SourceKey, Arc<Mutex<DeadTerms>>>>,
+}
+
+/// A source's identity while a handle keeps something for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum SourceKey {
+    Memtable(u64),
+    Generation(u64, u64),
+}
+
+impl SourceKey {
+    fn of(s: &Source) -> SourceKey {
+        match s {
+            Source::Memtable(m) => SourceKey::Memtable(m.view.id),
+            Source::Generation(g) => {
+                let (id, epoch) = key_of(g);
+                SourceKey::Generation(id, epoch)
+            }
+        }
+    }
 }
 
 fn key_of(g: &Generation) -> (u64, u64) {
@@ -84,6 +101,16 @@ impl BlockLists {
         }
         lock(&self.memtables).retain(|id, _| mems.contains(id));
         lock(&self.between).retain(|k, _| gens.contains(k));
+        let keys: HashSet<SourceKey> = sources.iter().map(SourceKey::of).collect();
+        lock(&self.dead).retain(|k, _| keys.contains(k));
+    }
+
+    /// What `source`'s text index holds of rows that were dead for the last query that asked.
+    pub(crate) fn dead_terms(&self, source: &Source) -> Arc<Mutex<DeadTerms>> {
+        lock(&self.dead)
+            .entry(SourceKey::of(source))
+            .or_default()
+            .clone()
     }
 
     fn memtable(&self, id: u64) -> Arc<MemtableBlocks> {
@@ -96,35 +123,27 @@ impl BlockLists {
     fn newer_mask(&self, g: &Generation, newer: &[&Arc<Generation>]) -> Arc<NewerMask> {
         let ids: Vec<(u64, u64)> = newer.iter().map(|n| key_of(n)).collect();
         let cached = lock(&self.between).get(&key_of(g)).cloned();
-        let (mut live, mut hidden, todo) = match cached {
+        let (mut live, todo) = match cached {
             Some(c) if c.newer == ids => return c,
-            Some(c) if ids.ends_with(&c.newer) => (
-                (*c.live).clone(),
-                c.hidden.clone(),
-                ids.len() - c.newer.len(),
-            ),
+            Some(c) if ids.ends_with(&c.newer) => ((*c.live).clone(), ids.len() - c.newer.len()),
             _ => {
                 let deleted = deleted_flags(g.rows());
                 let live = (0..g.rows().num_rows())
                     .map(|r| !deleted.value(r))
                     .collect();
-                (live, Vec::new(), ids.len())
+                (live, ids.len())
             }
         };
         for n in &newer[..todo] {
             for (r, h) in n.row_hashes().iter().enumerate() {
                 if let Some(mine) = g.row_of_key(*h, || n.key_at(r)) {
-                    if live[mine] {
-                        live[mine] = false;
-                        hidden.push(mine as u32);
-                    }
+                    live[mine] = false;
                 }
             }
         }
         let mask = Arc::new(NewerMask {
             newer: ids,
             live: Arc::new(live),
-            hidden,
         });
         lock(&self.between).insert(key_of(g), mask.clone());
         mask
@@ -183,7 +202,6 @@ pub(crate) fn live_masks(sources: &[Source], cache: &BlockLists) -> Vec<Live> {
         .into_iter()
         .map(|mask| Live {
             mask: Arc::new(mask),
-            hidden: None,
         })
         .collect();
     let gens: Vec<&Arc<Generation>> = sources[m..]
@@ -209,9 +227,6 @@ pub(crate) fn live_masks(sources: &[Source], cache: &BlockLists) -> Vec<Live> {
             kills.extend(blocks.hidden_in(g, &v.batches, &v.offsets, &v.row_hashes, v.rows));
         }
         kills.retain(|r| base.live[*r as usize]);
-        kills.sort_unstable();
-        kills.dedup();
-        let mut hidden = base.hidden.clone();
         let mask = if kills.is_empty() {
             base.live.clone()
         } else {
@@ -219,13 +234,9 @@ pub(crate) fn live_masks(sources: &[Source], cache: &BlockLists) -> Vec<Live> {
             for r in &kills {
                 live[*r as usize] = false;
             }
-            hidden.extend(kills);
             Arc::new(live)
         };
-        out.push(Live {
-            mask,
-            hidden: Some(hidden),
-        });
+        out.push(Live { mask });
     }
     out
 }

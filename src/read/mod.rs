@@ -6,6 +6,7 @@
 //! version in the snapshot is live, and a tombstone hides every older version.
 
 mod block_list;
+mod dead_terms;
 mod source;
 
 pub(crate) use block_list::{live_masks, BlockLists, Live};

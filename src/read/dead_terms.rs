@@ -1,0 +1,235 @@
+//! What a source's text index counts of rows a query must not: superseded versions, rows a newer
+//! source hides, and (in a memtable) rows appended after the query's view was taken.
+//!
+//! BM25 over the snapshot needs, per query term, the documents holding it among the *live* rows
+//! of every source, and the tokens per field over them. A text index knows its totals over every
+//! document it holds; the live figures are those totals minus what the dead rows hold. The dead
+//! rows of a source change little from one query to the next (a few appends hide a few rows), so
+//! a handle keeps, per source, the set of rows it counted as dead with their term and token
+//! counts, and each query only tokenizes the rows that entered or left the set since the last
+//! query, with the source's own analyzers. A query's cost is then one pass over a byte per row,
+//! not a walk of every query term's postings.
+
+use super::source::Source;
+use crate::schema::deleted_flags;
+use crate::text::{TextIndex, TextSchema};
+use crate::Result;
+use arrow::array::{Array, AsArray};
+use std::collections::{HashMap, HashSet};
+use tantivy::tokenizer::{TextAnalyzer, MAX_TOKEN_LEN};
+use tantivy::Term;
+
+/// A row not counted as dead.
+const NOT_COUNTED: u8 = 0;
+/// A row counted as dead: its terms and tokens are in the totals.
+const COUNTED: u8 = 1;
+/// A tombstone: never a document of a text index.
+const TOMBSTONE: u8 = 2;
+
+/// The dead rows of one source that a handle last counted, with what they hold.
+#[derive(Debug, Default)]
+pub(crate) struct DeadTerms {
+    /// Per row: [`NOT_COUNTED`], [`COUNTED`] or [`TOMBSTONE`].
+    state: Vec<u8>,
+    /// Counted rows holding each term.
+    doc_freq: HashMap<Term, u64>,
+    /// Tokens of the counted rows, per text field.
+    tokens: Vec<u64>,
+}
+
+impl DeadTerms {
+    /// Make the counted rows the dead rows of `source` for one query: the rows `index` holds
+    /// (its first `index.rows()`, tombstones aside) that `live` does not admit, a row past
+    /// `live` (appended after the view) included.
+    pub(crate) fn update(
+        &mut self,
+        ts: &TextSchema,
+        source: &Source,
+        index: &TextIndex,
+        live: &[bool],
+    ) -> Result<()> {
+        let covered = index.rows();
+        let end = covered.max(self.state.len());
+        if self.state.len() < end {
+            self.state.resize(end, NOT_COUNTED);
+        }
+        if self.tokens.len() < ts.fields().len() {
+            self.tokens.resize(ts.fields().len(), 0);
+        }
+        let mut analyzers: Option<Vec<TextAnalyzer>> = None;
+        for r in 0..end {
+            let dead = r < covered && !live.get(r).copied().unwrap_or(false);
+            let change = match (self.state[r], dead) {
+                (NOT_COUNTED, true) => 1i64,
+                (COUNTED, false) => -1,
+                _ => continue,
+            };
+            let (b, row) = source.locate(r);
+            let batch = &source.batches()[b];
+            if change > 0 && deleted_flags(batch).value(row) {
+                self.state[r] = TOMBSTONE;
+                continue;
+            }
+            let analyzers = match &mut analyzers {
+                Some(a) => a,
+                None => analyzers.insert(
+                    ts.fields()
+                        .iter()
+                        .map(|f| index.searcher().index().tokenizer_for_field(*f))
+                        .collect::<tantivy::Result<_>>()
+                        .map_err(|e| crate::Error::internal(e.to_string()))?,
+                ),
+            };
+            for (pos, (col, field)) in ts.columns().iter().zip(ts.fields()).enumerate() {
+                let col = batch.column(*col).as_string::<i32>();
+                if col.is_null(row) {
+                    continue;
+                }
+                let mut distinct = HashSet::new();
+                let mut n = 0u64;
+                let mut stream = analyzers[pos].token_stream(col.value(row));
+                while stream.advance() {
+                    n += 1;
+                    let t = &stream.token().text;
+                    // tantivy drops such a token from the postings (it still counts it).
+                    if t.len() <= MAX_TOKEN_LEN && !distinct.contains(t.as_str()) {
+                        distinct.insert(t.clone());
+                    }
+                }
+                self.tokens[pos] = apply(self.tokens[pos], n, change);
+                for t in distinct {
+                    let e = self
+                        .doc_freq
+                        .entry(Term::from_field_text(*field, &t))
+                        .or_default();
+                    *e = apply(*e, 1, change);
+                }
+            }
+            self.state[r] = if change > 0 { COUNTED } else { NOT_COUNTED };
+        }
+        self.doc_freq.retain(|_, n| *n > 0);
+        Ok(())
+    }
+
+    /// Counted rows holding `term`.
+    pub(crate) fn doc_freq(&self, term: &Term) -> u64 {
+        self.doc_freq.get(term).copied().unwrap_or(0)
+    }
+
+    /// Tokens of text field number `field` over the counted rows.
+    pub(crate) fn tokens(&self, field: usize) -> u64 {
+        self.tokens.get(field).copied().unwrap_or(0)
+    }
+}
+
+/// `total` with `n` added (`change` > 0) or taken away.
+fn apply(total: u64, n: u64, change: i64) -> u64 {
+    if change > 0 {
+        total + n
+    } else {
+        total.saturating_sub(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memtable::MemtableView;
+    use crate::schema::IndexSchema;
+    use crate::text::MemTextIndex;
+    use arrow::array::{ArrayRef, RecordBatch, StringArray};
+    use std::sync::Arc;
+
+    /// Document frequencies and tokens of the `dead` rows, from a tantivy index of those rows
+    /// alone.
+    fn reference(
+        ts: &TextSchema,
+        batches: &[RecordBatch],
+        dead: &[usize],
+        terms: &[Term],
+    ) -> (Vec<u64>, u64) {
+        let all = arrow::compute::concat_batches(&batches[0].schema(), batches).unwrap();
+        let idx = arrow::array::UInt32Array::from_iter_values(dead.iter().map(|r| *r as u32));
+        let cols = all
+            .columns()
+            .iter()
+            .map(|c| arrow::compute::take(c, &idx, None).unwrap())
+            .collect();
+        let rows = RecordBatch::try_new(all.schema(), cols).unwrap();
+        let (index, _) = TextIndex::build(ts, &rows).unwrap();
+        let df = terms
+            .iter()
+            .map(|t| index.searcher().doc_freq(t).unwrap())
+            .collect();
+        (df, index.total_tokens(0))
+    }
+
+    #[test]
+    fn counts_follow_the_dead_rows_of_each_query_in_any_order() {
+        let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t"]}"#).unwrap();
+        let ts = TextSchema::new(&s).unwrap();
+        let stored = |keys: Vec<&str>, texts: Vec<Option<&str>>, seq| {
+            let keys: ArrayRef = Arc::new(StringArray::from(keys));
+            let texts: ArrayRef = Arc::new(StringArray::from(texts));
+            let user = RecordBatch::try_new(s.arrow_schema(), vec![keys, texts]).unwrap();
+            s.to_stored(&user, seq).unwrap()
+        };
+        let tomb: ArrayRef = Arc::new(StringArray::from(vec!["k1"]));
+        let batches = vec![
+            stored(
+                vec!["k0", "k1", "k2", "k3"],
+                vec![
+                    Some("alpha beta beta"),
+                    Some("beta gamma"),
+                    None,
+                    Some("Gamma delta"),
+                ],
+                1,
+            ),
+            s.tombstones(&tomb, 5).unwrap(),
+            stored(
+                vec!["k0", "k4"],
+                vec![Some("alpha alpha"), Some("epsilon beta")],
+                6,
+            ),
+        ];
+        let mem = Arc::new(MemTextIndex::new(ts.clone()).unwrap());
+        let view = |rows| MemtableView {
+            id: 1,
+            batches: batches.clone(),
+            offsets: vec![0, 4, 5],
+            rows,
+            candidates: Vec::new(),
+            text: Some(mem.clone()),
+            graph: None,
+            row_hashes: Vec::new(),
+        };
+        let source = Source::memtable("memtable 1", view(7));
+        let full = mem.catch_up(&batches, 7).unwrap();
+        let terms: Vec<Term> = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
+            .iter()
+            .map(|w| Term::from_field_text(ts.fields()[0], w))
+            .collect();
+        let mut dead = DeadTerms::default();
+        // Masks of successive queries, newer and older views interleaved; a mask shorter than
+        // the index leaves the rows past it dead.
+        let masks: [&[bool]; 6] = [
+            &[true; 7],
+            &[false, false, true, true, false, true, true],
+            &[true, true, true, true, false, false, true],
+            &[false, false, true, true, false, true, true],
+            &[true, false, true],
+            &[false; 7],
+        ];
+        for mask in masks {
+            dead.update(&ts, &source, &full, mask).unwrap();
+            let expect: Vec<usize> = (0..7)
+                .filter(|r| *r != 4 && !mask.get(*r).copied().unwrap_or(false))
+                .collect();
+            let (df, tokens) = reference(&ts, &batches, &expect, &terms);
+            let got: Vec<u64> = terms.iter().map(|t| dead.doc_freq(t)).collect();
+            assert_eq!(got, df, "mask {mask:?}");
+            assert_eq!(dead.tokens(0), tokens, "mask {mask:?}");
+        }
+    }
+}
