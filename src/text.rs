@@ -272,6 +272,11 @@ impl TextIndex {
         self.counts.len() / self.nfields.max(1)
     }
 
+    /// Token count of `row` in text field number `field`.
+    pub(crate) fn tokens(&self, row: usize, field: usize) -> u32 {
+        self.counts[row * self.nfields + field]
+    }
+
     /// Tokens of text field `field` summed over every row (tombstones count none).
     pub(crate) fn total_tokens(&self, field: usize) -> u64 {
         self.totals.get_or_init(|| {

@@ -5,7 +5,7 @@
 use super::exec::{ArmExec, ArmSpec, ArmWork};
 use super::{Conjunction, SearchOptions, SCORE_COLUMN};
 use crate::key::Key;
-use crate::read::{compile_filter, Live, Snapshot, Source};
+use crate::read::{compile_filter, past_view, Live, Snapshot, Source};
 use crate::schema::IndexSchema;
 use crate::text::{TextIndex, TextSchema};
 use crate::{Error, Result};
@@ -199,14 +199,17 @@ pub(crate) fn plan(
         let dead = snapshot.block_lists.dead_terms(&sources[i]);
         let mut dead = dead.lock().unwrap_or_else(|e| e.into_inner());
         dead.update(ts, &sources[i], ti, &live[i].mask)?;
+        let (past_df, past_tokens) = past_view(ti, ts.fields().len(), live[i].mask.len(), &terms)?;
         stats.docs += live_rows[i] as u64;
         for (pos, field) in ts.fields().iter().enumerate() {
-            *stats.tokens.entry(*field).or_default() +=
-                ti.total_tokens(pos).saturating_sub(dead.tokens(pos));
+            *stats.tokens.entry(*field).or_default() += ti
+                .total_tokens(pos)
+                .saturating_sub(dead.tokens(pos) + past_tokens[pos]);
         }
-        for term in &terms {
-            *stats.doc_freq.entry(term.clone()).or_default() +=
-                ti.doc_freq(term)?.saturating_sub(dead.doc_freq(term));
+        for (term, past) in terms.iter().zip(past_df) {
+            *stats.doc_freq.entry(term.clone()).or_default() += ti
+                .doc_freq(term)?
+                .saturating_sub(dead.doc_freq(term) + past);
         }
     }
     // One weight for every arm: BM25 over the global statistics does not depend on the arm.

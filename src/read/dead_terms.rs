@@ -9,15 +9,20 @@
 //! counts, and each query only tokenizes the rows that entered or left the set since the last
 //! query, with the source's own analyzers. A query's cost is then one pass over a byte per row,
 //! not a walk of every query term's postings.
+//!
+//! A memtable's index may hold rows appended after the query's view was taken (another search or
+//! the background caught it up since); the view holds no text for them, so they are counted per
+//! query from the postings of the few recent segments that hold them ([`past_view`]).
 
 use super::source::Source;
 use crate::schema::deleted_flags;
-use crate::text::{TextIndex, TextSchema};
+use crate::text::{DocRows, TextIndex, TextSchema};
 use crate::Result;
 use arrow::array::{Array, AsArray};
 use std::collections::{HashMap, HashSet};
+use tantivy::schema::IndexRecordOption;
 use tantivy::tokenizer::{TextAnalyzer, MAX_TOKEN_LEN};
-use tantivy::Term;
+use tantivy::{DocSet, Term, TERMINATED};
 
 /// A row not counted as dead.
 const NOT_COUNTED: u8 = 0;
@@ -38,9 +43,9 @@ pub(crate) struct DeadTerms {
 }
 
 impl DeadTerms {
-    /// Make the counted rows the dead rows of `source` for one query: the rows `index` holds
-    /// (its first `index.rows()`, tombstones aside) that `live` does not admit, a row past
-    /// `live` (appended after the view) included.
+    /// Make the counted rows the dead rows of `source` for one query among the rows both its
+    /// view and `index` hold (the first `live.len()`, tombstones aside): those `live` does not
+    /// admit. Rows past the view are [`past_view`]'s.
     pub(crate) fn update(
         &mut self,
         ts: &TextSchema,
@@ -48,7 +53,7 @@ impl DeadTerms {
         index: &TextIndex,
         live: &[bool],
     ) -> Result<()> {
-        let covered = index.rows();
+        let covered = index.rows().min(live.len());
         let end = covered.max(self.state.len());
         if self.state.len() < end {
             self.state.resize(end, NOT_COUNTED);
@@ -58,7 +63,7 @@ impl DeadTerms {
         }
         let mut analyzers: Option<Vec<TextAnalyzer>> = None;
         for r in 0..end {
-            let dead = r < covered && !live.get(r).copied().unwrap_or(false);
+            let dead = r < covered && !live[r];
             let change = match (self.state[r], dead) {
                 (NOT_COUNTED, true) => 1i64,
                 (COUNTED, false) => -1,
@@ -77,7 +82,7 @@ impl DeadTerms {
                         .iter()
                         .map(|f| index.searcher().index().tokenizer_for_field(*f))
                         .collect::<tantivy::Result<_>>()
-                        .map_err(|e| crate::Error::internal(e.to_string()))?,
+                        .map_err(tv)?,
                 ),
             };
             for (pos, (col, field)) in ts.columns().iter().zip(ts.fields()).enumerate() {
@@ -120,6 +125,54 @@ impl DeadTerms {
     pub(crate) fn tokens(&self, field: usize) -> u64 {
         self.tokens.get(field).copied().unwrap_or(0)
     }
+}
+
+/// What `index` holds of its rows from `from` on (rows a memtable's view does not hold): each
+/// of `terms`' documents among them, and their tokens per text field.
+pub(crate) fn past_view(
+    index: &TextIndex,
+    fields: usize,
+    from: usize,
+    terms: &[Term],
+) -> Result<(Vec<u64>, Vec<u64>)> {
+    let mut tokens = vec![0u64; fields];
+    for row in from..index.rows() {
+        for (f, t) in tokens.iter_mut().enumerate() {
+            *t += u64::from(index.tokens(row, f));
+        }
+    }
+    let mut df = vec![0u64; terms.len()];
+    if from >= index.rows() {
+        return Ok((df, tokens));
+    }
+    for (ord, seg) in index.searcher().segment_readers().iter().enumerate() {
+        let rows = index.doc_rows(ord)?;
+        // Rows grow with documents in a memtable's segments: most hold none of the newest.
+        if let DocRows::Column(c) = &rows {
+            if (c.max_value() as usize) < from {
+                continue;
+            }
+        }
+        for (t, n) in terms.iter().zip(df.iter_mut()) {
+            let inv = seg.inverted_index(t.field()).map_err(tv)?;
+            let Some(mut postings) = inv.read_postings(t, IndexRecordOption::Basic).map_err(tv)?
+            else {
+                continue;
+            };
+            let mut doc = postings.doc();
+            while doc != TERMINATED {
+                if rows.get(doc).is_some_and(|r| r >= from) {
+                    *n += 1;
+                }
+                doc = postings.advance();
+            }
+        }
+    }
+    Ok((df, tokens))
+}
+
+fn tv(e: impl std::fmt::Display) -> crate::Error {
+    crate::Error::internal(e.to_string())
 }
 
 /// `total` with `n` added (`change` > 0) or taken away.
@@ -194,42 +247,52 @@ mod tests {
             ),
         ];
         let mem = Arc::new(MemTextIndex::new(ts.clone()).unwrap());
-        let view = |rows| MemtableView {
-            id: 1,
-            batches: batches.clone(),
-            offsets: vec![0, 4, 5],
-            rows,
-            candidates: Vec::new(),
-            text: Some(mem.clone()),
-            graph: None,
-            row_hashes: Vec::new(),
+        // A view of the first `rows` rows holds only the batches with them.
+        let source = |rows: usize| {
+            let n = [0, 4, 5].iter().filter(|o| **o < rows).count();
+            let view = MemtableView {
+                id: 1,
+                batches: batches[..n].to_vec(),
+                offsets: vec![0, 4, 5][..n].to_vec(),
+                rows,
+                candidates: Vec::new(),
+                text: Some(mem.clone()),
+                graph: None,
+                row_hashes: Vec::new(),
+            };
+            Source::memtable("memtable 1", view)
         };
-        let source = Source::memtable("memtable 1", view(7));
         let full = mem.catch_up(&batches, 7).unwrap();
         let terms: Vec<Term> = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
             .iter()
             .map(|w| Term::from_field_text(ts.fields()[0], w))
             .collect();
         let mut dead = DeadTerms::default();
-        // Masks of successive queries, newer and older views interleaved; a mask shorter than
-        // the index leaves the rows past it dead.
-        let masks: [&[bool]; 6] = [
+        // Masks of successive queries, newer and older views interleaved; the index holds rows
+        // past a short view, which the view has no text for.
+        let masks: [&[bool]; 7] = [
             &[true; 7],
             &[false, false, true, true, false, true, true],
             &[true, true, true, true, false, false, true],
             &[false, false, true, true, false, true, true],
             &[true, false, true],
+            &[false, true, true, true, false],
             &[false; 7],
         ];
         for mask in masks {
-            dead.update(&ts, &source, &full, mask).unwrap();
+            dead.update(&ts, &source(mask.len()), &full, mask).unwrap();
+            let (past_df, past_tokens) = past_view(&full, 1, mask.len(), &terms).unwrap();
             let expect: Vec<usize> = (0..7)
                 .filter(|r| *r != 4 && !mask.get(*r).copied().unwrap_or(false))
                 .collect();
             let (df, tokens) = reference(&ts, &batches, &expect, &terms);
-            let got: Vec<u64> = terms.iter().map(|t| dead.doc_freq(t)).collect();
+            let got: Vec<u64> = terms
+                .iter()
+                .zip(&past_df)
+                .map(|(t, p)| dead.doc_freq(t) + p)
+                .collect();
             assert_eq!(got, df, "mask {mask:?}");
-            assert_eq!(dead.tokens(0), tokens, "mask {mask:?}");
+            assert_eq!(dead.tokens(0) + past_tokens[0], tokens, "mask {mask:?}");
         }
     }
 }

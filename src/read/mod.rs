@@ -10,6 +10,7 @@ mod dead_terms;
 mod source;
 
 pub(crate) use block_list::{live_masks, BlockLists, Live};
+pub(crate) use dead_terms::past_view;
 pub(crate) use source::Source;
 
 use crate::{Error, Result};
