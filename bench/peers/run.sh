@@ -30,10 +30,11 @@ PY
     "$venv/bin/python" -m pip install --quiet "${pins[@]}" >&2
 fi
 
-# `run.sh ingest ...` runs the ingest comparison (ingest.py); anything else, the query one.
+# `run.sh ingest ...` runs the ingest comparison (ingest.py), `run.sh stream ...` queries while
+# writes flow (stream.py); anything else, the query one (peers.py).
 script=peers.py
-if [ "${1:-}" = "ingest" ]; then
-    shift
-    script=ingest.py
-fi
+case "${1:-}" in
+    ingest) shift; script=ingest.py ;;
+    stream) shift; script=stream.py ;;
+esac
 PEERS_LAUNCHER="bash bench/peers/run.sh" exec "$venv/bin/python" "$here/$script" "$@"

@@ -63,7 +63,7 @@ impl DeadTerms {
         }
         let mut analyzers: Option<Vec<TextAnalyzer>> = None;
         for r in 0..end {
-            let dead = r < covered && !live[r];
+            let dead = r < covered && !live.get(r).copied().unwrap_or(true);
             let change = match (self.state[r], dead) {
                 (NOT_COUNTED, true) => 1i64,
                 (COUNTED, false) => -1,
