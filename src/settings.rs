@@ -71,6 +71,23 @@ pub struct Settings {
     /// generations that are not cached (concurrently) and evict the least used beyond the
     /// budget; within it, warm queries do no object-store I/O. Default 4 GiB.
     pub cache_bytes: u64,
+    /// Merge generations in the writer's background (see `docs/architecture.md`,
+    /// "Compaction"). Off, generations accumulate until [`crate::Index::compact`] is called.
+    /// Default on.
+    pub compaction: bool,
+    /// Compaction policy: looking from the newest generation back, a generation joins the run
+    /// while it holds no more rows than the run so far, and a run of at least this many
+    /// generations is merged into one. The count stays within `max(fanout - 1, 2 log2(flushes))`
+    /// and each row is rewritten about `log_fanout(flushes)` times. Default 4.
+    pub compaction_fanout: usize,
+    /// Cores one compaction may use to build the merged generation's vector graph (the CPU
+    /// budget that keeps compaction from starving appends and queries; a compaction also reads
+    /// and writes one generation at a time). Default 1.
+    pub compaction_threads: usize,
+    /// Milliseconds a generation object replaced by a compaction is kept before it is deleted
+    /// (and never while a query of this handle still reads it), so that queries and read-only
+    /// handles that planned with the older manifest finish. Default 60,000.
+    pub compaction_grace_ms: u64,
 }
 
 impl Default for Settings {
@@ -91,6 +108,10 @@ impl Default for Settings {
             vector_exact_below: 2048,
             memtable_graph_above: 2048,
             cache_bytes: 4 << 30,
+            compaction: true,
+            compaction_fanout: 4,
+            compaction_threads: 1,
+            compaction_grace_ms: 60_000,
         }
     }
 }
@@ -103,6 +124,8 @@ pub(crate) struct GraphParams {
     pub(crate) m: usize,
     /// Candidate list size while building.
     pub(crate) ef_construction: usize,
+    /// Threads inserting into a graph built at once; 0 = every core.
+    pub(crate) threads: usize,
 }
 
 impl Settings {
@@ -110,6 +133,7 @@ impl Settings {
         GraphParams {
             m: self.hnsw_m,
             ef_construction: self.hnsw_ef_construction,
+            threads: 0,
         }
     }
 
@@ -137,6 +161,8 @@ impl Settings {
         check(self.hnsw_ef_construction > 0, "hnsw_ef_construction")?;
         check(self.hnsw_ef_search > 0, "hnsw_ef_search")?;
         check(self.cache_bytes > 0, "cache_bytes")?;
+        check(self.compaction_fanout >= 2, "compaction_fanout")?;
+        check(self.compaction_threads > 0, "compaction_threads")?;
         Ok(())
     }
 }

@@ -188,8 +188,10 @@ async fn wal_objects_and_old_manifests_are_cleaned_up() {
     let store: Arc<dyn object_store::ObjectStore> = Arc::new(InMemory::new());
     let loc = Location::from_store(store.clone(), "idx");
     let s = schema();
+    // Without compaction: each flush leaves its own generation object.
     let settings = Settings {
         manifest_retention: 3,
+        compaction: false,
         ..Settings::default()
     };
     let index = Index::create(loc, s.clone(), settings).await.unwrap();

@@ -144,8 +144,10 @@ async fn cranfield_ranks_like_one_index_across_generations() {
             "payload": [{"name": "author", "type": "utf8"}]}"#,
     )
     .unwrap();
+    // Twelve generations are kept as flushed (no compaction).
     let settings = Settings {
         memtable_max_rows: 1_000_000,
+        compaction: false,
         ..Settings::default()
     };
     let index = Index::create(common::memory(), s.clone(), settings)

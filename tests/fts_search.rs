@@ -371,10 +371,14 @@ async fn filters_work_beside_tombstones_of_a_vector_schema() {
 async fn the_generation_cache_keeps_to_its_byte_budget_and_results_do_not_change() {
     let inner: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
     let s = schema();
+    // Six generations, as flushed (no compaction).
     let index = Index::create(
         Location::from_store(inner.clone(), "idx"),
         s.clone(),
-        Settings::default(),
+        Settings {
+            compaction: false,
+            ..Settings::default()
+        },
     )
     .await
     .unwrap();

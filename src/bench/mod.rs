@@ -227,10 +227,12 @@ async fn build(dir: &Path, mut b: Build<'_>, show: bool, reuse: bool) -> Result<
     }
     let _ = std::fs::remove_dir_all(dir);
     let loc = Location::parse(&dir.display().to_string())?;
+    // Exactly the generations asked for: no compaction merges them.
     let settings = Settings {
         memtable_max_rows: usize::MAX / 2,
         memtable_max_bytes: usize::MAX / 2,
         memtable_graph_above: usize::MAX,
+        compaction: false,
         ..Settings::default()
     };
     let started = Instant::now();

@@ -17,6 +17,8 @@ pub(crate) async fn run_flusher(inner: Arc<Inner>) {
     let mut backoff = Duration::from_millis(50);
     // After a failure the manifest write may have landed although it reported an error.
     let mut retrying = false;
+    // The generation id of the memtable being flushed: every attempt builds the same object.
+    let mut attempt: Option<(u64, u64)> = None;
     loop {
         let notified = inner.flush_wake.notified();
         if inner.fenced.load(Ordering::SeqCst) || inner.closed.load(Ordering::SeqCst) {
@@ -28,8 +30,18 @@ pub(crate) async fn run_flusher(inner: Arc<Inner>) {
             continue;
         };
         let started = std::time::Instant::now();
-        match flush_one(&inner, &m, retrying).await {
+        let mid = read_memtable(&m).id();
+        let gen_id = match attempt {
+            Some((id, g)) if id == mid => g,
+            _ => {
+                let g = inner.next_generation_id.fetch_add(1, Ordering::SeqCst);
+                attempt = Some((mid, g));
+                g
+            }
+        };
+        match flush_one(&inner, &m, gen_id, retrying).await {
             Ok(()) => {
+                inner.compact_wake.notify_one();
                 inner
                     .last_flush_ms
                     .store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
@@ -64,16 +76,19 @@ pub(crate) async fn run_flusher(inner: Arc<Inner>) {
 
 /// The manifest version after `base` when this writer already published it (an earlier
 /// attempt whose manifest PUT landed but reported an error): the next version, of this epoch,
-/// holding `base`'s generations and one more.
-async fn published_earlier(inner: &Inner, base: &Manifest) -> Result<Option<Manifest>> {
+/// holding `base`'s generations and generation `gen_id`.
+async fn published_earlier(
+    inner: &Inner,
+    base: &Manifest,
+    gen_id: u64,
+) -> Result<Option<Manifest>> {
     match inner.manifests.read(base.version + 1).await {
         Ok(m) => {
             let n = base.generations.len();
             let ours = m.epoch == inner.epoch
-                && m.next_generation_id == base.next_generation_id + 1
                 && m.generations.len() == n + 1
                 && m.generations[..n] == base.generations[..]
-                && m.generations[n].id == base.next_generation_id
+                && m.generations[n].id == gen_id
                 && m.generations[n].epoch == inner.epoch;
             Ok(ours.then_some(m))
         }
@@ -82,7 +97,12 @@ async fn published_earlier(inner: &Inner, base: &Manifest) -> Result<Option<Mani
     }
 }
 
-async fn flush_one(inner: &Arc<Inner>, m: &SharedMemtable, retrying: bool) -> Result<()> {
+async fn flush_one(
+    inner: &Arc<Inner>,
+    m: &SharedMemtable,
+    gen_id: u64,
+    retrying: bool,
+) -> Result<()> {
     let (rows, ordinals, mem_graph, last_wal_id, wal_ids, max_seq, mid) = {
         let g = read_memtable(m);
         let ids = g.wal_ids().to_vec();
@@ -98,11 +118,12 @@ async fn flush_one(inner: &Arc<Inner>, m: &SharedMemtable, retrying: bool) -> Re
             g.id(),
         )
     };
-    let base = inner.read_state().manifest.clone();
-    let gen_id = base.next_generation_id;
     let epoch = inner.epoch;
     if retrying {
-        if let Some(next) = published_earlier(inner, &base).await? {
+        let publish = inner.publish.lock().await;
+        settle(inner).await?;
+        let base = inner.read_state().manifest.clone();
+        if let Some(next) = published_earlier(inner, &base, gen_id).await? {
             // Adopt it: the generation object it names is read back, never rebuilt (a rebuilt
             // graph may differ from the one the published manifest describes).
             tracing::info!(
@@ -117,6 +138,8 @@ async fn flush_one(inner: &Arc<Inner>, m: &SharedMemtable, retrying: bool) -> Re
                 .await?
                 .pop()
                 .ok_or_else(|| Error::internal("the generation cache returned nothing"))?;
+            swap(inner, mid, &next)?;
+            drop(publish);
             return finish(inner, mid, next, generation, &wal_ids).await;
         }
     }
@@ -185,15 +208,60 @@ async fn flush_one(inner: &Arc<Inner>, m: &SharedMemtable, retrying: bool) -> Re
         Err(e) => return Err(Error::store(&path, e)),
     };
 
-    let mut next = base.clone();
+    // Publish, from the latest version (a compaction may have published since the build).
+    let publish = inner.publish.lock().await;
+    settle(inner).await?;
+    let mut next = inner.read_state().manifest.clone();
     next.version += 1;
     next.generations.push(generation.meta().clone());
-    next.next_generation_id = gen_id + 1;
+    next.next_generation_id = next.next_generation_id.max(gen_id + 1);
     if let Some(w) = last_wal_id {
         next.wal_replay_from = next.wal_replay_from.max(w + 1);
     }
     next.last_seq = next.last_seq.max(max_seq);
-    match inner.manifests.write(&next).await? {
+    self::publish(inner, &next).await?;
+    let generation = Arc::new(generation);
+    // Cached first, so the first query that sees the generation finds it decoded.
+    inner.reader.generations.insert(generation.clone()).await;
+    swap(inner, mid, &next)?;
+    drop(publish);
+    finish(inner, mid, next, generation, &wal_ids).await
+}
+
+/// Before a publish (under the publish lock): find out whether the compaction manifest whose
+/// PUT reported an error landed after all, and install it if it did. Until that is known, no
+/// manifest can be published (its version would be the same).
+pub(crate) async fn settle(inner: &Inner) -> Result<()> {
+    let unsure = inner
+        .unsure_manifest
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    let Some(m) = unsure else {
+        return Ok(());
+    };
+    match inner.manifests.read(m.version).await {
+        Ok(landed) => {
+            if landed == m {
+                tracing::info!("manifest {} of a compaction landed after all", m.version);
+                inner.write_state().manifest = m;
+            }
+        }
+        Err(e) if e.is_not_found() => {}
+        Err(e) => return Err(e),
+    }
+    *inner
+        .unsure_manifest
+        .lock()
+        .unwrap_or_else(|e| e.into_inner()) = None;
+    Ok(())
+}
+
+/// Create manifest version `next.version` (the version after this writer's latest): `Ok` once
+/// it is this writer's, a fenced error when a newer writer owns the index.
+pub(crate) async fn publish(inner: &Inner, next: &Manifest) -> Result<()> {
+    let epoch = inner.epoch;
+    match inner.manifests.write(next).await? {
         // Created, but a newer version may exist: a newer writer pruned this one after moving
         // past it, and this writer (stalled) re-created it. Then it is fenced, and must neither
         // clean up nor move LATEST.
@@ -206,29 +274,57 @@ async fn flush_one(inner: &Arc<Inner>, m: &SharedMemtable, retrying: bool) -> Re
             {
                 return Err(inner.fenced_error());
             }
+            Ok(())
         }
         // A PUT retried inside the store client after its first try landed: ours.
         WriteOutcome::Conflict
-            if inner.manifests.read(next.version).await.ok() == Some(next.clone()) => {}
+            if inner.manifests.read(next.version).await.ok().as_ref() == Some(next) =>
+        {
+            Ok(())
+        }
         WriteOutcome::Conflict => {
             let latest = inner.manifests.load_latest().await?;
-            return Err(match latest {
+            Err(match latest {
                 Some(l) if l.epoch > epoch => inner.fenced_error(),
                 _ => Error::internal(format!(
                     "manifest version {} was created by another handle of epoch {epoch}",
                     next.version
                 )),
-            });
+            })
         }
     }
-    let generation = Arc::new(generation);
-    // Cached first, so the first query that sees the generation finds it decoded.
-    inner.reader.generations.insert(generation.clone()).await;
-    finish(inner, mid, next, generation, &wal_ids).await
 }
 
-/// After manifest `next` naming `generation` is published: swap the frozen memtable `mid` for
-/// it, report the flush, and clean up what it covers.
+/// The visibility point of a flush: swap the frozen memtable `mid` for manifest `next` (which
+/// names its generation) in one step.
+fn swap(inner: &Inner, mid: u64, next: &Manifest) -> Result<()> {
+    let mut st = inner.write_state();
+    match st.frozen.front() {
+        Some(f) if read_memtable(f).id() == mid => {
+            st.frozen.pop_front();
+            st.manifest = next.clone();
+            Ok(())
+        }
+        _ => Err(Error::internal(
+            "frozen memtable queue changed during a flush",
+        )),
+    }
+}
+
+/// Move LATEST to `version` and prune manifest versions beyond the retention (best effort).
+pub(crate) async fn clean_up_manifests(inner: &Inner, version: u64) {
+    let conc = inner.reader.settings.io_concurrency;
+    inner.manifests.publish_hint(version).await;
+    if version > inner.reader.settings.manifest_retention {
+        inner
+            .manifests
+            .prune(version, inner.reader.settings.manifest_retention, conc)
+            .await;
+    }
+}
+
+/// After manifest `next` naming `generation` is published and swapped in: report the flush,
+/// and clean up what it covers.
 async fn finish(
     inner: &Arc<Inner>,
     mid: u64,
@@ -237,21 +333,6 @@ async fn finish(
     wal_ids: &[u64],
 ) -> Result<()> {
     let gen_id = generation.meta().id;
-    // The visibility point: swap the frozen memtable for its generation in one step.
-    {
-        let mut st = inner.write_state();
-        match st.frozen.front() {
-            Some(f) if read_memtable(f).id() == mid => {
-                st.frozen.pop_front();
-                st.manifest = next.clone();
-            }
-            _ => {
-                return Err(Error::internal(
-                    "frozen memtable queue changed during a flush",
-                ))
-            }
-        }
-    }
     inner.backpressure.notify_waiters();
     inner.flush_status.send_modify(|s| {
         s.flushed_upto = mid;
@@ -278,15 +359,9 @@ async fn finish(
     }
     let wal: Vec<_> = doomed.iter().map(|id| inner.paths.wal(*id)).collect();
     let conc = inner.reader.settings.io_concurrency;
-    let manifests = inner.manifests.clone();
     tokio::join!(
         delete_all(&inner.loc.store, wal, conc),
-        manifests.publish_hint(next.version),
+        clean_up_manifests(inner, next.version),
     );
-    if next.version > inner.reader.settings.manifest_retention {
-        manifests
-            .prune(next.version, inner.reader.settings.manifest_retention, conc)
-            .await;
-    }
     Ok(())
 }

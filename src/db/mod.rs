@@ -9,6 +9,7 @@
 //! row twice or not at all.
 
 mod commit;
+mod compact;
 #[cfg(test)]
 mod fixtures;
 mod flush;
@@ -17,6 +18,7 @@ mod pace;
 mod reader;
 mod readonly;
 
+pub use compact::CompactionReport;
 pub use readonly::ReadOnlyIndex;
 
 use crate::format::manifest::Manifest;
@@ -95,6 +97,18 @@ pub struct IndexStats {
     pub append_delay_ms: f64,
     /// Milliseconds group commits waited in total because of the indexing debt.
     pub append_delay_total_ms: f64,
+    /// Rows of the generations the compaction policy would merge now (0 when none is due, or
+    /// compaction is off and the policy would merge nothing).
+    pub compaction_debt_rows: u64,
+    /// Bytes of generation objects a compaction replaced, awaiting their deletion (see
+    /// [`Settings::compaction_grace_ms`]).
+    pub bytes_reclaimable: u64,
+    /// Milliseconds the last compaction took (0 before the first).
+    pub last_compaction_ms: u64,
+    /// Compactions this handle published.
+    pub compactions: u64,
+    /// The last compaction failure, if the compactions since have not succeeded.
+    pub compaction_error: Option<String>,
 }
 
 pub(crate) type SharedMemtable = Arc<RwLock<Memtable>>;
@@ -141,6 +155,19 @@ pub(crate) struct Inner {
     /// Microseconds the last group commit was delayed by pacing (see `pace.rs`), and in total.
     pub append_delay_us: AtomicU64,
     pub append_delay_total_us: AtomicU64,
+    /// Held while a manifest version is computed from the latest one, written and installed
+    /// (flushes and compactions), so every publish starts from the latest version.
+    pub publish: tokio::sync::Mutex<()>,
+    /// A compaction's manifest whose PUT reported an error (it may have landed): settled
+    /// before the next publish.
+    pub unsure_manifest: std::sync::Mutex<Option<Manifest>>,
+    /// Held by the compaction under way: one at a time.
+    pub compacting: tokio::sync::Mutex<()>,
+    /// The id the next generation (flushed or merged) gets.
+    pub next_generation_id: AtomicU64,
+    /// Wakes the compactor (after a flush).
+    pub compact_wake: Notify,
+    pub compaction: std::sync::Mutex<compact::CompactionState>,
 }
 
 impl Inner {
@@ -173,6 +200,10 @@ impl Inner {
         self.unindexed_rows() + queue_full
     }
 
+    pub(crate) fn compaction_state(&self) -> std::sync::MutexGuard<'_, compact::CompactionState> {
+        self.compaction.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub(crate) fn read_state(&self) -> std::sync::RwLockReadGuard<'_, State> {
         self.state.read().unwrap_or_else(|e| e.into_inner())
     }
@@ -190,6 +221,7 @@ impl Inner {
             );
         }
         self.flush_wake.notify_waiters();
+        self.compact_wake.notify_one();
         self.backpressure.notify_waiters();
     }
 
@@ -473,6 +505,7 @@ impl Index {
         );
         let (status_tx, _) = watch::channel(FlushStatus::default());
         let kept_wal = manifest.wal_replay_from.checked_sub(1).filter(|id| *id > 0);
+        let next_generation_id = manifest.next_generation_id;
         let inner = Arc::new(Inner {
             paths,
             manifests,
@@ -496,6 +529,12 @@ impl Index {
             last_flush_ms: AtomicU64::new(0),
             append_delay_us: AtomicU64::new(0),
             append_delay_total_us: AtomicU64::new(0),
+            publish: tokio::sync::Mutex::new(()),
+            compacting: tokio::sync::Mutex::new(()),
+            unsure_manifest: std::sync::Mutex::new(None),
+            next_generation_id: AtomicU64::new(next_generation_id),
+            compact_wake: Notify::new(),
+            compaction: Default::default(),
             loc,
         });
         let (tx, rx) = mpsc::channel(1024);
@@ -504,6 +543,7 @@ impl Index {
         let tasks = vec![
             tokio::spawn(committer.run()),
             tokio::spawn(flush::run_flusher(inner.clone())),
+            tokio::spawn(compact::run_compactor(inner.clone())),
         ];
         // Leak collection is best effort: close() and drop stop it wherever it is.
         let collector = tokio::spawn(garbage::collect(inner.clone(), opened_on));
@@ -653,6 +693,7 @@ impl Index {
         }
         self.collector.abort();
         self.inner.flush_wake.notify_waiters();
+        self.inner.compact_wake.notify_one();
         self.inner.backpressure.notify_waiters();
         // Wake flush() callers, which see the handle closed.
         self.inner.flush_status.send_modify(|_| {});
@@ -791,12 +832,35 @@ impl Index {
             append_delay_ms: self.inner.append_delay_us.load(Ordering::Relaxed) as f64 / 1e3,
             append_delay_total_ms: self.inner.append_delay_total_us.load(Ordering::Relaxed) as f64
                 / 1e3,
+            compaction_debt_rows: 0,
+            bytes_reclaimable: 0,
+            last_compaction_ms: 0,
+            compactions: 0,
+            compaction_error: None,
         };
         drop(st);
+        let c = self.inner.compaction_state();
         IndexStats {
             unindexed_rows: self.inner.unindexed_rows(),
+            compaction_debt_rows: compact::debt(
+                &stats.generations,
+                self.inner.reader.settings.compaction_fanout,
+            ),
+            bytes_reclaimable: c.replaced.iter().map(compact::Replaced::bytes).sum(),
+            last_compaction_ms: c.last_ms,
+            compactions: c.compactions,
+            compaction_error: c.last_error.as_ref().map(|e| e.to_string()),
             ..stats
         }
+    }
+
+    /// Merge every generation into one now (superseded versions and tombstones dropped), and
+    /// wait until the merged generation is published; `None` when there was nothing to merge
+    /// (no generation, or one without tombstones). Runs beside appends and queries; a
+    /// background compaction under way finishes first. See [`Settings::compaction`].
+    pub async fn compact(&self) -> Result<Option<CompactionReport>> {
+        self.check_open()?;
+        compact::compact_once(&self.inner, compact::Pick::All).await
     }
 
     /// Whether a newer writer has fenced this one.
@@ -811,6 +875,7 @@ impl Drop for Index {
         self.inner.closed.store(true, Ordering::SeqCst);
         self.collector.abort();
         self.inner.flush_wake.notify_waiters();
+        self.inner.compact_wake.notify_one();
         self.inner.backpressure.notify_waiters();
     }
 }

@@ -144,15 +144,28 @@ impl ReadOnlyIndex {
         Ok(())
     }
 
-    /// What a read started now sees: the WAL's rows, then the generations.
+    /// What a read started now sees: the WAL's rows, then the generations. When a generation
+    /// of the view is gone (a compaction replaced it and its grace period passed), the view
+    /// moves to the newest manifest first.
     async fn snapshot(&self) -> Result<Snapshot> {
-        let (wal, metas) = {
-            let v = self.view.read().await;
-            (v.wal.search_view(), v.manifest.generations.clone())
-        };
-        self.reader
-            .snapshot(vec![Source::memtable("wal", wal)], &metas)
-            .await
+        let mut attempts = 0;
+        loop {
+            let (wal, metas) = {
+                let v = self.view.read().await;
+                (v.wal.search_view(), v.manifest.generations.clone())
+            };
+            match self
+                .reader
+                .snapshot(vec![Source::memtable("wal", wal)], &metas)
+                .await
+            {
+                Err(e) if e.is_not_found() && attempts < 3 => {
+                    attempts += 1;
+                    self.refresh().await?;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// The index schema.
@@ -228,6 +241,11 @@ impl ReadOnlyIndex {
             last_flush_ms: 0,
             append_delay_ms: 0.0,
             append_delay_total_ms: 0.0,
+            compaction_debt_rows: 0,
+            bytes_reclaimable: 0,
+            last_compaction_ms: 0,
+            compactions: 0,
+            compaction_error: None,
         }
     }
 }

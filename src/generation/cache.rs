@@ -134,6 +134,11 @@ impl GenerationCache {
         self.inner.cache.run_pending_tasks().await;
     }
 
+    /// Drop a generation from the cache (queries holding it keep it).
+    pub(crate) async fn remove(&self, id: u64, epoch: u64) {
+        self.inner.cache.invalidate(&(id, epoch)).await;
+    }
+
     /// What the cache holds (after applying pending evictions).
     pub(crate) async fn stats(&self) -> CacheStats {
         self.inner.cache.run_pending_tasks().await;

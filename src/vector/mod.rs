@@ -192,7 +192,11 @@ impl VectorIndex {
         for (v, r) in data {
             graph.add(r as u32, v);
         }
-        graph.insert_all(&ids);
+        if params.threads == 0 {
+            graph.insert_all(&ids);
+        } else {
+            graph.insert_with(&ids, params.threads);
+        }
         let adjacency = graph.to_adjacency(rows.num_rows(), ids.into_iter(), &Some);
         Self::from_adjacency(rows, vcol, metric, adjacency)
     }
@@ -535,6 +539,7 @@ mod tests {
             params: GraphParams {
                 m: 4,
                 ef_construction: 8,
+                threads: 0,
             },
             above: 0,
         };
