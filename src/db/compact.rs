@@ -314,6 +314,28 @@ pub(crate) async fn compact_once(
     Ok(Some(report))
 }
 
+/// Objects an open found replaced by an earlier writer's compaction (`(id, epoch, bytes)`):
+/// deleted after the grace period, as this writer's replaced generations are.
+pub(crate) fn replaced_at_open(inner: &Inner, objects: &[(u64, u64, u64)]) {
+    let now = Instant::now();
+    inner
+        .compaction_state()
+        .replaced
+        .extend(objects.iter().map(|&(id, epoch, bytes)| Replaced {
+            meta: GenerationMeta {
+                id,
+                epoch,
+                rows: 0,
+                tombstones: 0,
+                bytes,
+                min_seq: 0,
+                max_seq: 0,
+            },
+            since: now,
+            generation: Weak::new(),
+        }));
+}
+
 /// Delete the objects of replaced generations whose grace period has passed and that no query
 /// of this handle still reads.
 pub(crate) async fn delete_replaced(inner: &Arc<Inner>) {

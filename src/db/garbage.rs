@@ -8,8 +8,11 @@
 //!   rows are in generations; the flush that freed them was cut off or its delete failed. Fence
 //!   objects (52 bytes) are never deleted: a writer that stalled through any number of takeovers
 //!   must still collide with the fence at the id it writes next;
-//! - generation objects of an older epoch that no kept manifest version names: flushes that
-//!   failed or were fenced before they published;
+//! - generation objects of an older epoch that no kept manifest version names: flushes and
+//!   compactions that failed, crashed or were fenced before they published;
+//! - generation objects of an older epoch that only older kept versions name (a compaction
+//!   replaced them, and its writer closed or crashed before deleting them): deleted after
+//!   [`crate::Settings::compaction_grace_ms`], as a compaction's replaced objects are;
 //! - probe objects older than [`STALE`]: writers that crashed while opening (a young probe may
 //!   belong to an open in progress);
 //! - on a local directory, staging files (`<name>#<digits>`) older than [`STALE`]: PUTs cut off
@@ -55,16 +58,31 @@ pub(crate) async fn collect(inner: Arc<Inner>, manifest: Manifest) {
 
     match named_generations(&inner, &manifest).await {
         Ok(named) => match list(store, &inner.paths.generations_dir()).await {
-            Ok(objects) => doomed.extend(
-                objects
-                    .into_iter()
-                    .filter(|m| {
-                        parse_generation(&m.location).is_some_and(|(id, epoch)| {
-                            epoch < inner.epoch && !named.contains(&(id, epoch))
-                        })
-                    })
-                    .map(|m| m.location),
-            ),
+            Ok(objects) => {
+                let latest: HashSet<(u64, u64)> = manifest
+                    .generations
+                    .iter()
+                    .map(|g| (g.id, g.epoch))
+                    .collect();
+                let mut replaced = Vec::new();
+                for m in objects {
+                    let Some((id, epoch)) = parse_generation(&m.location) else {
+                        continue;
+                    };
+                    if latest.contains(&(id, epoch)) || epoch >= inner.epoch {
+                        continue;
+                    }
+                    if named.contains(&(id, epoch)) {
+                        // Named by older kept versions only: replaced by a compaction whose
+                        // writer closed or crashed before deleting it. It goes after the
+                        // grace period, as the replaced generations of this writer do.
+                        replaced.push((id, epoch, m.size));
+                    } else {
+                        doomed.push(m.location);
+                    }
+                }
+                super::compact::replaced_at_open(&inner, &replaced);
+            }
             Err(e) => tracing::warn!("garbage collection: {e}"),
         },
         Err(e) => tracing::warn!("garbage collection: cannot read the kept manifests: {e}"),

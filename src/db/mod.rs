@@ -362,6 +362,9 @@ pub struct Index {
     tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// The leak collection started at open (`garbage.rs`).
     collector: tokio::task::JoinHandle<()>,
+    /// The background compactor (`compact.rs`): stopped, not awaited, by `close()`; a
+    /// compaction cut off publishes nothing or a complete manifest version.
+    compactor: tokio::task::JoinHandle<()>,
 }
 
 impl Index {
@@ -543,8 +546,8 @@ impl Index {
         let tasks = vec![
             tokio::spawn(committer.run()),
             tokio::spawn(flush::run_flusher(inner.clone())),
-            tokio::spawn(compact::run_compactor(inner.clone())),
         ];
+        let compactor = tokio::spawn(compact::run_compactor(inner.clone()));
         // Leak collection is best effort: close() and drop stop it wherever it is.
         let collector = tokio::spawn(garbage::collect(inner.clone(), opened_on));
         catch_up_graph(&inner.read_state().active);
@@ -553,6 +556,7 @@ impl Index {
             tx,
             tasks: std::sync::Mutex::new(tasks),
             collector,
+            compactor,
         })
     }
 
@@ -692,8 +696,8 @@ impl Index {
             return Ok(());
         }
         self.collector.abort();
+        self.compactor.abort();
         self.inner.flush_wake.notify_waiters();
-        self.inner.compact_wake.notify_one();
         self.inner.backpressure.notify_waiters();
         // Wake flush() callers, which see the handle closed.
         self.inner.flush_status.send_modify(|_| {});
@@ -711,8 +715,20 @@ impl Index {
     }
 
     /// What a read started now sees: the active memtable, the frozen ones (newest first) and
-    /// the generations of the handle's manifest.
+    /// the generations of the handle's manifest. A generation object deleted between reading
+    /// the list and loading it (a compaction replaced it, and its grace period was shorter
+    /// than this gap) means the list changed: the read starts over on the new one.
     async fn snapshot(&self) -> Result<Snapshot> {
+        let mut attempts = 0;
+        loop {
+            match self.try_snapshot().await {
+                Err(e) if e.is_not_found() && attempts < 3 => attempts += 1,
+                other => return other,
+            }
+        }
+    }
+
+    async fn try_snapshot(&self) -> Result<Snapshot> {
         if self.inner.closed.load(Ordering::SeqCst) {
             return Err(Error::closed());
         }
@@ -874,8 +890,8 @@ impl Drop for Index {
         // The committer stops when its queue closes (dropping `tx`); stop the flusher too.
         self.inner.closed.store(true, Ordering::SeqCst);
         self.collector.abort();
+        self.compactor.abort();
         self.inner.flush_wake.notify_waiters();
-        self.inner.compact_wake.notify_one();
         self.inner.backpressure.notify_waiters();
     }
 }

@@ -137,6 +137,8 @@ impl GenerationCache {
     /// Drop a generation from the cache (queries holding it keep it).
     pub(crate) async fn remove(&self, id: u64, epoch: u64) {
         self.inner.cache.invalidate(&(id, epoch)).await;
+        // The cache's bookkeeping holds the value until its pending tasks run.
+        self.inner.cache.run_pending_tasks().await;
     }
 
     /// What the cache holds (after applying pending evictions).

@@ -64,6 +64,12 @@ enum Command {
         /// Where the index lives.
         location: String,
     },
+    /// Flush the memtable, then merge every generation into one (superseded versions and
+    /// tombstones dropped).
+    Compact {
+        /// Where the index lives.
+        location: String,
+    },
     /// Print every live row as JSON lines.
     Scan {
         /// Where the index lives.
@@ -289,6 +295,7 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
         }
         Command::Delete { location, keys } => delete(&location, &keys, json).await,
         Command::Flush { location } => flush(&location, json).await,
+        Command::Compact { location } => compact(&location, json).await,
         Command::Scan { location, filter } => scan(&location, filter).await,
         Command::Search {
             location,
@@ -537,6 +544,45 @@ async fn flush(location: &str, json: bool) -> lsmsearch::Result<()> {
             stats.generations.len(),
             stats.manifest_version
         );
+    }
+    Ok(())
+}
+
+/// `lsmsearch compact`.
+async fn compact(location: &str, json: bool) -> lsmsearch::Result<()> {
+    let index = Index::open(Location::parse(location)?, Settings::default()).await?;
+    let r = match index.flush().await {
+        Ok(()) => index.compact().await,
+        Err(e) => Err(e),
+    };
+    let stats = index.stats();
+    index.close().await?;
+    let report = r?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"compaction": report, "generations": stats.generations.len(), "manifest_version": stats.manifest_version})
+        );
+        return Ok(());
+    }
+    match report {
+        Some(r) => println!(
+            "compacted {} generations ({} rows, {} bytes) into {} ({} rows, {} bytes) in {} ms; \
+             manifest version {}",
+            r.generations_before,
+            r.rows_in,
+            r.bytes_in,
+            r.generations_after,
+            r.rows_out,
+            r.bytes_out,
+            r.millis,
+            stats.manifest_version
+        ),
+        None => println!(
+            "nothing to compact: {} generations, manifest version {}",
+            stats.generations.len(),
+            stats.manifest_version
+        ),
     }
     Ok(())
 }
@@ -803,6 +849,15 @@ pub(crate) fn print_stats(s: &IndexStats, json: bool) {
         );
     }
     println!("generations:         {}", s.generations.len());
+    if s.compactions > 0 || s.compaction_debt_rows > 0 {
+        println!(
+            "compaction:          {} done, last {} ms; {} rows due; {} bytes reclaimable",
+            s.compactions, s.last_compaction_ms, s.compaction_debt_rows, s.bytes_reclaimable
+        );
+    }
+    if let Some(e) = &s.compaction_error {
+        println!("compaction error:    {e}");
+    }
     if !s.generations.is_empty() {
         println!(
             "  {:>6} {:>10} {:>10} {:>12} {:>12}",
