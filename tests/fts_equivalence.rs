@@ -31,6 +31,10 @@ enum Op {
     Upsert(Vec<(u8, Vec<u8>, Vec<u8>, bool)>),
     Delete(Vec<u8>),
     Flush,
+    /// `compact()`: every generation into one.
+    Compact,
+    /// Query number `n` (mod the list) now, against the reference of the rows so far.
+    Query(usize),
 }
 
 fn words(idx: &[u8]) -> String {
@@ -51,6 +55,8 @@ fn op() -> impl Strategy<Value = Op> {
         6 => prop::collection::vec(row, 1..8).prop_map(Op::Upsert),
         2 => prop::collection::vec(0u8..40, 1..4).prop_map(Op::Delete),
         2 => Just(Op::Flush),
+        1 => Just(Op::Compact),
+        2 => (0usize..100).prop_map(Op::Query),
     ]
 }
 
@@ -97,8 +103,11 @@ pub fn results(batches: &[RecordBatch]) -> Vec<(String, f32)> {
 
 async fn run(ops: Vec<Op>, ks: Vec<usize>) {
     let s = schema();
+    // Background compaction merges runs of two generations while operations and queries go on.
     let settings = Settings {
         memtable_max_rows: 1_000_000,
+        compaction_fanout: 2,
+        compaction_grace_ms: 0,
         ..Settings::default()
     };
     let index = Index::create(memory(), s.clone(), settings).await.unwrap();
@@ -132,6 +141,24 @@ async fn run(ops: Vec<Op>, ks: Vec<usize>) {
                     index.flush().await.unwrap();
                     flushes += 1;
                 }
+            }
+            Op::Compact => {
+                index.compact().await.unwrap();
+            }
+            Op::Query(i) => {
+                let q = QUERIES[i % QUERIES.len()];
+                let k = ks[i % ks.len()];
+                let docs: BTreeMap<String, Vec<Option<String>>> =
+                    live.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect();
+                let reference = Reference::new(&["title", "body"], &docs);
+                let ours = results(
+                    &index
+                        .search_fts(q, &SearchOptions::with_k(k))
+                        .await
+                        .unwrap(),
+                );
+                let ctx = format!("after operation {n}: query {q:?}, k {k}");
+                assert_same_ranking(&ours, &reference.search(q, false), k, &ctx);
             }
         }
     }

@@ -99,6 +99,10 @@ enum Op {
     Upsert(Vec<(u8, Vec<i8>)>),
     Delete(Vec<u8>),
     Flush,
+    /// `compact()`: every generation into one.
+    Compact,
+    /// Search now (with query number `n`, mod the list), against brute force over the rows so far.
+    Query(usize),
 }
 
 fn op(dim: usize) -> impl Strategy<Value = Op> {
@@ -106,18 +110,35 @@ fn op(dim: usize) -> impl Strategy<Value = Op> {
         6 => prop::collection::vec((0u8..50, prop::collection::vec(-8i8..8, dim)), 1..10).prop_map(Op::Upsert),
         2 => prop::collection::vec(0u8..50, 1..4).prop_map(Op::Delete),
         2 => Just(Op::Flush),
+        1 => Just(Op::Compact),
+        2 => (0usize..100).prop_map(Op::Query),
     ]
 }
 
 async fn run(metric: &str, ops: Vec<Op>, queries: Vec<Vec<i8>>, k: usize) {
     let dim = queries[0].len();
     let s = schema(metric, dim);
-    let index = Index::create(common::memory(), s.clone(), Settings::default())
+    // Background compaction merges runs of two generations while operations and queries go on.
+    let settings = Settings {
+        compaction_fanout: 2,
+        compaction_grace_ms: 0,
+        ..Settings::default()
+    };
+    let index = Index::create(common::memory(), s.clone(), settings)
         .await
         .unwrap();
     let mut live = BTreeMap::new();
     let mut flushes = 0;
-    for op in ops {
+    let search = |q: &[i8]| {
+        let q: Vec<f32> = q.iter().map(|x| *x as f32 / 4.0).collect();
+        let opts = VectorSearchOptions {
+            k,
+            ..Default::default()
+        };
+        let index = &index;
+        async move { (results(&index.search_vector(&q, &opts).await.unwrap()), q) }
+    };
+    for (n, op) in ops.into_iter().enumerate() {
         match op {
             Op::Upsert(rows) => {
                 let rows: Vec<(String, Vec<f32>, i64)> = rows
@@ -156,15 +177,19 @@ async fn run(metric: &str, ops: Vec<Op>, queries: Vec<Vec<i8>>, k: usize) {
                     flushes += 1;
                 }
             }
+            Op::Compact => {
+                index.compact().await.unwrap();
+            }
+            Op::Query(i) => {
+                let (ours, q) = search(&queries[i % queries.len()]).await;
+                let all = brute_force(metric, &live, &q);
+                let ctx = format!("{metric}, after operation {n}: q {q:?}, k {k}");
+                assert_same_ranking_with(&ours, &all, k, &ctx, 1.0);
+            }
         }
     }
-    for q in queries {
-        let q: Vec<f32> = q.iter().map(|x| *x as f32 / 4.0).collect();
-        let opts = VectorSearchOptions {
-            k,
-            ..Default::default()
-        };
-        let ours = results(&index.search_vector(&q, &opts).await.unwrap());
+    for q in &queries {
+        let (ours, q) = search(q).await;
         let all = brute_force(metric, &live, &q);
         let ctx = format!("{metric}, q {q:?}, k {k}, {flushes} generations");
         assert_same_ranking_with(&ours, &all, k, &ctx, 1.0);
