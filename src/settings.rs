@@ -88,6 +88,10 @@ pub struct Settings {
     /// (and never while a query of this handle still reads it), so that queries and read-only
     /// handles that planned with the older manifest finish. Default 60,000.
     pub compaction_grace_ms: u64,
+    /// Threads of the handle's query pool, which runs every search's arms (one per source) and
+    /// its per-source planning: searches start no thread of their own, whatever the number of
+    /// generations. 0 (the default): one per core.
+    pub query_threads: usize,
 }
 
 impl Default for Settings {
@@ -112,6 +116,7 @@ impl Default for Settings {
             compaction_fanout: 4,
             compaction_threads: 1,
             compaction_grace_ms: 60_000,
+            query_threads: 0,
         }
     }
 }

@@ -427,9 +427,15 @@ impl Index {
         let mut reader: Option<Reader> = None;
         let (manifest, generations, checked) = loop {
             let cur = latest_manifest(&manifests, &loc).await?;
-            let r = reader.get_or_insert_with(|| {
-                Reader::new(&loc, &paths, cur.schema.clone(), settings.clone())
-            });
+            if reader.is_none() {
+                reader = Some(Reader::new(
+                    &loc,
+                    &paths,
+                    cur.schema.clone(),
+                    settings.clone(),
+                )?);
+            }
+            let r = reader.as_mut().expect("just set");
             let generations = r.generations.get_all(&cur.generations).await?;
             let checked = match replay(
                 &loc.store,

@@ -5,6 +5,7 @@ use crate::format::GenerationMeta;
 use crate::generation::cache::{CacheStats, GenerationCache};
 use crate::query::vector::VectorSearchOptions;
 use crate::query::{fts, vector, SearchOptions};
+use crate::read::pool::QueryPool;
 use crate::read::{compile_filter, BlockLists, Snapshot, Source};
 use crate::schema::IndexSchema;
 use crate::settings::Settings;
@@ -31,6 +32,8 @@ pub(crate) struct Reader {
     /// Decoded generations.
     pub(crate) generations: GenerationCache,
     pub(crate) block_lists: Arc<BlockLists>,
+    /// Runs search arms and per-source planning.
+    pub(crate) pool: Arc<QueryPool>,
 }
 
 impl Reader {
@@ -39,7 +42,7 @@ impl Reader {
         paths: &Paths,
         schema: IndexSchema,
         settings: Settings,
-    ) -> Self {
+    ) -> Result<Self> {
         let stored_schema = schema.stored_schema();
         let text_schema = TextSchema::new(&schema);
         let generations = GenerationCache::new(
@@ -51,15 +54,16 @@ impl Reader {
             settings.io_concurrency,
             settings.cache_bytes,
         );
-        Reader {
+        Ok(Reader {
             user_schema: schema.arrow_schema(),
             stored_schema,
             text_schema,
+            pool: QueryPool::new(settings.query_threads)?,
             schema,
             settings,
             generations,
             block_lists: Arc::default(),
-        }
+        })
     }
 
     /// A snapshot of `memtables` (newest first) and the generations `metas` lists (oldest
@@ -72,7 +76,11 @@ impl Reader {
         let generations = self.generations.get_all(metas).await?;
         let mut sources = memtables;
         sources.extend(generations.into_iter().rev().map(Source::Generation));
-        Ok(Snapshot::new(sources, self.block_lists.clone()))
+        Ok(Snapshot::new(
+            sources,
+            self.block_lists.clone(),
+            self.pool.clone(),
+        ))
     }
 
     /// Every live row of the snapshot, optionally filtered.

@@ -55,7 +55,7 @@ impl ReadOnlyIndex {
             .load_latest()
             .await?
             .ok_or_else(|| Error::invalid(format!("no index at {}", loc.display)))?;
-        let reader = Reader::new(&loc, &paths, m.schema.clone(), settings);
+        let reader = Reader::new(&loc, &paths, m.schema.clone(), settings)?;
         let handle = ReadOnlyIndex {
             view: tokio::sync::RwLock::new(View {
                 manifest: m.clone(),

@@ -103,7 +103,9 @@ impl ObjectKind {
 /// What the manifest records about a generation (also kept in the bundle's directory).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GenerationMeta {
-    /// Generation id (increasing; newer generations have larger ids).
+    /// Generation id (unique; a flush's is larger than every earlier one's, and a compaction's
+    /// merged generation gets a new id but keeps its run's place in the manifest's list,
+    /// which alone orders generations by age).
     pub id: u64,
     /// Epoch of the writer that wrote it (part of the object name).
     pub epoch: u64,

@@ -5,7 +5,7 @@
 use super::exec::{ArmExec, ArmSpec, ArmWork};
 use super::{Conjunction, SearchOptions, SCORE_COLUMN};
 use crate::key::Key;
-use crate::read::{compile_filter, past_view, Live, Snapshot, Source};
+use crate::read::{compile_filter, past_view, BlockLists, Snapshot, Source};
 use crate::schema::IndexSchema;
 use crate::text::{TextIndex, TextSchema};
 use crate::{Error, Result};
@@ -176,42 +176,43 @@ pub(crate) fn plan(
     let out_schema = output_schema(schema);
     let ordering = sort_ordering(&out_schema, true, SCORE_COLUMN)?;
 
-    // Block lists, then each source's text index (a memtable's is caught up here).
+    // Block lists, then each source's text index (a memtable's is caught up here), its live
+    // rows and its share of the statistics, concurrently across sources on the query pool.
     let live = snapshot.live();
+    let pool = snapshot.pool.clone();
     let sources = snapshot.sources;
-    let indexes: Vec<TextIndex> = sources
-        .iter()
-        .map(|s| {
-            s.text_index()?
-                .ok_or_else(|| Error::internal("a source without a text index"))
-        })
-        .collect::<Result<_>>()?;
-
-    // Global statistics over the live rows of every source.
+    let block_lists = snapshot.block_lists;
     let mut terms: Vec<Term> = Vec::new();
     query.query_terms(&mut |t, _| terms.push(t.clone()));
     terms.sort();
     terms.dedup();
+    let per_source: Vec<(TextIndex, usize, SourceStats)> = pool.install(|| {
+        use rayon::prelude::*;
+        sources
+            .par_iter()
+            .zip(live.par_iter())
+            .map(|(source, live)| {
+                let ti = source
+                    .text_index()?
+                    .ok_or_else(|| Error::internal("a source without a text index"))?;
+                let stats = source_stats(ts, &block_lists, source, &ti, &live.mask, &terms)?;
+                Ok((ti, live.count(), stats))
+            })
+            .collect::<Result<_>>()
+    })?;
+    // Global statistics over the live rows of every source.
     let mut stats = GlobalStats::default();
-    let live_rows: Vec<usize> = live.iter().map(Live::count).collect();
-    for (i, ti) in indexes.iter().enumerate() {
-        // The index's totals minus what its dead rows hold.
-        let dead = snapshot.block_lists.dead_terms(&sources[i]);
-        let mut dead = dead.lock().unwrap_or_else(|e| e.into_inner());
-        dead.update(ts, &sources[i], ti, &live[i].mask)?;
-        let (past_df, past_tokens) = past_view(ti, ts.fields().len(), live[i].mask.len(), &terms)?;
-        stats.docs += live_rows[i] as u64;
-        for (pos, field) in ts.fields().iter().enumerate() {
-            *stats.tokens.entry(*field).or_default() += ti
-                .total_tokens(pos)
-                .saturating_sub(dead.tokens(pos) + past_tokens[pos]);
+    for (_, live_rows, s) in &per_source {
+        stats.docs += *live_rows as u64;
+        for (field, n) in ts.fields().iter().zip(&s.tokens) {
+            *stats.tokens.entry(*field).or_default() += n;
         }
-        for (term, past) in terms.iter().zip(past_df) {
-            *stats.doc_freq.entry(term.clone()).or_default() += ti
-                .doc_freq(term)?
-                .saturating_sub(dead.doc_freq(term) + past);
+        for (term, n) in terms.iter().zip(&s.doc_freq) {
+            *stats.doc_freq.entry(term.clone()).or_default() += n;
         }
     }
+    let (indexes, live_rows): (Vec<TextIndex>, Vec<usize>) =
+        per_source.into_iter().map(|(ti, n, _)| (ti, n)).unzip();
     // One weight for every arm: BM25 over the global statistics does not depend on the arm.
     let weight: Option<Arc<dyn Weight>> = match indexes.first() {
         Some(first) => Some(Arc::from(
@@ -229,12 +230,25 @@ pub(crate) fn plan(
     let payload: Arc<[usize]> = (0..schema.payload.len())
         .map(|i| user.fields().len() - schema.payload.len() + i)
         .collect();
-    for (((source, ti), live), live_rows) in
-        sources.into_iter().zip(indexes).zip(live).zip(live_rows)
+    let filter_masks: Vec<Option<Vec<bool>>> = match &filter {
+        Some(f) => pool.install(|| {
+            use rayon::prelude::*;
+            sources
+                .par_iter()
+                .map(|s| s.filter_mask(f, &user).map(Some))
+                .collect::<Result<_>>()
+        })?,
+        None => vec![None; sources.len()],
+    };
+    for ((((source, ti), live), live_rows), fm) in sources
+        .into_iter()
+        .zip(indexes)
+        .zip(live)
+        .zip(live_rows)
+        .zip(filter_masks)
     {
         let mut mask = live.mask;
-        if let Some(f) = &filter {
-            let fm = source.filter_mask(f, &user)?;
+        if let Some(fm) = fm {
             for (m, f) in Arc::make_mut(&mut mask).iter_mut().zip(fm) {
                 *m &= f;
             }
@@ -281,10 +295,49 @@ pub(crate) fn plan(
         out_schema,
         ordering.clone(),
         arms,
+        pool,
     ));
     Ok(Arc::new(
         SortPreservingMergeExec::new(ordering, leaf).with_fetch(Some(opts.k)),
     ))
+}
+
+/// One source's share of the global statistics: tokens per text field and documents per
+/// query term, over its live rows.
+struct SourceStats {
+    tokens: Vec<u64>,
+    doc_freq: Vec<u64>,
+}
+
+/// The statistics of `source`'s live rows: its index's totals minus what its dead rows hold.
+fn source_stats(
+    ts: &TextSchema,
+    block_lists: &BlockLists,
+    source: &Source,
+    ti: &TextIndex,
+    mask: &[bool],
+    terms: &[Term],
+) -> Result<SourceStats> {
+    let dead = block_lists.dead_terms(source);
+    let mut dead = dead.lock().unwrap_or_else(|e| e.into_inner());
+    dead.update(ts, source, ti, mask)?;
+    let (past_df, past_tokens) = past_view(ti, ts.fields().len(), mask.len(), terms)?;
+    let tokens = (0..ts.fields().len())
+        .map(|pos| {
+            ti.total_tokens(pos)
+                .saturating_sub(dead.tokens(pos) + past_tokens[pos])
+        })
+        .collect();
+    let doc_freq = terms
+        .iter()
+        .zip(past_df)
+        .map(|(term, past)| {
+            Ok(ti
+                .doc_freq(term)?
+                .saturating_sub(dead.doc_freq(term) + past))
+        })
+        .collect::<Result<_>>()?;
+    Ok(SourceStats { tokens, doc_freq })
 }
 
 /// A row competing for an arm's top k: ordered so that the greatest is the worst (lowest score,

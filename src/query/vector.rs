@@ -135,20 +135,28 @@ pub(crate) fn plan(
     let out_schema = output_schema(schema);
     let ordering = sort_ordering(&out_schema, false, DISTANCE_COLUMN)?;
     let live = snapshot.live();
+    let pool = snapshot.pool.clone();
     let sources = snapshot.sources;
+    let filter_masks: Vec<Option<Vec<bool>>> = match &filter {
+        Some(f) => pool.install(|| {
+            use rayon::prelude::*;
+            sources
+                .par_iter()
+                .map(|s| s.filter_mask(f, &user).map(Some))
+                .collect::<Result<_>>()
+        })?,
+        None => vec![None; sources.len()],
+    };
     let query: Arc<Vec<f32>> = Arc::new(query.to_vec());
     let payload: Vec<usize> = (0..schema.payload.len())
         .map(|i| user.fields().len() - schema.payload.len() + i)
         .collect();
     let mut arms: Vec<ArmSpec> = Vec::with_capacity(sources.len());
-    for (source, live) in sources.into_iter().zip(live) {
+    for ((source, live), fm) in sources.into_iter().zip(live).zip(filter_masks) {
         let live_rows = live.count();
         let mut mask = live.mask;
-        if let Some(f) = &filter {
-            for (m, f) in Arc::make_mut(&mut mask)
-                .iter_mut()
-                .zip(source.filter_mask(f, &user)?)
-            {
+        if let Some(fm) = fm {
+            for (m, f) in Arc::make_mut(&mut mask).iter_mut().zip(fm) {
                 *m &= f;
             }
         }
@@ -231,6 +239,7 @@ pub(crate) fn plan(
         out_schema,
         ordering.clone(),
         arms,
+        pool,
     ));
     Ok(Arc::new(
         SortPreservingMergeExec::new(ordering, leaf).with_fetch(Some(opts.k)),

@@ -219,25 +219,31 @@ pub(crate) fn live_masks(sources: &[Source], cache: &BlockLists) -> Vec<Live> {
             Source::Generation(_) => None,
         })
         .collect();
-    for (i, g) in gens.iter().enumerate() {
-        let base = cache.newer_mask(g, &gens[..i]);
-        let mut kills: Vec<u32> = Vec::new();
-        for (mt, blocks) in &memtables {
-            let v = &mt.view;
-            kills.extend(blocks.hidden_in(g, &v.batches, &v.offsets, &v.row_hashes, v.rows));
-        }
-        kills.retain(|r| base.live[*r as usize]);
-        let mask = if kills.is_empty() {
-            base.live.clone()
-        } else {
-            let mut live = (*base.live).clone();
-            for r in &kills {
-                live[*r as usize] = false;
+    use rayon::prelude::*;
+    let gen_masks: Vec<Live> = gens
+        .par_iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let base = cache.newer_mask(g, &gens[..i]);
+            let mut kills: Vec<u32> = Vec::new();
+            for (mt, blocks) in &memtables {
+                let v = &mt.view;
+                kills.extend(blocks.hidden_in(g, &v.batches, &v.offsets, &v.row_hashes, v.rows));
             }
-            Arc::new(live)
-        };
-        out.push(Live { mask });
-    }
+            kills.retain(|r| base.live[*r as usize]);
+            let mask = if kills.is_empty() {
+                base.live.clone()
+            } else {
+                let mut live = (*base.live).clone();
+                for r in &kills {
+                    live[*r as usize] = false;
+                }
+                Arc::new(live)
+            };
+            Live { mask }
+        })
+        .collect();
+    out.extend(gen_masks);
     out
 }
 

@@ -7,6 +7,7 @@
 
 mod block_list;
 mod dead_terms;
+pub(crate) mod pool;
 mod source;
 
 pub(crate) use block_list::{live_masks, BlockLists, Live};
@@ -19,6 +20,7 @@ use arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::DFSchema;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::prelude::SessionContext;
+use pool::QueryPool;
 use std::sync::Arc;
 
 /// What a query reads, fixed when it starts: its sources, newest first, and the handle's
@@ -29,22 +31,30 @@ pub(crate) struct Snapshot {
     pub(crate) sources: Vec<Source>,
     /// The handle's cached block lists.
     pub(crate) block_lists: Arc<BlockLists>,
+    /// The handle's query threads.
+    pub(crate) pool: Arc<QueryPool>,
 }
 
 impl Snapshot {
     /// Sources and the block lists they are read with; what the block lists keep for sources
     /// that are gone is dropped.
-    pub(crate) fn new(sources: Vec<Source>, block_lists: Arc<BlockLists>) -> Snapshot {
+    pub(crate) fn new(
+        sources: Vec<Source>,
+        block_lists: Arc<BlockLists>,
+        pool: Arc<QueryPool>,
+    ) -> Snapshot {
         block_lists.retain(&sources);
         Snapshot {
             sources,
             block_lists,
+            pool,
         }
     }
 
-    /// The live rows of each source.
+    /// The live rows of each source (generations' computed concurrently on the query pool).
     pub(crate) fn live(&self) -> Vec<Live> {
-        live_masks(&self.sources, &self.block_lists)
+        self.pool
+            .install(|| live_masks(&self.sources, &self.block_lists))
     }
 
     /// Every live row that passes `filter`, projected to `user_schema`: one batch per source

@@ -1,0 +1,107 @@
+//! The query pool: a fixed set of threads that runs the arms of every search of a handle and
+//! its per-source planning (block lists, statistics, filter masks), so a search over a thousand
+//! generations starts no thread of its own and the process runs a bounded number of threads
+//! whatever the number of generations ([`crate::Settings::query_threads`]).
+
+use crate::{Error, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// A handle's query threads.
+pub(crate) struct QueryPool {
+    pool: rayon::ThreadPool,
+}
+
+impl std::fmt::Debug for QueryPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "QueryPool({} threads)", self.pool.current_num_threads())
+    }
+}
+
+/// Sets a flag when dropped: the arm it belongs to was cancelled (its stream dropped).
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+impl QueryPool {
+    /// A pool of `threads` threads (0: one per core).
+    pub(crate) fn new(threads: usize) -> Result<Arc<QueryPool>> {
+        let threads = if threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            threads
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("lsmsearch-query-{i}"))
+            .build()
+            .map_err(|e| Error::internal(format!("cannot start the query threads: {e}")))?;
+        Ok(Arc::new(QueryPool { pool }))
+    }
+
+    /// Run `f` on the pool (its parallel iterators use the pool's threads), waiting for it.
+    pub(crate) fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+
+    /// Run `work` on the pool; the future resolves to its result. Dropping the future before
+    /// the work starts (a cancelled query) skips it. A panic in `work` is an internal error.
+    pub(crate) fn run<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> Result<T> + Send + 'static,
+    ) -> impl std::future::Future<Output = Result<T>> + Send + 'static {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let flag = cancelled.clone();
+        self.pool.spawn(move || {
+            if flag.load(Ordering::Relaxed) {
+                return;
+            }
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
+                .unwrap_or_else(|_| Err(Error::internal("a search arm panicked")));
+            let _ = tx.send(r);
+        });
+        let guard = CancelOnDrop(cancelled);
+        async move {
+            let _guard = guard;
+            rx.await
+                .map_err(|_| Error::internal("a search arm stopped without an answer"))?
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_dropped_arm_never_runs_and_a_panic_is_an_error() {
+        let pool = QueryPool::new(1).unwrap();
+        // Hold the only thread so the next job waits in the queue.
+        let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+        let busy = pool.run(move || {
+            let _ = hold_rx.recv();
+            Ok(())
+        });
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        drop(pool.run(move || {
+            r.store(true, Ordering::SeqCst);
+            Ok(())
+        }));
+        hold_tx.send(()).unwrap();
+        busy.await.unwrap();
+        let after = pool.run(|| Ok(7));
+        assert_eq!(after.await.unwrap(), 7);
+        assert!(!ran.load(Ordering::SeqCst), "a cancelled arm ran");
+        let e = pool
+            .run(|| -> Result<()> { panic!("boom") })
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Internal);
+    }
+}
