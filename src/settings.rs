@@ -80,6 +80,12 @@ pub struct Settings {
     /// generations is merged into one. The count stays within `max(fanout - 1, 2 log2(flushes))`
     /// and each row is rewritten about `log_fanout(flushes)` times. Default 4.
     pub compaction_fanout: usize,
+    /// At most this many generations: a flush that would exceed it waits until a compaction
+    /// brings the count down (appends slow down meanwhile, through the frozen-memtable queue),
+    /// and at the cap compaction merges the `compaction_fanout` adjacent generations holding the
+    /// fewest rows even where the policy would wait. It bounds the count when appends outrun
+    /// compaction (the policy alone keeps it near `2 log2(flushes)`). Default 16.
+    pub compaction_max_generations: usize,
     /// Cores one compaction may use to build the merged generation's vector graph (the CPU
     /// budget that keeps compaction from starving appends and queries; a compaction also reads
     /// and writes one generation at a time). Default 1.
@@ -114,6 +120,7 @@ impl Default for Settings {
             cache_bytes: 4 << 30,
             compaction: true,
             compaction_fanout: 4,
+            compaction_max_generations: 16,
             compaction_threads: 1,
             compaction_grace_ms: 60_000,
             query_threads: 0,
@@ -168,6 +175,10 @@ impl Settings {
         check(self.cache_bytes > 0, "cache_bytes")?;
         check(self.compaction_fanout >= 2, "compaction_fanout")?;
         check(self.compaction_threads > 0, "compaction_threads")?;
+        check(
+            self.compaction_max_generations > self.compaction_fanout,
+            "compaction_max_generations",
+        )?;
         Ok(())
     }
 }

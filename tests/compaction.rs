@@ -251,6 +251,10 @@ async fn background_compaction_bounds_the_generations_of_a_stream() {
     );
     assert!(stats.compactions > 0);
     assert!(
+        most <= Settings::default().compaction_max_generations,
+        "{most} generations at once: above the cap"
+    );
+    assert!(
         stats.generations.len() <= bound,
         "{} generations after {flushes} flushes (bound {bound})",
         stats.generations.len()

@@ -61,6 +61,10 @@ pub struct StreamOptions {
     pub settings: Settings,
     /// Print the table.
     pub print: bool,
+    /// After the stream, flush and merge every generation into one, to measure the space
+    /// amplification exactly (bytes of the generations ÷ bytes of one generation of the live
+    /// rows).
+    pub compact_at_end: bool,
 }
 
 impl Default for StreamOptions {
@@ -81,6 +85,7 @@ impl Default for StreamOptions {
             dim: 128,
             settings: Settings::default(),
             print: true,
+            compact_at_end: false,
         }
     }
 }
@@ -183,6 +188,19 @@ pub struct StreamReport {
     pub live_rows: usize,
     /// Peak resident memory per 100,000 acknowledged rows, MiB.
     pub peak_rss_mib_per_100k_rows: f64,
+    /// The most generations the index had at once (sampled every 100 ms).
+    pub max_generations: usize,
+    /// Generations, their rows (versions and tombstones) and bytes after the final flush.
+    pub generations_at_end: usize,
+    /// Rows stored in the generations after the final flush.
+    pub generation_rows: u64,
+    /// Bytes of the generations after the final flush.
+    pub generation_bytes: u64,
+    /// Compactions published during the stream.
+    pub compactions: u64,
+    /// `generation_bytes` ÷ the bytes of one generation of the live rows (with
+    /// `compact_at_end`).
+    pub space_amplification: Option<f64>,
 }
 
 /// Resident memory of this process, MiB (0 where /proc is unavailable).
@@ -663,6 +681,17 @@ pub async fn run(o: &StreamOptions) -> Result<StreamReport> {
         query_vectors,
     });
     let mut tasks = tokio::task::JoinSet::new();
+    let max_generations = Arc::new(AtomicUsize::new(0));
+    {
+        let (s, most) = (s.clone(), max_generations.clone());
+        tasks.spawn(async move {
+            while !s.stop.load(Ordering::SeqCst) {
+                most.fetch_max(s.index.stats().generations.len(), Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Ok(())
+        });
+    }
     for w in 0..o.writers {
         tasks.spawn(writer(s.clone(), o.clone(), w));
     }
@@ -776,6 +805,18 @@ pub async fn run(o: &StreamOptions) -> Result<StreamReport> {
     for snap in &snapshots {
         checkpoints.push(check(snap, &schema)?);
     }
+    s.index.flush().await?;
+    let end = s.index.stats();
+    let generation_bytes: u64 = end.generations.iter().map(|g| g.bytes).sum();
+    let space_amplification = if o.compact_at_end {
+        let one = match s.index.compact().await? {
+            Some(r) => r.bytes_out,
+            None => generation_bytes,
+        };
+        Some(generation_bytes as f64 / one.max(1) as f64)
+    } else {
+        None
+    };
     s.index.close().await?;
     let total = std::mem::take(&mut *s.total.lock().unwrap_or_else(|e| e.into_inner()));
     let report = StreamReport {
@@ -798,6 +839,12 @@ pub async fn run(o: &StreamOptions) -> Result<StreamReport> {
         peak_rss_mib: peak_rss,
         live_rows,
         peak_rss_mib_per_100k_rows: peak_rss / (acked.max(1) as f64 / 100_000.0),
+        max_generations: max_generations.load(Ordering::Relaxed),
+        generations_at_end: end.generations.len(),
+        generation_rows: end.generations.iter().map(|g| g.rows).sum(),
+        generation_bytes,
+        compactions: end.compactions,
+        space_amplification,
     };
     say(format!(
         "total: {} rows in {:.1} s = {:.0} rows/s; append p50 {:.1} ms, p99 {:.1} ms, max {:.0} ms",
@@ -823,6 +870,18 @@ pub async fn run(o: &StreamOptions) -> Result<StreamReport> {
     say(format!(
         "peak RSS {:.0} MiB = {:.0} MiB per 100,000 rows acknowledged; {} live rows at the end",
         report.peak_rss_mib, report.peak_rss_mib_per_100k_rows, report.live_rows
+    ));
+    say(format!(
+        "generations: at most {} at once, {} after the final flush ({} rows, {} bytes), {} compactions{}",
+        report.max_generations,
+        report.generations_at_end,
+        report.generation_rows,
+        report.generation_bytes,
+        report.compactions,
+        report
+            .space_amplification
+            .map(|a| format!("; space amplification {a:.2}"))
+            .unwrap_or_default()
     ));
     let path = o.out.join("results.json");
     let json = serde_json::to_vec_pretty(&report)

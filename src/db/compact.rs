@@ -32,6 +32,10 @@ use crate::format::manifest::Manifest;
 use crate::format::GenerationMeta;
 use crate::generation::{Generation, HashIsKey, IndexSpec};
 use crate::schema::deleted_flags;
+use crate::schema::Metric;
+use crate::settings::GraphParams;
+use crate::vector::graph::Adjacency;
+use crate::vector::VectorIndex;
 use crate::{Error, Result};
 use arrow::array::{BooleanArray, RecordBatch};
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
@@ -114,10 +118,27 @@ pub(crate) fn pick(rows: &[u64], fanout: usize) -> Option<Range<usize>> {
     None
 }
 
+/// The run to merge now: the policy's, or at `cap` generations the `fanout` adjacent ones
+/// holding the fewest rows.
+pub(crate) fn due(rows: &[u64], fanout: usize, cap: usize) -> Option<Range<usize>> {
+    pick(rows, fanout).or_else(|| {
+        if rows.len() < cap {
+            return None;
+        }
+        let width = fanout.clamp(2, rows.len());
+        (0..=rows.len() - width)
+            .min_by_key(|&s| rows[s..s + width].iter().sum::<u64>())
+            .map(|s| s..s + width)
+    })
+}
+
 /// The rows of the generation merging `inputs` (adjacent generations, oldest first): the newest
 /// version of each key among them, in sequence order; tombstones left out when
 /// `drop_tombstones` (nothing older remains for them to hide).
-pub(crate) fn merge_rows(inputs: &[Arc<Generation>], drop_tombstones: bool) -> Result<RecordBatch> {
+pub(crate) fn merge_rows(
+    inputs: &[Arc<Generation>],
+    drop_tombstones: bool,
+) -> Result<(RecordBatch, Vec<Vec<bool>>)> {
     let schema = match inputs.first() {
         Some(g) => g.rows().schema(),
         None => return Err(Error::internal("a compaction of no generations")),
@@ -154,10 +175,45 @@ pub(crate) fn merge_rows(inputs: &[Arc<Generation>], drop_tombstones: bool) -> R
     }
     let parts = inputs
         .iter()
-        .zip(keep)
-        .map(|(g, k)| arrow::compute::filter_record_batch(g.rows(), &BooleanArray::from(k)))
+        .zip(&keep)
+        .map(|(g, k)| arrow::compute::filter_record_batch(g.rows(), &BooleanArray::from(k.clone())))
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    Ok(arrow::compute::concat_batches(&schema, &parts)?)
+    Ok((arrow::compute::concat_batches(&schema, &parts)?, keep))
+}
+
+/// The merged generation's graph, continuing the graph of the input with the most rows (its
+/// nodes keep their links; the other inputs' rows are inserted), when that input's graph can
+/// be continued (see [`VectorIndex::continue_graph`]); `None` to build it afresh.
+fn continue_largest(
+    inputs: &[Arc<Generation>],
+    kept: &[Vec<bool>],
+    rows: &RecordBatch,
+    col: usize,
+    metric: Metric,
+    params: GraphParams,
+) -> Result<Option<Adjacency>> {
+    let Some(largest) = (0..inputs.len()).max_by_key(|i| inputs[*i].rows().num_rows()) else {
+        return Ok(None);
+    };
+    let Some(base) = inputs[largest].vector() else {
+        return Ok(None);
+    };
+    // Merged rows are the kept rows of each input, oldest input first.
+    let offset: usize = kept[..largest]
+        .iter()
+        .map(|k| k.iter().filter(|x| **x).count())
+        .sum();
+    let mut next = offset as u32;
+    let base_rows: Vec<Option<u32>> = kept[largest]
+        .iter()
+        .map(|k| {
+            k.then(|| {
+                next += 1;
+                next - 1
+            })
+        })
+        .collect();
+    VectorIndex::continue_graph(rows, col, metric, params, base, &base_rows)
 }
 
 /// Run one compaction if `pick` finds something to merge; `Ok(None)` when it does not. One
@@ -175,7 +231,8 @@ pub(crate) async fn compact_once(
     let run = match pick_by {
         Pick::Policy => {
             let rows: Vec<u64> = metas.iter().map(|m| m.rows).collect();
-            match pick(&rows, inner.reader.settings.compaction_fanout) {
+            let s = &inner.reader.settings;
+            match due(&rows, s.compaction_fanout, s.compaction_max_generations) {
                 Some(run) => run,
                 None => return Ok(None),
             }
@@ -206,15 +263,21 @@ pub(crate) async fn compact_once(
             });
     let built_inputs = inputs.clone();
     let built = in_background_thread(move || -> Result<Option<(Generation, Vec<u8>)>> {
-        let rows = merge_rows(&built_inputs, drop_tombstones)?;
+        let (rows, kept) = merge_rows(&built_inputs, drop_tombstones)?;
         if rows.num_rows() == 0 {
             return Ok(None);
         }
+        let graph = match vector {
+            Some((col, metric, params)) => {
+                continue_largest(&built_inputs, &kept, &rows, col, metric, params)?
+            }
+            None => None,
+        };
         let spec = IndexSpec {
             text: text.as_deref(),
             vector,
         };
-        Generation::build(id, epoch, rows, &schema, spec, None).map(Some)
+        Generation::build(id, epoch, rows, &schema, spec, graph).map(Some)
     })
     .await?;
     let (merged, bytes) = match built {
@@ -451,10 +514,10 @@ pub(crate) async fn run_compactor(inner: Arc<Inner>) {
     }
 }
 
-/// Rows of the run the policy would merge now (0 when none is due): what compaction owes.
-pub(crate) fn debt(metas: &[GenerationMeta], fanout: usize) -> u64 {
+/// Rows of the run compaction would merge now (0 when none is due).
+pub(crate) fn debt(metas: &[GenerationMeta], fanout: usize, cap: usize) -> u64 {
     let rows: Vec<u64> = metas.iter().map(|m| m.rows).collect();
-    pick(&rows, fanout).map_or(0, |r| rows[r].iter().sum())
+    due(&rows, fanout, cap).map_or(0, |r| rows[r].iter().sum())
 }
 
 #[cfg(test)]
@@ -509,6 +572,19 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn at_the_cap_the_cheapest_run_is_merged() {
+        let doubling = [64, 32, 16, 8, 4, 2, 1];
+        assert_eq!(pick(&doubling, 4), None, "the policy waits");
+        assert_eq!(due(&doubling, 4, 8), None, "under the cap");
+        assert_eq!(
+            due(&doubling, 4, 7),
+            Some(3..7),
+            "at the cap: the four smallest"
+        );
+        assert_eq!(due(&[5, 9], 4, 2), Some(0..2));
     }
 
     #[test]

@@ -29,6 +29,16 @@ pub(crate) async fn run_flusher(inner: Arc<Inner>) {
             notified.await;
             continue;
         };
+        // At the generation cap, the flush waits for compaction (appends slow down through the
+        // frozen-memtable queue meanwhile), unless compaction is failing.
+        if over_cap(&inner) {
+            inner.compact_wake.notify_one();
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                _ = notified => {}
+            }
+            continue;
+        }
         let started = std::time::Instant::now();
         let mid = read_memtable(&m).id();
         let gen_id = match attempt {
@@ -72,6 +82,15 @@ pub(crate) async fn run_flusher(inner: Arc<Inner>) {
             }
         }
     }
+}
+
+/// Whether a flush must wait for compaction: compaction is on and not failing, and the
+/// generations are at the cap.
+fn over_cap(inner: &Inner) -> bool {
+    let s = &inner.reader.settings;
+    s.compaction
+        && inner.read_state().manifest.generations.len() >= s.compaction_max_generations
+        && inner.compaction_state().last_error.is_none()
 }
 
 /// The manifest version after `base` when this writer already published it (an earlier

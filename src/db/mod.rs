@@ -867,6 +867,7 @@ impl Index {
             compaction_debt_rows: compact::debt(
                 &stats.generations,
                 self.inner.reader.settings.compaction_fanout,
+                self.inner.reader.settings.compaction_max_generations,
             ),
             bytes_reclaimable: c.replaced.iter().map(compact::Replaced::bytes).sum(),
             last_compaction_ms: c.last_ms,

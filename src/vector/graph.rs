@@ -102,6 +102,30 @@ impl Adjacency {
         }
     }
 
+    /// Row `row`'s neighbour lists, layer 0 first, up to the highest layer it is in.
+    pub(crate) fn lists(&self, row: u32) -> Vec<Vec<u32>> {
+        let r = row as usize;
+        let mut out = Vec::new();
+        if r + 1 < self.offsets.len() {
+            out.push(
+                self.neighbours[self.offsets[r] as usize..self.offsets[r + 1] as usize].to_vec(),
+            );
+        }
+        for u in &self.upper {
+            match u.nodes.binary_search(&row) {
+                Ok(i) => out
+                    .push(u.neighbours[u.offsets[i] as usize..u.offsets[i + 1] as usize].to_vec()),
+                Err(_) => break,
+            }
+        }
+        out
+    }
+
+    /// The entry row, if the graph has nodes.
+    pub(crate) fn entry(&self) -> Option<u32> {
+        self.entry
+    }
+
     /// The section bytes (layout in `docs/format.md`).
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out: Vec<u32> = vec![
@@ -261,6 +285,11 @@ pub(crate) struct FlatGraph {
 }
 
 impl FlatGraph {
+    /// The graph's layers.
+    pub(crate) fn adjacency(&self) -> &Adjacency {
+        &self.adjacency
+    }
+
     /// A graph over `vectors` (row-major, `dim` per row, one per row of the adjacency).
     pub(crate) fn new(
         adjacency: Adjacency,

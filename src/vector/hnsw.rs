@@ -196,6 +196,52 @@ impl HnswBuilder {
         added
     }
 
+    /// Add point `id` already linked: `lists[l]` are its neighbours in layer `l` (it is in
+    /// layers `0..lists.len()`), as in a graph this one continues. False as for
+    /// [`HnswBuilder::add`].
+    pub(crate) fn add_linked(&self, id: u32, vector: Vec<f32>, lists: Vec<Vec<u32>>) -> bool {
+        let i = id as usize;
+        if vector.len() != self.dim {
+            return false;
+        }
+        let Some(segment) = self.segments.get(i / SEGMENT) else {
+            return false;
+        };
+        let segment = segment.get_or_init(|| (0..SEGMENT).map(|_| OnceLock::new()).collect());
+        let mut lists = lists;
+        lists.truncate(MAX_LEVEL + 1);
+        if lists.is_empty() {
+            lists.push(Vec::new());
+        }
+        let layers = lists
+            .into_iter()
+            .enumerate()
+            .map(|(l, mut v)| {
+                v.truncate(if l == 0 { self.m0 } else { self.m });
+                Mutex::new(v)
+            })
+            .collect();
+        let added = segment[i % SEGMENT]
+            .set(Node {
+                vector: vector.into_boxed_slice(),
+                layers,
+            })
+            .is_ok();
+        if added {
+            self.bound.fetch_max(i + 1, Ordering::AcqRel);
+            self.nodes.fetch_add(1, Ordering::AcqRel);
+        }
+        added
+    }
+
+    /// Make node `id` (added before) the entry, at its level.
+    pub(crate) fn set_entry(&self, id: u32) {
+        if let Some(node) = self.node(id) {
+            *self.entry.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some((id, node.layers.len() - 1));
+        }
+    }
+
     /// Copy node `id`'s neighbours in `layer` into `out`.
     #[inline]
     fn links_into(&self, id: u32, layer: usize, out: &mut Vec<u32>) {

@@ -227,6 +227,10 @@ enum BenchCommand {
         /// Index settings as JSON (fields of `Settings`; the rest keep their defaults).
         #[arg(long)]
         settings: Option<String>,
+        /// After the stream, merge every generation into one and report the space
+        /// amplification (bytes of the generations ÷ bytes of one generation of the live rows).
+        #[arg(long)]
+        compact_at_end: bool,
     },
     /// Write the benchmark corpus (Cranfield replicated, with vectors) to OUT/docs.parquet and
     /// its queries to OUT/queries.parquet, for measuring other systems on the same data.
@@ -363,6 +367,7 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
                 data,
                 dim,
                 settings,
+                compact_at_end,
             } => {
                 let positive = |v: f64, name: &str| {
                     Duration::try_from_secs_f64(v).map_err(|_| {
@@ -391,6 +396,7 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
                     dim,
                     settings,
                     print: !json,
+                    compact_at_end,
                 };
                 let report = lsmsearch::bench::stream::run(&opts).await?;
                 if json {
