@@ -270,7 +270,7 @@ mod tests {
         let mut dead = DeadTerms::default();
         // Masks of successive queries, newer and older views interleaved; the index holds rows
         // past a short view, which the view has no text for.
-        let masks: [&[bool]; 7] = [
+        let masks: [&[bool]; 9] = [
             &[true; 7],
             &[false, false, true, true, false, true, true],
             &[true, true, true, true, false, false, true],
@@ -278,6 +278,9 @@ mod tests {
             &[true, false, true],
             &[false, true, true, true, false],
             &[false; 7],
+            // An older view after a newer one counted rows past it as dead.
+            &[true, false, true],
+            &[true; 7],
         ];
         for mask in masks {
             dead.update(&ts, &source(mask.len()), &full, mask).unwrap();
