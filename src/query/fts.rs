@@ -315,7 +315,7 @@ fn source_stats(
     block_lists: &BlockLists,
     source: &Source,
     ti: &TextIndex,
-    mask: &[bool],
+    mask: &Arc<Vec<bool>>,
     terms: &[Term],
 ) -> Result<SourceStats> {
     let dead = block_lists.dead_terms(source);

@@ -18,8 +18,9 @@ use super::source::Source;
 use crate::schema::deleted_flags;
 use crate::text::{DocRows, TextIndex, TextSchema};
 use crate::Result;
-use arrow::array::{Array, AsArray};
+use arrow::array::{Array, AsArray, RecordBatch};
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use tantivy::schema::IndexRecordOption;
 use tantivy::tokenizer::{TextAnalyzer, MAX_TOKEN_LEN};
 use tantivy::{DocSet, Term, TERMINATED};
@@ -40,6 +41,12 @@ pub(crate) struct DeadTerms {
     doc_freq: HashMap<Term, u64>,
     /// Tokens of the counted rows, per text field.
     tokens: Vec<u64>,
+    /// The stored batches (and their first rows) of the longest view seen: they hold the text
+    /// of every row ever counted, which a query with an older, shorter view may have to
+    /// uncount (a row's text never changes, whichever view holds it).
+    text: (Vec<RecordBatch>, Vec<usize>),
+    /// The mask and index rows of the last update: the same again changes nothing.
+    last: Option<(Arc<Vec<bool>>, usize)>,
 }
 
 impl DeadTerms {
@@ -51,8 +58,20 @@ impl DeadTerms {
         ts: &TextSchema,
         source: &Source,
         index: &TextIndex,
-        live: &[bool],
+        mask: &Arc<Vec<bool>>,
     ) -> Result<()> {
+        if self
+            .last
+            .as_ref()
+            .is_some_and(|(m, rows)| Arc::ptr_eq(m, mask) && *rows == index.rows())
+        {
+            return Ok(());
+        }
+        let live: &[bool] = mask;
+        let held: usize = self.text.0.iter().map(RecordBatch::num_rows).sum();
+        if source.rows() > held || self.text.0.is_empty() {
+            self.text = (source.batches().to_vec(), source.offsets().to_vec());
+        }
         let covered = index.rows().min(live.len());
         let end = covered.max(self.state.len());
         if self.state.len() < end {
@@ -62,6 +81,7 @@ impl DeadTerms {
             self.tokens.resize(ts.fields().len(), 0);
         }
         let mut analyzers: Option<Vec<TextAnalyzer>> = None;
+        let mut changed = false;
         for r in 0..end {
             let dead = r < covered && !live.get(r).copied().unwrap_or(true);
             let change = match (self.state[r], dead) {
@@ -69,8 +89,11 @@ impl DeadTerms {
                 (COUNTED, false) => -1,
                 _ => continue,
             };
-            let (b, row) = source.locate(r);
-            let batch = &source.batches()[b];
+            let Some((batch, row)) = locate(&self.text, r) else {
+                return Err(crate::Error::internal(format!(
+                    "row {r} is in no stored batch of its source"
+                )));
+            };
             if change > 0 && deleted_flags(batch).value(row) {
                 self.state[r] = TOMBSTONE;
                 continue;
@@ -111,8 +134,12 @@ impl DeadTerms {
                 }
             }
             self.state[r] = if change > 0 { COUNTED } else { NOT_COUNTED };
+            changed = true;
         }
-        self.doc_freq.retain(|_, n| *n > 0);
+        if changed {
+            self.doc_freq.retain(|_, n| *n > 0);
+        }
+        self.last = Some((mask.clone(), index.rows()));
         Ok(())
     }
 
@@ -125,6 +152,15 @@ impl DeadTerms {
     pub(crate) fn tokens(&self, field: usize) -> u64 {
         self.tokens.get(field).copied().unwrap_or(0)
     }
+}
+
+/// The batch holding row `r` of `(batches, first rows)`, and its row in it.
+fn locate(text: &(Vec<RecordBatch>, Vec<usize>), r: usize) -> Option<(&RecordBatch, usize)> {
+    let (batches, offsets) = text;
+    let b = offsets.partition_point(|o| *o <= r).checked_sub(1)?;
+    let batch = batches.get(b)?;
+    let row = r - offsets[b];
+    (row < batch.num_rows()).then_some((batch, row))
 }
 
 /// What `index` holds of its rows from `from` on (rows a memtable's view does not hold): each
@@ -283,7 +319,9 @@ mod tests {
             &[true; 7],
         ];
         for mask in masks {
-            dead.update(&ts, &source(mask.len()), &full, mask).unwrap();
+            let shared = Arc::new(mask.to_vec());
+            dead.update(&ts, &source(mask.len()), &full, &shared)
+                .unwrap();
             let (past_df, past_tokens) = past_view(&full, 1, mask.len(), &terms).unwrap();
             let expect: Vec<usize> = (0..7)
                 .filter(|r| *r != 4 && !mask.get(*r).copied().unwrap_or(false))
