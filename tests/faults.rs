@@ -477,3 +477,44 @@ async fn appends_do_not_wait_forever_behind_flushes_that_keep_failing() {
     store.clear();
     index.flush().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_compaction_manifest_that_landed_but_reported_an_error_does_not_wedge_the_writer() {
+    // compact()'s manifest lands but the writer sees an error: the next publish (a flush) must
+    // find it, install it and go on, and nothing is lost or shown twice.
+    let (store, loc) = faulty();
+    let s = schema();
+    let settings = Settings {
+        memtable_max_rows: 1_000_000,
+        compaction: false,
+        ..Settings::default()
+    };
+    let index = Index::create(loc.clone(), s.clone(), settings.clone())
+        .await
+        .unwrap();
+    for g in 0..4 {
+        index
+            .append(&batch(&s, &rows(&format!("g{g}-"), 5)))
+            .await
+            .unwrap();
+        index.flush().await.unwrap();
+    }
+    store.on("put", "manifest/", Action::SucceedThenFailOnce);
+    assert!(index.compact().await.is_err(), "the PUT reported an error");
+    store.clear();
+    index.append(&batch(&s, &rows("after-", 5))).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), index.flush())
+        .await
+        .expect("the flush after it finishes")
+        .unwrap();
+    assert_eq!(
+        index.stats().generations.len(),
+        2,
+        "the merged generation (installed) and the new one"
+    );
+    assert_eq!(live(&index).await.len(), 25);
+    index.close().await.unwrap();
+    let reopened = Index::open(loc, settings).await.unwrap();
+    assert_eq!(reopened.stats().generations.len(), 2);
+    assert_eq!(live(&reopened).await.len(), 25);
+}

@@ -106,10 +106,11 @@ pub(crate) fn pick(rows: &[u64], fanout: usize) -> Option<Range<usize>> {
     for end in (0..rows.len()).rev() {
         let mut sum = rows[end];
         let mut start = end;
-        // rows ≤ 1.5 × sum: a slack that lets flushes of slightly varying sizes merge.
-        while start > 0 && 2 * rows[start - 1] <= 3 * sum {
+        // rows ≤ 1.5 × sum: a slack that lets flushes of slightly varying sizes merge. (Row
+        // counts come from manifests: the arithmetic saturates.)
+        while start > 0 && rows[start - 1].saturating_mul(2) <= sum.saturating_mul(3) {
             start -= 1;
-            sum += rows[start];
+            sum = sum.saturating_add(rows[start]);
         }
         if end + 1 - start >= fanout.max(2) {
             return Some(start..end + 1);
@@ -127,7 +128,11 @@ pub(crate) fn due(rows: &[u64], fanout: usize, cap: usize) -> Option<Range<usize
         }
         let width = fanout.clamp(2, rows.len());
         (0..=rows.len() - width)
-            .min_by_key(|&s| rows[s..s + width].iter().sum::<u64>())
+            .min_by_key(|&s| {
+                rows[s..s + width]
+                    .iter()
+                    .fold(0u64, |a, r| a.saturating_add(*r))
+            })
             .map(|s| s..s + width)
     })
 }
@@ -226,6 +231,9 @@ pub(crate) async fn compact_once(
     if inner.fenced.load(Ordering::SeqCst) {
         return Err(inner.fenced_error());
     }
+    if inner.closed.load(Ordering::SeqCst) {
+        return Err(Error::closed());
+    }
     let started = Instant::now();
     let metas = inner.read_state().manifest.generations.clone();
     let run = match pick_by {
@@ -307,20 +315,26 @@ pub(crate) async fn compact_once(
         .generations
         .windows(run_metas.len())
         .position(|w| w == &run_metas[..]);
-    let Some(at) = at else {
+    let given_up = match at {
+        None => Some("the list changed"),
+        // Tombstones may only go when nothing older remains below them.
+        Some(at) if drop_tombstones && at != 0 => Some("generations appeared below its run"),
+        Some(_) => None,
+    };
+    let Some(at) = at.filter(|_| given_up.is_none()) else {
         drop(publish);
         tracing::info!(
-            "compaction of {} generations given up: the list changed",
-            run_metas.len()
+            "compaction of {} generations given up: {}",
+            run_metas.len(),
+            given_up.unwrap_or("the list changed")
         );
+        // No manifest names the merged object: delete it now rather than at the next open.
+        if merged.is_some() {
+            let path = inner.paths.generation(id, epoch);
+            crate::manifest::delete_all(&inner.loc.store, vec![path], 1).await;
+        }
         return Ok(None);
     };
-    // Tombstones may only go when nothing older remains below them.
-    if drop_tombstones && at != 0 {
-        return Err(Error::internal(
-            "generations appeared below a compaction's run",
-        ));
-    }
     let mut next: Manifest = base.clone();
     next.version += 1;
     next.next_generation_id = next.next_generation_id.max(id + 1);
@@ -517,7 +531,9 @@ pub(crate) async fn run_compactor(inner: Arc<Inner>) {
 /// Rows of the run compaction would merge now (0 when none is due).
 pub(crate) fn debt(metas: &[GenerationMeta], fanout: usize, cap: usize) -> u64 {
     let rows: Vec<u64> = metas.iter().map(|m| m.rows).collect();
-    due(&rows, fanout, cap).map_or(0, |r| rows[r].iter().sum())
+    due(&rows, fanout, cap).map_or(0, |r| {
+        rows[r].iter().fold(0u64, |a, r| a.saturating_add(*r))
+    })
 }
 
 #[cfg(test)]

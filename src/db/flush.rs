@@ -248,8 +248,9 @@ async fn flush_one(
 }
 
 /// Before a publish (under the publish lock): find out whether the compaction manifest whose
-/// PUT reported an error landed after all, and install it if it did. Until that is known, no
-/// manifest can be published (its version would be the same).
+/// PUT reported an error landed after all, and install it if it did. While its version is the
+/// next one it may still land (a PUT completing late), so it is kept until that version is
+/// taken; [`publish`] recognises it then.
 pub(crate) async fn settle(inner: &Inner) -> Result<()> {
     let unsure = inner
         .unsure_manifest
@@ -259,21 +260,29 @@ pub(crate) async fn settle(inner: &Inner) -> Result<()> {
     let Some(m) = unsure else {
         return Ok(());
     };
+    if m.version <= inner.read_state().manifest.version {
+        // That version is taken: this manifest can never land.
+        *inner
+            .unsure_manifest
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
+        return Ok(());
+    }
     match inner.manifests.read(m.version).await {
         Ok(landed) => {
             if landed == m {
                 tracing::info!("manifest {} of a compaction landed after all", m.version);
                 inner.write_state().manifest = m;
             }
+            *inner
+                .unsure_manifest
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = None;
+            Ok(())
         }
-        Err(e) if e.is_not_found() => {}
-        Err(e) => return Err(e),
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(e),
     }
-    *inner
-        .unsure_manifest
-        .lock()
-        .unwrap_or_else(|e| e.into_inner()) = None;
-    Ok(())
 }
 
 /// Create manifest version `next.version` (the version after this writer's latest): `Ok` once
@@ -302,6 +311,27 @@ pub(crate) async fn publish(inner: &Inner, next: &Manifest) -> Result<()> {
             Ok(())
         }
         WriteOutcome::Conflict => {
+            // This writer's own compaction manifest, whose PUT reported an error and landed
+            // late: install it; the caller starts over from it.
+            let unsure = inner
+                .unsure_manifest
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            if let Some(m) = unsure.filter(|m| m.version == next.version) {
+                if inner.manifests.read(m.version).await.ok().as_ref() == Some(&m) {
+                    tracing::info!("manifest {} of a compaction landed late", m.version);
+                    inner.write_state().manifest = m;
+                    *inner
+                        .unsure_manifest
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner()) = None;
+                    return Err(Error::internal(format!(
+                        "manifest version {} was taken by this writer's compaction; retrying",
+                        next.version
+                    )));
+                }
+            }
             let latest = inner.manifests.load_latest().await?;
             Err(match latest {
                 Some(l) if l.epoch > epoch => inner.fenced_error(),
