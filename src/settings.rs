@@ -86,6 +86,12 @@ pub struct Settings {
     /// fewest rows even where the policy would wait. It bounds the count when appends outrun
     /// compaction (the policy alone keeps it near `2 log2(flushes)`). Default 16.
     pub compaction_max_generations: usize,
+    /// A compaction's merged graph continues the graph of its largest input (its nodes keep
+    /// their links; only the other rows are inserted) instead of being built afresh. Cheaper in
+    /// proportion to the largest input's share of the rows, but measured worse on clustered
+    /// vectors (near-duplicate documents): recall@10 0.80-0.86 against 0.89 for fresh graphs in
+    /// the paced `bench stream`. Default off.
+    pub compaction_continue_graph: bool,
     /// Cores one compaction may use to build the merged generation's vector graph (the CPU
     /// budget that keeps compaction from starving appends and queries; a compaction also reads
     /// and writes one generation at a time). Default 1.
@@ -121,6 +127,7 @@ impl Default for Settings {
             compaction: true,
             compaction_fanout: 4,
             compaction_max_generations: 16,
+            compaction_continue_graph: false,
             compaction_threads: 1,
             compaction_grace_ms: 60_000,
             query_threads: 0,

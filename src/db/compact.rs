@@ -270,16 +270,17 @@ pub(crate) async fn compact_once(
                 (col, metric, params)
             });
     let built_inputs = inputs.clone();
+    let continue_graph = inner.reader.settings.compaction_continue_graph;
     let built = in_background_thread(move || -> Result<Option<(Generation, Vec<u8>)>> {
         let (rows, kept) = merge_rows(&built_inputs, drop_tombstones)?;
         if rows.num_rows() == 0 {
             return Ok(None);
         }
         let graph = match vector {
-            Some((col, metric, params)) => {
+            Some((col, metric, params)) if continue_graph => {
                 continue_largest(&built_inputs, &kept, &rows, col, metric, params)?
             }
-            None => None,
+            _ => None,
         };
         let spec = IndexSpec {
             text: text.as_deref(),

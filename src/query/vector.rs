@@ -166,7 +166,7 @@ pub(crate) fn plan(
         let arm_k = opts.k.min(candidates.max(1));
         let ef = opts
             .ef
-            .unwrap_or(settings.hnsw_ef_search)
+            .unwrap_or_else(|| ef_for(settings, source.rows()))
             .max(arm_k)
             .min(source.rows().max(1));
         let walk = !opts.exact && candidates >= settings.vector_exact_below;
@@ -244,6 +244,17 @@ pub(crate) fn plan(
     Ok(Arc::new(
         SortPreservingMergeExec::new(ordering, leaf).with_fetch(Some(opts.k)),
     ))
+}
+
+/// The default candidate list of a graph over `rows` rows: `hnsw_ef_search` up to
+/// `memtable_max_rows` rows (a flushed generation), and in proportion beyond (a compaction's
+/// merged generation), so that merging generations does not lower recall: a walk of one graph
+/// of n rows finds less than walks of the n / m graphs of m rows it replaced, each with the
+/// same list. The total candidate list over the generations stays what it was before the merge.
+fn ef_for(settings: &Settings, rows: usize) -> usize {
+    let unit = settings.memtable_max_rows.max(1);
+    let scale = rows.div_ceil(unit).max(1);
+    settings.hnsw_ef_search.saturating_mul(scale)
 }
 
 /// The graph an arm walks, if any.
