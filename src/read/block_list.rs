@@ -4,17 +4,20 @@
 //! its key is in no strictly newer source. The keys (key hashes, a hit confirmed on the exact
 //! key) of the newer sources form the source's block list. Memtables are compared with each
 //! other per query. What newer generations hide of a generation only changes when the list of
-//! generations does, and what a memtable's rows hide of a generation only grows as rows are
-//! appended, so a handle keeps both in its [`BlockLists`] and a query does no work proportional
-//! to the generations' rows.
+//! generations does: it is computed for a whole list in one pass from the newest generation to
+//! the oldest with a growing map of the keys seen (O(rows), whatever the number of
+//! generations), and extended in O(new rows) when a flush adds a generation on top. What a
+//! memtable's rows hide of a generation only grows as rows are appended. A handle keeps both in
+//! its [`BlockLists`], so a query does no work proportional to the generations' rows.
 
 use super::dead_terms::DeadTerms;
 use super::source::Source;
-use crate::generation::Generation;
+use crate::generation::{Generation, HashIsKey};
 use crate::key::Key;
 use crate::schema::deleted_flags;
 use arrow::array::{BooleanArray, RecordBatch};
 use std::collections::{HashMap, HashSet};
+use std::hash::BuildHasherDefault;
 use std::sync::{Arc, Mutex};
 
 /// The live rows of one source.
@@ -31,13 +34,98 @@ impl Live {
     }
 }
 
-/// What the generations newer than one generation hide of it.
+/// What newer generations hide of every generation of one list, from one pass over their rows.
 #[derive(Debug)]
-struct NewerMask {
-    /// `(id, epoch)` of the newer generations, newest first.
-    newer: Vec<(u64, u64)>,
-    /// Per row: neither a tombstone nor superseded by a newer generation.
-    live: Arc<Vec<bool>>,
+struct ListMasks {
+    /// `(id, epoch)` of the generations, oldest first.
+    ids: Vec<(u64, u64)>,
+    /// Key hash → `(generation position, row)` of the newest version in the list.
+    newest: HashMap<u64, (u32, u32), BuildHasherDefault<HashIsKey>>,
+    /// Per generation, oldest first: per row, neither a tombstone nor superseded by a newer
+    /// generation.
+    live: Vec<Arc<Vec<bool>>>,
+}
+
+/// Lists of generations whose masks a handle keeps: the newest two (queries of an older
+/// snapshot may interleave with the newest).
+const KEPT_LISTS: usize = 2;
+
+impl ListMasks {
+    /// The masks of `gens` (oldest first), newest to oldest with a growing map of the keys
+    /// seen: O(rows) whatever the number of generations.
+    fn build(gens: &[&Arc<Generation>]) -> ListMasks {
+        let mut m = ListMasks {
+            ids: gens.iter().map(|g| key_of(g)).collect(),
+            newest: HashMap::with_capacity_and_hasher(
+                gens.iter().map(|g| g.rows().num_rows()).sum(),
+                Default::default(),
+            ),
+            live: (0..gens.len()).map(|_| Arc::default()).collect(),
+        };
+        for pos in (0..gens.len()).rev() {
+            let g = gens[pos];
+            let deleted = deleted_flags(g.rows());
+            let mut live: Vec<bool> = (0..g.rows().num_rows())
+                .map(|r| !deleted.value(r))
+                .collect();
+            for (r, h) in g.row_hashes().iter().enumerate() {
+                match m.newest.get(h) {
+                    None => {
+                        m.newest.insert(*h, (pos as u32, r as u32));
+                    }
+                    Some(&(np, nr)) => {
+                        let key = g.key_at(r);
+                        let newer = gens[np as usize].key_at(nr as usize) == key
+                            || gens[pos + 1..]
+                                .iter()
+                                .any(|n| n.row_of_key(*h, || key.clone()).is_some());
+                        if newer {
+                            live[r] = false;
+                        }
+                    }
+                }
+            }
+            m.live[pos] = Arc::new(live);
+        }
+        m
+    }
+
+    /// Add `added` (newer than every generation of the list, oldest first) on top: each of
+    /// their rows hides the version the list held, if any. O(their rows).
+    fn extend(&mut self, all: &[&Arc<Generation>], added: usize) {
+        let first = all.len() - added;
+        for pos in first..all.len() {
+            let g = all[pos];
+            let deleted = deleted_flags(g.rows());
+            self.live.push(Arc::new(
+                (0..g.rows().num_rows())
+                    .map(|r| !deleted.value(r))
+                    .collect(),
+            ));
+            self.ids.push(key_of(g));
+            for (r, h) in g.row_hashes().iter().enumerate() {
+                let key = || g.key_at(r);
+                match self.newest.get(h).copied() {
+                    Some((np, nr)) if all[np as usize].key_at(nr as usize) == key() => {
+                        Arc::make_mut(&mut self.live[np as usize])[nr as usize] = false;
+                        self.newest.insert(*h, (pos as u32, r as u32));
+                    }
+                    Some(_) => {
+                        // A hash collision: look the key up in every older generation.
+                        let k = key();
+                        for (o, older) in all[..pos].iter().enumerate() {
+                            if let Some(x) = older.row_of_key(*h, || k.clone()) {
+                                Arc::make_mut(&mut self.live[o])[x] = false;
+                            }
+                        }
+                    }
+                    None => {
+                        self.newest.insert(*h, (pos as u32, r as u32));
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Memtable rows checked against one generation, and `(generation row, memtable row)` pairs.
@@ -55,9 +143,9 @@ struct MemtableBlocks {
 /// The block lists a handle keeps between queries (a cache: anything dropped is recomputed).
 #[derive(Debug, Default)]
 pub(crate) struct BlockLists {
-    /// Per generation `(id, epoch)`: what newer generations hide of it, for the list of newer
-    /// generations last asked about.
-    between: Mutex<HashMap<(u64, u64), Arc<NewerMask>>>,
+    /// What newer generations hide of each generation, for the lists last asked about (most
+    /// recent first).
+    lists: Mutex<Vec<ListMasks>>,
     /// Per memtable id: what its rows hide of each generation.
     memtables: Mutex<HashMap<u64, Arc<MemtableBlocks>>>,
     /// Per source: the dead rows of its text index last counted.
@@ -88,19 +176,17 @@ fn key_of(g: &Generation) -> (u64, u64) {
 }
 
 impl BlockLists {
-    /// Drop what is kept for memtables and generations `sources` does not hold (flushed
-    /// memtables, generations no longer listed).
+    /// Drop what is kept for memtables and sources `sources` does not hold (flushed memtables,
+    /// generations no longer listed; the masks of generation lists go as newer lists come).
     pub(crate) fn retain(&self, sources: &[Source]) {
-        let mut mems = HashSet::new();
-        let mut gens = HashSet::new();
-        for s in sources {
-            match s {
-                Source::Memtable(m) => mems.insert(m.view.id),
-                Source::Generation(g) => gens.insert(key_of(g)),
-            };
-        }
+        let mems: HashSet<u64> = sources
+            .iter()
+            .filter_map(|s| match s {
+                Source::Memtable(m) => Some(m.view.id),
+                Source::Generation(_) => None,
+            })
+            .collect();
         lock(&self.memtables).retain(|id, _| mems.contains(id));
-        lock(&self.between).retain(|k, _| gens.contains(k));
         let keys: HashSet<SourceKey> = sources.iter().map(SourceKey::of).collect();
         lock(&self.dead).retain(|k, _| keys.contains(k));
     }
@@ -117,36 +203,27 @@ impl BlockLists {
         lock(&self.memtables).entry(id).or_default().clone()
     }
 
-    /// The rows of `g` that `newer` (the generations newer than it, newest first) hide, with
-    /// its tombstones: computed once per list of newer generations, and extended (not
-    /// recomputed) when generations were only added on top.
-    fn newer_mask(&self, g: &Generation, newer: &[&Arc<Generation>]) -> Arc<NewerMask> {
-        let ids: Vec<(u64, u64)> = newer.iter().map(|n| key_of(n)).collect();
-        let cached = lock(&self.between).get(&key_of(g)).cloned();
-        let (mut live, todo) = match cached {
-            Some(c) if c.newer == ids => return c,
-            Some(c) if ids.ends_with(&c.newer) => ((*c.live).clone(), ids.len() - c.newer.len()),
-            _ => {
-                let deleted = deleted_flags(g.rows());
-                let live = (0..g.rows().num_rows())
-                    .map(|r| !deleted.value(r))
-                    .collect();
-                (live, ids.len())
-            }
+    /// Per generation of `gens` (oldest first): the rows neither tombstones nor superseded by
+    /// a newer generation of the list. Computed once per list in O(rows), and extended in
+    /// O(new rows) when generations were only added on top (a flush).
+    fn generation_masks(&self, gens: &[&Arc<Generation>]) -> Vec<Arc<Vec<bool>>> {
+        let ids: Vec<(u64, u64)> = gens.iter().map(|g| key_of(g)).collect();
+        let mut lists = lock(&self.lists);
+        let found = lists
+            .iter()
+            .position(|l| ids.len() >= l.ids.len() && ids[..l.ids.len()] == l.ids[..]);
+        let mut entry = match found {
+            Some(i) => lists.remove(i),
+            None => ListMasks::build(gens),
         };
-        for n in &newer[..todo] {
-            for (r, h) in n.row_hashes().iter().enumerate() {
-                if let Some(mine) = g.row_of_key(*h, || n.key_at(r)) {
-                    live[mine] = false;
-                }
-            }
+        if entry.ids.len() < ids.len() {
+            let added = ids.len() - entry.ids.len();
+            entry.extend(gens, added);
         }
-        let mask = Arc::new(NewerMask {
-            newer: ids,
-            live: Arc::new(live),
-        });
-        lock(&self.between).insert(key_of(g), mask.clone());
-        mask
+        let masks = entry.live.clone();
+        lists.insert(0, entry);
+        lists.truncate(KEPT_LISTS);
+        masks
     }
 }
 
@@ -220,21 +297,24 @@ pub(crate) fn live_masks(sources: &[Source], cache: &BlockLists) -> Vec<Live> {
         })
         .collect();
     use rayon::prelude::*;
+    // The generations' own masks (what newer generations hide), oldest first.
+    let oldest_first: Vec<&Arc<Generation>> = gens.iter().rev().copied().collect();
+    let mut bases = cache.generation_masks(&oldest_first);
+    bases.reverse();
     let gen_masks: Vec<Live> = gens
         .par_iter()
-        .enumerate()
-        .map(|(i, g)| {
-            let base = cache.newer_mask(g, &gens[..i]);
+        .zip(bases)
+        .map(|(g, base)| {
             let mut kills: Vec<u32> = Vec::new();
             for (mt, blocks) in &memtables {
                 let v = &mt.view;
                 kills.extend(blocks.hidden_in(g, &v.batches, &v.offsets, &v.row_hashes, v.rows));
             }
-            kills.retain(|r| base.live[*r as usize]);
+            kills.retain(|r| base[*r as usize]);
             let mask = if kills.is_empty() {
-                base.live.clone()
+                base
             } else {
-                let mut live = (*base.live).clone();
+                let mut live = (*base).clone();
                 for r in &kills {
                     live[*r as usize] = false;
                 }
