@@ -229,16 +229,21 @@ async fn flush_one(
 
     // Publish, from the latest version (a compaction may have published since the build).
     let publish = inner.publish.lock().await;
-    settle(inner).await?;
-    let mut next = inner.read_state().manifest.clone();
-    next.version += 1;
-    next.generations.push(generation.meta().clone());
-    next.next_generation_id = next.next_generation_id.max(gen_id + 1);
-    if let Some(w) = last_wal_id {
-        next.wal_replay_from = next.wal_replay_from.max(w + 1);
-    }
-    next.last_seq = next.last_seq.max(max_seq);
-    self::publish(inner, &next).await?;
+    let next = loop {
+        settle(inner).await?;
+        let mut next = inner.read_state().manifest.clone();
+        next.version += 1;
+        next.generations.push(generation.meta().clone());
+        next.next_generation_id = next.next_generation_id.max(gen_id + 1);
+        if let Some(w) = last_wal_id {
+            next.wal_replay_from = next.wal_replay_from.max(w + 1);
+        }
+        next.last_seq = next.last_seq.max(max_seq);
+        // `false`: a compaction's manifest took the version (now installed): again from it.
+        if self::publish(inner, &next).await? {
+            break next;
+        }
+    };
     let generation = Arc::new(generation);
     // Cached first, so the first query that sees the generation finds it decoded.
     inner.reader.generations.insert(generation.clone()).await;
@@ -285,9 +290,11 @@ pub(crate) async fn settle(inner: &Inner) -> Result<()> {
     }
 }
 
-/// Create manifest version `next.version` (the version after this writer's latest): `Ok` once
-/// it is this writer's, a fenced error when a newer writer owns the index.
-pub(crate) async fn publish(inner: &Inner, next: &Manifest) -> Result<()> {
+/// Create manifest version `next.version` (the version after this writer's latest): `Ok(true)`
+/// once it is this writer's; `Ok(false)` when this writer's own compaction manifest, whose PUT
+/// reported an error, had landed at that version (it is installed: compute `next` again); a
+/// fenced error when a newer writer owns the index.
+pub(crate) async fn publish(inner: &Inner, next: &Manifest) -> Result<bool> {
     let epoch = inner.epoch;
     match inner.manifests.write(next).await? {
         // Created, but a newer version may exist: a newer writer pruned this one after moving
@@ -302,13 +309,13 @@ pub(crate) async fn publish(inner: &Inner, next: &Manifest) -> Result<()> {
             {
                 return Err(inner.fenced_error());
             }
-            Ok(())
+            Ok(true)
         }
         // A PUT retried inside the store client after its first try landed: ours.
         WriteOutcome::Conflict
             if inner.manifests.read(next.version).await.ok().as_ref() == Some(next) =>
         {
-            Ok(())
+            Ok(true)
         }
         WriteOutcome::Conflict => {
             // This writer's own compaction manifest, whose PUT reported an error and landed
@@ -326,10 +333,7 @@ pub(crate) async fn publish(inner: &Inner, next: &Manifest) -> Result<()> {
                         .unsure_manifest
                         .lock()
                         .unwrap_or_else(|e| e.into_inner()) = None;
-                    return Err(Error::internal(format!(
-                        "manifest version {} was taken by this writer's compaction; retrying",
-                        next.version
-                    )));
+                    return Ok(false);
                 }
             }
             let latest = inner.manifests.load_latest().await?;

@@ -187,6 +187,16 @@ impl BlockLists {
             })
             .collect();
         lock(&self.memtables).retain(|id, _| mems.contains(id));
+        // Lists naming a generation the snapshot does not hold (replaced by a compaction) go:
+        // their key maps are as large as the generations' rows.
+        let gens: HashSet<(u64, u64)> = sources
+            .iter()
+            .filter_map(|s| match s {
+                Source::Generation(g) => Some(key_of(g)),
+                Source::Memtable(_) => None,
+            })
+            .collect();
+        lock(&self.lists).retain(|l| l.ids.iter().all(|k| gens.contains(k)));
         let keys: HashSet<SourceKey> = sources.iter().map(SourceKey::of).collect();
         lock(&self.dead).retain(|k, _| keys.contains(k));
     }
@@ -209,18 +219,29 @@ impl BlockLists {
     fn generation_masks(&self, gens: &[&Arc<Generation>]) -> Vec<Arc<Vec<bool>>> {
         let ids: Vec<(u64, u64)> = gens.iter().map(|g| key_of(g)).collect();
         let mut lists = lock(&self.lists);
+        // The exact list, else the longest one this list extends.
         let found = lists
             .iter()
-            .position(|l| ids.len() >= l.ids.len() && ids[..l.ids.len()] == l.ids[..]);
+            .enumerate()
+            .filter(|(_, l)| ids.len() >= l.ids.len() && ids[..l.ids.len()] == l.ids[..])
+            .max_by_key(|(_, l)| l.ids.len())
+            .map(|(i, _)| i);
         let mut entry = match found {
             Some(i) => lists.remove(i),
-            None => ListMasks::build(gens),
+            None => {
+                // Built without holding the lock: other queries' lists stay available.
+                drop(lists);
+                let built = ListMasks::build(gens);
+                lists = lock(&self.lists);
+                built
+            }
         };
         if entry.ids.len() < ids.len() {
             let added = ids.len() - entry.ids.len();
             entry.extend(gens, added);
         }
         let masks = entry.live.clone();
+        lists.retain(|l| l.ids != entry.ids);
         lists.insert(0, entry);
         lists.truncate(KEPT_LISTS);
         masks

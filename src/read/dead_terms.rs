@@ -20,7 +20,7 @@ use crate::text::{DocRows, TextIndex, TextSchema};
 use crate::Result;
 use arrow::array::{Array, AsArray, RecordBatch};
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use tantivy::schema::IndexRecordOption;
 use tantivy::tokenizer::{TextAnalyzer, MAX_TOKEN_LEN};
 use tantivy::{DocSet, Term, TERMINATED};
@@ -45,8 +45,10 @@ pub(crate) struct DeadTerms {
     /// of every row ever counted, which a query with an older, shorter view may have to
     /// uncount (a row's text never changes, whichever view holds it).
     text: (Vec<RecordBatch>, Vec<usize>),
-    /// The mask and index rows of the last update: the same again changes nothing.
-    last: Option<(Arc<Vec<bool>>, usize)>,
+    /// The mask (weakly: holding it would make every change of it a copy) and index rows of
+    /// the last update: the same again changes nothing. A weak reference keeps the allocation,
+    /// so no other mask can take its address meanwhile.
+    last: Option<(Weak<Vec<bool>>, usize)>,
 }
 
 impl DeadTerms {
@@ -60,11 +62,9 @@ impl DeadTerms {
         index: &TextIndex,
         mask: &Arc<Vec<bool>>,
     ) -> Result<()> {
-        if self
-            .last
-            .as_ref()
-            .is_some_and(|(m, rows)| Arc::ptr_eq(m, mask) && *rows == index.rows())
-        {
+        if self.last.as_ref().is_some_and(|(m, rows)| {
+            std::ptr::eq(m.as_ptr(), Arc::as_ptr(mask)) && *rows == index.rows()
+        }) {
             return Ok(());
         }
         let live: &[bool] = mask;
@@ -139,7 +139,7 @@ impl DeadTerms {
         if changed {
             self.doc_freq.retain(|_, n| *n > 0);
         }
-        self.last = Some((mask.clone(), index.rows()));
+        self.last = Some((Arc::downgrade(mask), index.rows()));
         Ok(())
     }
 
