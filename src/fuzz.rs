@@ -216,7 +216,7 @@ fn fixture() -> Fixture {
         text: Some(&text),
         vector: schema.vector_spec(&Settings::default()),
     };
-    let (_, generation) = Generation::build(3, 2, rows.clone(), &stored, spec, None).unwrap();
+    let (_, generation) = Generation::build(3, 2, rows.clone(), &stored, spec, None, 1).unwrap();
     Fixture {
         schema,
         stored,

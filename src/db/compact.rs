@@ -286,7 +286,8 @@ pub(crate) async fn compact_once(
             text: text.as_deref(),
             vector,
         };
-        Generation::build(id, epoch, rows, &schema, spec, graph).map(Some)
+        let flushes = built_inputs.iter().map(|g| g.meta().flushes).sum();
+        Generation::build(id, epoch, rows, &schema, spec, graph, flushes).map(Some)
     })
     .await?;
     let (merged, bytes) = match built {
@@ -463,6 +464,7 @@ pub(crate) fn replaced_at_open(inner: &Inner, objects: &[(u64, u64, u64)]) {
                 bytes,
                 min_seq: 0,
                 max_seq: 0,
+                flushes: 1,
             },
             since: now,
             generation: Weak::new(),

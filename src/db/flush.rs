@@ -192,7 +192,7 @@ async fn flush_one(
             }
             graph.to_adjacency(mrows, &ordinals)
         });
-        Generation::build(gen_id, epoch, rows, &schema, spec, graph)
+        Generation::build(gen_id, epoch, rows, &schema, spec, graph, 1)
     })
     .await??;
     // Created, never overwritten: if an earlier attempt's PUT landed (whatever it reported),

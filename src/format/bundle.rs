@@ -225,6 +225,7 @@ mod tests {
             bytes: 0,
             min_seq: 1,
             max_seq: 3,
+            flushes: 1,
         }
     }
 

@@ -119,6 +119,16 @@ pub struct GenerationMeta {
     pub min_seq: u64,
     /// Largest sequence number stored.
     pub max_seq: u64,
+    /// Flushes whose rows it holds: 1 for a flushed generation, the sum of its inputs' for a
+    /// compaction's. Vector search walks a generation's graph with a candidate list this many
+    /// times as long, so merging generations does not lower recall. Absent (1) in objects and
+    /// manifests written before it existed.
+    #[serde(default = "one")]
+    pub flushes: u64,
+}
+
+fn one() -> u64 {
+    1
 }
 
 #[cfg(test)]

@@ -95,6 +95,7 @@ impl Generation {
         schema: &SchemaRef,
         spec: IndexSpec<'_>,
         graph: Option<Adjacency>,
+        flushes: u64,
     ) -> Result<(Generation, Vec<u8>)> {
         let seqs = rows
             .column_by_name(SEQ_COLUMN)
@@ -144,6 +145,7 @@ impl Generation {
             bytes: 0,
             min_seq,
             max_seq,
+            flushes: flushes.max(1),
         };
         let out = w.finish(&mut meta)?;
         Ok((
@@ -345,6 +347,7 @@ mod tests {
                 vector: None,
             },
             None,
+            1,
         )
         .unwrap();
         assert_eq!(g.meta().bytes as usize, bytes.len());
@@ -424,7 +427,7 @@ mod tests {
                 text: Some(&ts),
                 vector: None,
             };
-            Generation::build(1, 1, rows, &s.stored_schema(), spec, None)
+            Generation::build(1, 1, rows, &s.stored_schema(), spec, None, 1)
                 .unwrap()
                 .1
         };

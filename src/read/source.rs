@@ -75,6 +75,14 @@ impl Source {
         }
     }
 
+    /// Flushes whose rows the source holds: 1 for a memtable or a flushed generation.
+    pub(crate) fn flushes(&self) -> u64 {
+        match self {
+            Source::Memtable(_) => 1,
+            Source::Generation(g) => g.meta().flushes,
+        }
+    }
+
     /// `(ordinal, key hash)` of the newest version of each key in the source.
     pub(crate) fn candidates(&self) -> &Arc<Vec<(usize, u64)>> {
         match self {
