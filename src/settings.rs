@@ -49,7 +49,9 @@ pub struct Settings {
     /// 200/100 gave 5,300 rows/s and recall 0.92-0.94, 64/100 11,200 rows/s and 0.75-0.80,
     /// 100/200 11,800 rows/s and 0.93-0.97, 100/400 10,800 rows/s and 0.96-0.98.
     pub hnsw_ef_construction: usize,
-    /// HNSW: default candidate list size of a graph search (a query's `ef` overrides it).
+    /// HNSW: default candidate list size of a graph search (a query's `ef` overrides it). A
+    /// compaction's merged generation is walked with this times the flushes whose rows it
+    /// holds (`GenerationMeta::flushes`), the total list of the graphs it replaced.
     /// Default 400, from the paced `lsmsearch bench stream` (1 writer at 2,000 rows/s in
     /// 100-row batches, 20 queries/s, 90 s): recall@10 on snapshots 0.958-0.970 and vector
     /// p50 4.1 ms, against 0.902-0.910 and 2.7 ms at 200.

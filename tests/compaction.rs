@@ -125,7 +125,10 @@ async fn compact_keeps_every_answer_and_drops_superseded_rows_and_tombstones() {
         "superseded versions and tombstones are gone"
     );
     assert_eq!(stats.generations[0].tombstones, 0);
-    assert_eq!(stats.generations[0].flushes, 6, "it holds the rows of six flushes");
+    assert_eq!(
+        stats.generations[0].flushes, 6,
+        "it holds the rows of six flushes"
+    );
     assert!(report.rows_in > report.rows_out);
     assert_eq!(answers(&index).await, before, "answers changed");
     assert_eq!(stats.compactions, 1);
