@@ -166,7 +166,7 @@ pub(crate) fn plan(
         let arm_k = opts.k.min(candidates.max(1));
         let ef = opts
             .ef
-            .unwrap_or_else(|| ef_for(settings, source.flushes()))
+            .unwrap_or_else(|| ef_for(settings, source.flushes(), source.rows()))
             .max(arm_k)
             .min(source.rows().max(1));
         let walk = !opts.exact && candidates >= settings.vector_exact_below;
@@ -246,14 +246,20 @@ pub(crate) fn plan(
     ))
 }
 
-/// The default candidate list of a generation's graph: `hnsw_ef_search` times the flushes
-/// whose rows it holds (1 for a flushed generation), so that a compaction's merged graph is
-/// walked with the total list of the graphs it replaced. One graph over the rows of k flushes
-/// finds less with one list than the k graphs did with a list each (measured on clustered
-/// vectors: recall@10 0.92 with twice the list, against 0.95 before the merge).
-fn ef_for(settings: &Settings, flushes: u64) -> usize {
-    let scale = usize::try_from(flushes.max(1)).unwrap_or(usize::MAX);
-    settings.hnsw_ef_search.saturating_mul(scale)
+/// The default candidate list of a generation's graph: `hnsw_ef_search` for a flushed
+/// generation, and for a compaction's merged one that times the flushes whose rows it holds,
+/// but no more than its rows in units of half a memtable (a typical flush: the graphs the
+/// default list was measured on). One graph over the rows of k flushes finds less with one list
+/// than the k graphs did with a list each (clustered vectors, paced `bench stream`: recall@10
+/// 0.89 with the same list, 0.96 with k times it); the row bound keeps a merge of many small
+/// flushes, whose graphs a list of 400 walked almost whole, from walking its graph whole.
+fn ef_for(settings: &Settings, flushes: u64, rows: usize) -> usize {
+    let unit = (settings.memtable_max_rows / 2).max(1);
+    let by_rows = rows.div_ceil(unit).max(1);
+    let by_flushes = usize::try_from(flushes.max(1)).unwrap_or(usize::MAX);
+    settings
+        .hnsw_ef_search
+        .saturating_mul(by_flushes.min(by_rows))
 }
 
 /// The graph an arm walks, if any.

@@ -179,6 +179,10 @@ enum BenchCommand {
         /// Keep the built indexes in OUT and reuse those built with the same parameters.
         #[arg(long)]
         reuse: bool,
+        /// Build with compaction on (the G flushes are merged as the policy decides; the count
+        /// left is printed).
+        #[arg(long)]
+        compaction: bool,
     },
     /// Writers and readers on one index at once: prints acknowledged rows/s, append and query
     /// latency, generations, memtable and unindexed rows and memory every interval, checks
@@ -415,6 +419,7 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
                 cold_queries,
                 shape,
                 reuse,
+                compaction,
             } => {
                 let shape = match shape.as_str() {
                     "generations" => lsmsearch::bench::Shape::Generations,
@@ -444,6 +449,7 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
                     progress: !json && std::io::IsTerminal::is_terminal(&std::io::stderr()),
                     print: !json,
                     reuse,
+                    compaction,
                     ..Default::default()
                 };
                 bench_generations(&opts, json).await
