@@ -119,6 +119,17 @@ impl HnswBuilder {
     /// An empty graph of `dim`-dimensional points: `m` neighbours per node (`2m` in layer 0),
     /// candidate lists of `ef_construction` while inserting.
     pub(crate) fn new(dim: usize, space: Space, m: usize, ef_construction: usize) -> Self {
+        Self::with_segments(dim, space, m, ef_construction, SEGMENTS)
+    }
+
+    /// As [`HnswBuilder::new`], with room for ids below `segments` × 4,096.
+    pub(crate) fn with_segments(
+        dim: usize,
+        space: Space,
+        m: usize,
+        ef_construction: usize,
+        segments: usize,
+    ) -> Self {
         let m = m.max(2);
         HnswBuilder {
             dim,
@@ -127,7 +138,7 @@ impl HnswBuilder {
             m0: 2 * m,
             ef_construction: ef_construction.max(m),
             level_mult: 1.0 / (m as f64).ln(),
-            segments: (0..SEGMENTS).map(|_| OnceLock::new()).collect(),
+            segments: (0..segments).map(|_| OnceLock::new()).collect(),
             entry: Mutex::new(None),
             raising: Mutex::new(()),
             bound: AtomicUsize::new(0),
@@ -240,6 +251,11 @@ impl HnswBuilder {
             *self.entry.lock().unwrap_or_else(|e| e.into_inner()) =
                 Some((id, node.layers.len() - 1));
         }
+    }
+
+    /// One past the largest id the graph has room for.
+    pub(crate) fn capacity(&self) -> usize {
+        self.segments.len() * SEGMENT
     }
 
     /// Copy node `id`'s neighbours in `layer` into `out`.

@@ -484,18 +484,25 @@ const INSERT_CHUNK: usize = 1024;
 impl MemVectorIndex {
     /// An empty graph as `spec` describes; `None` for `dot`.
     pub(crate) fn new(spec: &MemGraphSpec) -> Option<Self> {
+        Self::with_builder(
+            spec,
+            HnswBuilder::new(
+                spec.dim,
+                space_of(spec.metric),
+                spec.params.m,
+                spec.params.ef_construction,
+            ),
+        )
+    }
+
+    fn with_builder(spec: &MemGraphSpec, graph: HnswBuilder) -> Option<Self> {
         if spec.metric == Metric::Dot {
             return None;
         }
         Some(MemVectorIndex {
             vcol: spec.vcol,
             metric: spec.metric,
-            graph: HnswBuilder::new(
-                spec.dim,
-                space_of(spec.metric),
-                spec.params.m,
-                spec.params.ef_construction,
-            ),
+            graph,
             indexed: std::sync::atomic::AtomicUsize::new(0),
             running: std::sync::atomic::AtomicBool::new(false),
         })
@@ -629,6 +636,48 @@ impl MemVectorIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rows_beyond_the_graphs_capacity_stay_in_the_scanned_tail() {
+        use arrow::array::{FixedSizeListArray, Float32Array};
+        use arrow::datatypes::{DataType, Field, Schema};
+        let spec = MemGraphSpec {
+            vcol: 0,
+            dim: 2,
+            metric: Metric::L2,
+            params: GraphParams {
+                m: 4,
+                ef_construction: 8,
+                threads: 0,
+            },
+            above: 0,
+        };
+        // Room for ids below 4,096: a memtable of 5,000 rows outgrows it.
+        let graph = HnswBuilder::with_segments(2, Space::L2, 4, 8, 1);
+        let g = MemVectorIndex::with_builder(&spec, graph).expect("an l2 graph");
+        let n = 5000;
+        let values: Vec<f32> = (0..n).flat_map(|i| [i as f32, 1.0]).collect();
+        let list = FixedSizeListArray::try_new(
+            std::sync::Arc::new(Field::new("item", DataType::Float32, true)),
+            2,
+            std::sync::Arc::new(Float32Array::from(values)),
+            None,
+        )
+        .unwrap();
+        let schema = Schema::new(vec![Field::new("v", list.data_type().clone(), true)]);
+        let batch =
+            RecordBatch::try_new(std::sync::Arc::new(schema), vec![std::sync::Arc::new(list)])
+                .unwrap();
+        let _role = g.try_start().expect("free");
+        g.catch_up(&[batch], &[0], n, &|| true);
+        // Rows at and past `indexed` are scanned by searches: none may be counted as in the
+        // graph without being in it.
+        assert!(
+            g.indexed() <= 4096,
+            "{} rows counted as indexed",
+            g.indexed()
+        );
+    }
 
     #[test]
     fn a_refused_claim_leaves_the_inserter_role_with_its_holder() {
