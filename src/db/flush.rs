@@ -175,6 +175,10 @@ async fn flush_one(
         // If the background inserter makes no progress for a while (it should not happen),
         // the generation's graph is built here instead of waiting on.
         let graph = mem_graph.and_then(|(graph, (batches, offsets, mrows))| {
+            // A graph without room for every row (2^28 ids) is not the generation's.
+            if graph.coverable(mrows) < mrows {
+                return None;
+            }
             let mut progress = (graph.indexed(), std::time::Instant::now());
             while graph.indexed() < mrows {
                 if let Some(_role) = graph.try_start() {

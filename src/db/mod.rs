@@ -312,7 +312,7 @@ pub(crate) fn catch_up_graph(mem: &SharedMemtable) {
             // Rows applied while this pass ran: go on unless another inserter takes over.
             let behind = weak
                 .upgrade()
-                .is_some_and(|m| read_memtable(&m).rows() > graph.indexed());
+                .is_some_and(|m| graph.coverable(read_memtable(&m).rows()) > graph.indexed());
             if !behind {
                 return;
             }

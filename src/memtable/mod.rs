@@ -192,7 +192,7 @@ impl Memtable {
     pub(crate) fn graph_behind(&self) -> Option<Arc<MemVectorIndex>> {
         self.graph
             .as_ref()
-            .filter(|g| g.indexed() < self.rows)
+            .filter(|g| g.indexed() < g.coverable(self.rows))
             .cloned()
     }
 
@@ -206,7 +206,7 @@ impl Memtable {
     pub(crate) fn unindexed_rows(&self) -> usize {
         self.graph
             .as_ref()
-            .map_or(0, |g| self.rows.saturating_sub(g.indexed()))
+            .map_or(0, |g| g.coverable(self.rows).saturating_sub(g.indexed()))
     }
 
     /// Rows in the vector graph (0 without one).

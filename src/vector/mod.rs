@@ -508,6 +508,12 @@ impl MemVectorIndex {
         })
     }
 
+    /// How many of `rows` memtable rows the graph can take (ids below 2^28); the rest stay in
+    /// the tail searches scan exactly.
+    pub(crate) fn coverable(&self, rows: usize) -> usize {
+        rows.min(self.graph.capacity())
+    }
+
     /// Rows `[0, indexed)` are in the graph.
     pub(crate) fn indexed(&self) -> usize {
         self.indexed.load(std::sync::atomic::Ordering::Acquire)
@@ -541,6 +547,8 @@ impl MemVectorIndex {
     ) {
         loop {
             let start = self.indexed();
+            // Rows from the graph's capacity on (2^28 ids) stay in the tail searches scan.
+            let rows = self.coverable(rows);
             if start >= rows || !keep_going() {
                 return;
             }
