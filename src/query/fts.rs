@@ -5,7 +5,7 @@
 use super::exec::{ArmExec, ArmSpec, ArmWork};
 use super::{Conjunction, SearchOptions, SCORE_COLUMN};
 use crate::key::Key;
-use crate::read::{compile_filter, past_view, BlockLists, Snapshot, Source};
+use crate::read::{compile_filter, filter_masks, past_view, BlockLists, Snapshot, Source};
 use crate::schema::IndexSchema;
 use crate::text::{TextIndex, TextSchema};
 use crate::{Error, Result};
@@ -230,16 +230,7 @@ pub(crate) fn plan(
     let payload: Arc<[usize]> = (0..schema.payload.len())
         .map(|i| user.fields().len() - schema.payload.len() + i)
         .collect();
-    let filter_masks: Vec<Option<Vec<bool>>> = match &filter {
-        Some(f) => pool.install(|| {
-            use rayon::prelude::*;
-            sources
-                .par_iter()
-                .map(|s| s.filter_mask(f, &user).map(Some))
-                .collect::<Result<_>>()
-        })?,
-        None => vec![None; sources.len()],
-    };
+    let filter_masks = filter_masks(&pool, &sources, filter.as_ref(), &user)?;
     for ((((source, ti), live), live_rows), fm) in sources
         .into_iter()
         .zip(indexes)

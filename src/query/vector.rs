@@ -5,7 +5,7 @@ use super::exec::{ArmExec, ArmSpec, ArmWork};
 use super::fts::sort_ordering;
 use super::DISTANCE_COLUMN;
 use crate::key::Key;
-use crate::read::{compile_filter, Snapshot, Source};
+use crate::read::{compile_filter, filter_masks, Snapshot, Source};
 use crate::schema::{IndexSchema, Metric};
 use crate::settings::Settings;
 use crate::vector::{distance, MemVectorIndex, VectorIndex};
@@ -137,16 +137,7 @@ pub(crate) fn plan(
     let live = snapshot.live();
     let pool = snapshot.pool.clone();
     let sources = snapshot.sources;
-    let filter_masks: Vec<Option<Vec<bool>>> = match &filter {
-        Some(f) => pool.install(|| {
-            use rayon::prelude::*;
-            sources
-                .par_iter()
-                .map(|s| s.filter_mask(f, &user).map(Some))
-                .collect::<Result<_>>()
-        })?,
-        None => vec![None; sources.len()],
-    };
+    let filter_masks = filter_masks(&pool, &sources, filter.as_ref(), &user)?;
     let query: Arc<Vec<f32>> = Arc::new(query.to_vec());
     let payload: Vec<usize> = (0..schema.payload.len())
         .map(|i| user.fields().len() - schema.payload.len() + i)

@@ -23,6 +23,26 @@ use datafusion::prelude::SessionContext;
 use pool::QueryPool;
 use std::sync::Arc;
 
+/// Per source, the rows that pass `filter` (`None` without one), evaluated concurrently on
+/// the query pool.
+pub(crate) fn filter_masks(
+    pool: &QueryPool,
+    sources: &[Source],
+    filter: Option<&Arc<dyn PhysicalExpr>>,
+    user: &SchemaRef,
+) -> Result<Vec<Option<Vec<bool>>>> {
+    let Some(f) = filter else {
+        return Ok(vec![None; sources.len()]);
+    };
+    pool.install(|| {
+        use rayon::prelude::*;
+        sources
+            .par_iter()
+            .map(|s| s.filter_mask(f, user).map(Some))
+            .collect()
+    })
+}
+
 /// What a query reads, fixed when it starts: its sources, newest first, and the handle's
 /// block lists.
 #[derive(Debug, Clone)]

@@ -179,14 +179,6 @@ impl HnswBuilder {
     /// linked: [`HnswBuilder::insert`] links it. False when the id is beyond the graph's
     /// capacity, has a node already, or the vector has the wrong dimension.
     pub(crate) fn add(&self, id: u32, vector: Vec<f32>) -> bool {
-        let i = id as usize;
-        if vector.len() != self.dim {
-            return false;
-        }
-        let Some(segment) = self.segments.get(i / SEGMENT) else {
-            return false;
-        };
-        let segment = segment.get_or_init(|| (0..SEGMENT).map(|_| OnceLock::new()).collect());
         let layers = (0..=self.level_of(id))
             .map(|l| {
                 Mutex::new(Vec::with_capacity(
@@ -194,31 +186,13 @@ impl HnswBuilder {
                 ))
             })
             .collect();
-        let added = segment[i % SEGMENT]
-            .set(Node {
-                vector: vector.into_boxed_slice(),
-                layers,
-            })
-            .is_ok();
-        if added {
-            self.bound.fetch_max(i + 1, Ordering::AcqRel);
-            self.nodes.fetch_add(1, Ordering::AcqRel);
-        }
-        added
+        self.put(id, vector, layers)
     }
 
     /// Add point `id` already linked: `lists[l]` are its neighbours in layer `l` (it is in
     /// layers `0..lists.len()`), as in a graph this one continues. False as for
     /// [`HnswBuilder::add`].
     pub(crate) fn add_linked(&self, id: u32, vector: Vec<f32>, lists: Vec<Vec<u32>>) -> bool {
-        let i = id as usize;
-        if vector.len() != self.dim {
-            return false;
-        }
-        let Some(segment) = self.segments.get(i / SEGMENT) else {
-            return false;
-        };
-        let segment = segment.get_or_init(|| (0..SEGMENT).map(|_| OnceLock::new()).collect());
         let mut lists = lists;
         lists.truncate(MAX_LEVEL + 1);
         if lists.is_empty() {
@@ -232,6 +206,20 @@ impl HnswBuilder {
                 Mutex::new(v)
             })
             .collect();
+        self.put(id, vector, layers)
+    }
+
+    /// Store node `id` with `vector` and its neighbour lists; false as for
+    /// [`HnswBuilder::add`].
+    fn put(&self, id: u32, vector: Vec<f32>, layers: Box<[Mutex<Vec<u32>>]>) -> bool {
+        let i = id as usize;
+        if vector.len() != self.dim {
+            return false;
+        }
+        let Some(segment) = self.segments.get(i / SEGMENT) else {
+            return false;
+        };
+        let segment = segment.get_or_init(|| (0..SEGMENT).map(|_| OnceLock::new()).collect());
         let added = segment[i % SEGMENT]
             .set(Node {
                 vector: vector.into_boxed_slice(),
