@@ -70,6 +70,7 @@ pub mod ingest;
 mod key;
 mod manifest;
 mod memtable;
+mod priority;
 mod query;
 mod read;
 mod schema;

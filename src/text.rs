@@ -15,7 +15,9 @@ use tantivy::directory::{Directory, RamDirectory};
 use tantivy::schema::{
     Field, IndexRecordOption, Schema, TextFieldIndexing, TextOptions, FAST, INDEXED,
 };
-use tantivy::{IndexReader, IndexWriter, ReloadPolicy, Searcher, TantivyDocument, Term};
+use tantivy::{
+    IndexReader, IndexWriter, ReloadPolicy, Searcher, SegmentReader, TantivyDocument, Term,
+};
 
 /// The files of a tantivy index: `(name, bytes)`.
 pub(crate) type IndexFiles = Vec<(String, Vec<u8>)>;
@@ -117,7 +119,7 @@ impl TextSchema {
     fn add_rows(
         &self,
         index: &tantivy::Index,
-        writer: &IndexWriter<TantivyDocument>,
+        add: &mut dyn FnMut(TantivyDocument) -> Result<()>,
         batch: &RecordBatch,
         first_row: u64,
     ) -> Result<Vec<u32>> {
@@ -154,7 +156,7 @@ impl TextSchema {
                 counts.push(n);
                 doc.add_text(self.fields[i], text);
             }
-            writer.add_document(doc).map_err(tv)?;
+            add(doc)?;
         }
         Ok(counts)
     }
@@ -175,6 +177,38 @@ pub(crate) struct TextIndex {
     /// A generation's document frequencies of recently queried terms (a generation never
     /// changes, so neither do they); `None` for a memtable's index.
     doc_freqs: Option<Arc<Mutex<HashMap<Term, u64>>>>,
+    /// A memtable's rows past what its index had committed, in the order of their rows: small
+    /// segments searches built themselves (see [`MemTextIndex::view`]). Empty for a generation.
+    tail: Arc<[Arc<TailSegment>]>,
+}
+
+/// Consecutive rows of a memtable that a search indexed itself because its index had not
+/// committed them yet: one tantivy segment built without a writer, its threads or a commit, then
+/// shared by later searches until a commit of the memtable's index covers its rows.
+struct TailSegment {
+    /// An index holding one segment, or `None` when the rows are all tombstones.
+    searcher: Option<Searcher>,
+    /// The first row.
+    first: usize,
+    /// `rows × fields` token counts, row-major.
+    counts: Vec<u32>,
+    /// Tokens per field over its rows.
+    totals: Vec<u64>,
+    nfields: usize,
+}
+
+impl TailSegment {
+    fn rows(&self) -> usize {
+        self.counts.len() / self.nfields.max(1)
+    }
+
+    fn end(&self) -> usize {
+        self.first + self.rows()
+    }
+
+    fn segment_readers(&self) -> &[SegmentReader] {
+        self.searcher.as_ref().map_or(&[], |s| s.segment_readers())
+    }
 }
 
 /// Terms whose document frequencies a generation's index remembers; the memo starts over
@@ -198,6 +232,17 @@ impl DocRows<'_> {
             DocRows::Column(c) => c.first(doc).map(|r| r as usize),
         }
     }
+}
+
+/// Tokens per field over row-major `counts` of `nfields` fields.
+fn token_totals(counts: &[u32], nfields: usize) -> Vec<u64> {
+    let mut t = vec![0u64; nfields];
+    for row in counts.chunks_exact(nfields.max(1)) {
+        for (f, c) in row.iter().enumerate() {
+            t[f] += u64::from(*c);
+        }
+    }
+    t
 }
 
 /// Each segment's document → row table; every row number must be below `rows`.
@@ -228,35 +273,52 @@ impl std::fmt::Debug for TextIndex {
 }
 
 impl TextIndex {
-    /// The searcher.
+    /// The searcher of the committed index (a memtable's tail segments aside): its schema and
+    /// analyzers are every source's.
     pub(crate) fn searcher(&self) -> &Searcher {
         &self.searcher
     }
 
-    /// How the documents of segment `ord` map to rows.
+    /// Every segment the index searches: the committed index's, then a memtable's tail
+    /// segments. [`TextIndex::doc_rows`] numbers them in this order.
+    pub(crate) fn segment_readers(&self) -> impl Iterator<Item = &SegmentReader> {
+        self.searcher
+            .segment_readers()
+            .iter()
+            .chain(self.tail.iter().flat_map(|t| t.segment_readers()))
+    }
+
+    /// How the documents of segment `ord` (in the order of [`TextIndex::segment_readers`]) map
+    /// to rows.
     pub(crate) fn doc_rows(&self, ord: usize) -> Result<DocRows<'_>> {
-        match &self.doc_rows {
-            Some(t) => t
+        if let Some(t) = &self.doc_rows {
+            return t
                 .get(ord)
                 .map(|t| DocRows::Table(t))
-                .ok_or_else(|| Error::internal(format!("no segment {ord}"))),
-            None => Ok(DocRows::Column(
-                self.searcher
-                    .segment_reader(ord as u32)
-                    .fast_fields()
-                    .u64(ROW_FIELD)
-                    .map_err(tv)?,
-            )),
+                .ok_or_else(|| Error::internal(format!("no segment {ord}")));
         }
+        let seg = self
+            .segment_readers()
+            .nth(ord)
+            .ok_or_else(|| Error::internal(format!("no segment {ord}")))?;
+        Ok(DocRows::Column(
+            seg.fast_fields().u64(ROW_FIELD).map_err(tv)?,
+        ))
     }
 
     /// Documents containing `term` (a generation's index remembers the answer).
     pub(crate) fn doc_freq(&self, term: &Term) -> Result<u64> {
+        let mut tail = 0;
+        for t in self.tail.iter() {
+            if let Some(s) = &t.searcher {
+                tail += s.doc_freq(term).map_err(tv)?;
+            }
+        }
         let Some(memo) = &self.doc_freqs else {
-            return self.searcher.doc_freq(term).map_err(tv);
+            return Ok(self.searcher.doc_freq(term).map_err(tv)? + tail);
         };
         if let Some(n) = memo.lock().unwrap_or_else(|e| e.into_inner()).get(term) {
-            return Ok(*n);
+            return Ok(*n + tail);
         }
         let n = self.searcher.doc_freq(term).map_err(tv)?;
         let mut memo = memo.lock().unwrap_or_else(|e| e.into_inner());
@@ -264,30 +326,38 @@ impl TextIndex {
             memo.clear();
         }
         memo.insert(term.clone(), n);
-        Ok(n)
+        Ok(n + tail)
+    }
+
+    /// Rows of the committed index, tail segments aside.
+    fn committed_rows(&self) -> usize {
+        self.counts.len() / self.nfields.max(1)
     }
 
     /// Rows the index covers: its documents are the non-tombstone rows among them.
     pub(crate) fn rows(&self) -> usize {
-        self.counts.len() / self.nfields.max(1)
+        self.tail
+            .last()
+            .map_or_else(|| self.committed_rows(), |t| t.end())
     }
 
     /// Token count of `row` in text field number `field`.
     pub(crate) fn tokens(&self, row: usize, field: usize) -> u32 {
-        self.counts[row * self.nfields + field]
+        let committed = self.committed_rows();
+        if row < committed {
+            return self.counts[row * self.nfields + field];
+        }
+        let t = self.tail.partition_point(|t| t.end() <= row);
+        let t = &self.tail[t];
+        t.counts[(row - t.first) * self.nfields + field]
     }
 
     /// Tokens of text field `field` summed over every row (tombstones count none).
     pub(crate) fn total_tokens(&self, field: usize) -> u64 {
-        self.totals.get_or_init(|| {
-            let mut t = vec![0u64; self.nfields];
-            for row in self.counts.chunks_exact(self.nfields.max(1)) {
-                for (f, c) in row.iter().enumerate() {
-                    t[f] += u64::from(*c);
-                }
-            }
-            t
-        })[field]
+        let committed = self
+            .totals
+            .get_or_init(|| token_totals(&self.counts, self.nfields))[field];
+        committed + self.tail.iter().map(|t| t.totals[field]).sum::<u64>()
     }
 
     /// Build the index of a generation's stored rows (one tantivy segment).
@@ -297,7 +367,12 @@ impl TextIndex {
             .writer_with_num_threads(1, FLUSH_WRITER_HEAP)
             .map_err(tv)?;
         writer.set_merge_policy(Box::new(tantivy::indexer::NoMergePolicy));
-        let counts = ts.add_rows(&index, &writer, rows, 0)?;
+        let counts = ts.add_rows(
+            &index,
+            &mut |doc| writer.add_document(doc).map(drop).map_err(tv),
+            rows,
+            0,
+        )?;
         writer.commit().map_err(tv)?;
         let ids = index.searchable_segment_ids().map_err(tv)?;
         if ids.len() > 1 {
@@ -319,6 +394,7 @@ impl TextIndex {
             counts: Arc::new(counts),
             totals: Arc::default(),
             nfields: ts.fields.len(),
+            tail: Arc::new([]),
         })
     }
 
@@ -403,22 +479,38 @@ fn export_files(index: &tantivy::Index) -> Result<IndexFiles> {
 struct MemState {
     writer: Option<IndexWriter<TantivyDocument>>,
     reader: IndexReader,
+    /// Token counts of the committed rows, row-major.
     counts: Vec<u32>,
+    /// Tokens per field over the committed rows.
+    totals: Vec<u64>,
     indexed_rows: usize,
-    searcher: Option<TextIndex>,
 }
 
-/// The full-text index of a memtable: a tantivy index in memory, brought up to date with the
-/// memtable's rows by the first search that needs them (so appends never wait for indexing, and
-/// every search sees every row appended before it started).
+/// A search commits nothing: it builds a tail segment of the rows its view holds past the last
+/// commit and asks for a commit in the background once the tail holds this many rows...
+const TAIL_COMMIT_ROWS: usize = 256;
+/// ... or this many tail segments.
+const TAIL_COMMIT_SEGMENTS: usize = 4;
+
+/// The full-text index of a memtable: a tantivy index in memory that commits in the background
+/// (between the graph inserter's chunks, or on a thread a search starts), so appends never wait
+/// for indexing and searches never wait for a commit. A search reads the last commit, and the
+/// rows its view holds past it from tail segments it builds itself (see [`MemTextIndex::view`]).
 pub(crate) struct MemTextIndex {
     schema: Arc<TextSchema>,
     index: tantivy::Index,
+    /// The writer and what it committed: held by a commit for as long as it indexes.
     state: Mutex<MemState>,
+    /// What the last commit published, without tail segments.
+    committed: Mutex<TextIndex>,
+    /// Tail segments searches built past `committed`, over consecutive rows.
+    tail: Mutex<Vec<Arc<TailSegment>>>,
+    /// A commit a search asked for is running.
+    committing: Arc<std::sync::atomic::AtomicBool>,
     /// Set by the first search that reads this index: from then on the background inserter
     /// keeps it up to date too.
     searched: std::sync::atomic::AtomicBool,
-    /// Tests: fail the next commit of a catch-up (after its rows were added to the writer).
+    /// Tests: fail the next commit (after its rows were added to the writer).
     #[cfg(test)]
     fail_next_commit: std::sync::atomic::AtomicBool,
 }
@@ -429,21 +521,41 @@ impl std::fmt::Debug for MemTextIndex {
     }
 }
 
+/// The searcher of `st`'s last commit and its counts, as a source's text index.
+fn published(st: &MemState, nfields: usize) -> TextIndex {
+    let totals = std::sync::OnceLock::new();
+    let _ = totals.set(st.totals.clone());
+    TextIndex {
+        doc_rows: None,
+        doc_freqs: None,
+        searcher: st.reader.searcher(),
+        counts: Arc::new(st.counts.clone()),
+        totals: Arc::new(totals),
+        nfields,
+        tail: Arc::new([]),
+    }
+}
+
 impl MemTextIndex {
     /// An empty memtable index.
     pub(crate) fn new(schema: Arc<TextSchema>) -> Result<Self> {
         let index = schema.empty_index();
         let reader = open_reader(&index)?;
+        let nfields = schema.fields.len();
+        let st = MemState {
+            writer: None,
+            reader,
+            counts: Vec::new(),
+            totals: vec![0; nfields],
+            indexed_rows: 0,
+        };
         Ok(MemTextIndex {
+            committed: Mutex::new(published(&st, nfields)),
             schema,
             index,
-            state: Mutex::new(MemState {
-                writer: None,
-                reader,
-                counts: Vec::new(),
-                indexed_rows: 0,
-                searcher: None,
-            }),
+            state: Mutex::new(st),
+            tail: Mutex::default(),
+            committing: Arc::default(),
             searched: std::sync::atomic::AtomicBool::new(false),
             #[cfg(test)]
             fail_next_commit: std::sync::atomic::AtomicBool::new(false),
@@ -471,7 +583,7 @@ impl MemTextIndex {
                     let slice = b.slice(from, b.num_rows() - from);
                     new_counts.extend(self.schema.add_rows(
                         &self.index,
-                        writer,
+                        &mut |doc| writer.add_document(doc).map(drop).map_err(tv),
                         &slice,
                         (offset + from) as u64,
                     )?);
@@ -490,9 +602,13 @@ impl MemTextIndex {
         writer.commit().map_err(tv)?;
         // Committed: these rows are indexed whatever happens next.
         st.indexed_rows = offset.max(start);
+        let nfields = self.schema.fields.len();
+        for (t, n) in st.totals.iter_mut().zip(token_totals(&new_counts, nfields)) {
+            *t += n;
+        }
         st.counts.extend(new_counts);
-        st.searcher = None;
         st.reader.reload().map_err(tv)?;
+        *self.committed.lock().unwrap_or_else(|e| e.into_inner()) = published(st, nfields);
         Ok(())
     }
 
@@ -507,29 +623,141 @@ impl MemTextIndex {
         self.searched.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// A searcher covering at least the first `rows` rows of `batches` (the memtable's stored
-    /// batches, in order). Rows beyond `rows` may be covered too; callers mask them.
-    pub(crate) fn catch_up(&self, batches: &[RecordBatch], rows: usize) -> Result<TextIndex> {
+    /// Index and commit the first `rows` rows of `batches` (the memtable's stored batches, in
+    /// order) or more. The background's: a search calls [`MemTextIndex::view`].
+    pub(crate) fn commit(&self, batches: &[RecordBatch], rows: usize) -> Result<()> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if st.indexed_rows < rows {
             if let Err(e) = self.index_rows(&mut st, batches, rows) {
                 // Dropping the writer discards the documents it added but did not commit, so
-                // the next catch-up starts again from `indexed_rows` without duplicates.
+                // the next commit starts again from `indexed_rows` without duplicates.
                 st.writer = None;
                 return Err(e);
             }
         }
-        if st.searcher.is_none() {
-            st.searcher = Some(TextIndex {
-                doc_rows: None,
-                doc_freqs: None,
-                searcher: st.reader.searcher(),
-                counts: Arc::new(st.counts.clone()),
-                totals: Arc::default(),
-                nfields: self.schema.fields.len(),
-            });
+        Ok(())
+    }
+
+    /// The index a search of the first `rows` rows of `batches` reads: the last commit, and
+    /// tail segments over the rows past it. Tail segments built by earlier searches are
+    /// reused, so a search indexes only the rows appended since the last search; it never
+    /// commits, reloads or waits for a commit, and asks for one on a thread of its own once the
+    /// tail grows. Rows beyond `rows` may be covered too; callers mask them.
+    pub(crate) fn view(
+        self: &Arc<Self>,
+        batches: &[RecordBatch],
+        rows: usize,
+    ) -> Result<TextIndex> {
+        let committed = self
+            .committed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let from = committed.committed_rows();
+        if from >= rows {
+            return Ok(committed);
         }
-        Ok(st.searcher.clone().expect("just set"))
+        let mut tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+        // Segments a commit covers since go; so do all when the first left starts past the
+        // commit (one straddled it).
+        tail.retain(|t| t.first >= from);
+        if tail.first().is_some_and(|t| t.first != from) {
+            tail.clear();
+        }
+        let end = tail.last().map_or(from, |t| t.end());
+        if end < rows {
+            let started = std::time::Instant::now();
+            tail.push(Arc::new(self.tail_segment(batches, end, rows)?));
+            tracing::debug!(
+                rows = rows - end,
+                segments = tail.len(),
+                micros = started.elapsed().as_micros() as u64,
+                "tail segment"
+            );
+        }
+        let segments: Arc<[Arc<TailSegment>]> = tail.iter().cloned().collect();
+        drop(tail);
+        if rows - from >= TAIL_COMMIT_ROWS || segments.len() >= TAIL_COMMIT_SEGMENTS {
+            self.commit_in_background(batches, rows);
+        }
+        Ok(TextIndex {
+            tail: segments,
+            ..committed
+        })
+    }
+
+    /// Commit up to `rows` on a thread of its own, unless such a commit is running.
+    fn commit_in_background(self: &Arc<Self>, batches: &[RecordBatch], rows: usize) {
+        use std::sync::atomic::Ordering;
+        if self.committing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let index = Arc::downgrade(self);
+        let batches = batches.to_vec();
+        let committing = self.committing.clone();
+        let spawned = std::thread::Builder::new()
+            .name("lsmsearch-memtext".into())
+            .spawn(move || {
+                crate::priority::lower_priority();
+                if let Some(index) = index.upgrade() {
+                    if let Err(e) = index.commit(&batches, rows) {
+                        tracing::warn!("memtable text index commit failed: {e}");
+                    }
+                }
+                committing.store(false, Ordering::Release);
+            });
+        if let Err(e) = spawned {
+            self.committing.store(false, Ordering::Release);
+            tracing::warn!("could not start a memtable text index commit: {e}");
+        }
+    }
+
+    /// A tail segment over rows `from..to` of `batches`: one tantivy segment written in this
+    /// thread, with the index's schema and analyzers, documents numbered by row.
+    fn tail_segment(&self, batches: &[RecordBatch], from: usize, to: usize) -> Result<TailSegment> {
+        let nfields = self.schema.fields.len();
+        // The writer's hash table is sized from its budget: a small one for a few rows.
+        let budget = ((to - from) * 4096).clamp(1 << 20, MEMTABLE_WRITER_HEAP);
+        let mut writer = tantivy::Index::builder()
+            .schema(self.schema.schema.clone())
+            .single_segment_index_writer::<TantivyDocument>(RamDirectory::create(), budget)
+            .map_err(tv)?;
+        let mut counts = Vec::with_capacity((to - from) * nfields);
+        let mut docs = 0usize;
+        let mut offset = 0usize;
+        for b in batches {
+            let end = offset + b.num_rows();
+            let (lo, hi) = (from.max(offset), to.min(end));
+            if lo < hi {
+                counts.extend(self.schema.add_rows(
+                    &self.index,
+                    &mut |doc| {
+                        docs += 1;
+                        writer.add_document(doc).map_err(tv)
+                    },
+                    &b.slice(lo - offset, hi - lo),
+                    lo as u64,
+                )?);
+            }
+            offset = end;
+        }
+        if counts.len() != (to - from) * nfields {
+            return Err(Error::internal(format!(
+                "rows {from}..{to} are not all in the memtable's {offset} stored rows"
+            )));
+        }
+        let searcher = if docs == 0 {
+            None
+        } else {
+            Some(open_reader(&writer.finalize().map_err(tv)?)?.searcher())
+        };
+        Ok(TailSegment {
+            searcher,
+            first: from,
+            totals: token_totals(&counts, nfields),
+            counts,
+            nfields,
+        })
     }
 }
 
@@ -551,14 +779,69 @@ mod tests {
         )
         .unwrap();
         let stored = s.to_stored(&user, 1).unwrap();
-        let mem = MemTextIndex::new(TextSchema::new(&s).unwrap()).unwrap();
+        let mem = Arc::new(MemTextIndex::new(TextSchema::new(&s).unwrap()).unwrap());
         mem.fail_next_commit
             .store(true, std::sync::atomic::Ordering::SeqCst);
         let batches = [stored];
-        assert!(mem.catch_up(&batches, 3).is_err());
-        let t = mem.catch_up(&batches, 3).unwrap();
+        assert!(mem.commit(&batches, 3).is_err());
+        mem.commit(&batches, 3).unwrap();
+        let t = mem.view(&batches, 3).unwrap();
+        assert!(t.tail.is_empty());
         assert_eq!(t.searcher().num_docs(), 3, "rows indexed twice");
         let red = Term::from_field_text(mem.schema.fields()[0], "red");
         assert_eq!(t.doc_freq(&red).unwrap(), 2);
+    }
+
+    #[test]
+    fn a_search_indexes_only_rows_new_to_it_and_never_commits() {
+        let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t"]}"#).unwrap();
+        let batches: Vec<RecordBatch> = (0..8)
+            .map(|i| {
+                let user = RecordBatch::try_new(
+                    s.arrow_schema(),
+                    vec![
+                        Arc::new(StringArray::from(vec![format!("k{i}")])),
+                        Arc::new(StringArray::from(vec![format!("red fox {i}")])),
+                    ],
+                )
+                .unwrap();
+                s.to_stored(&user, i + 1).unwrap()
+            })
+            .collect();
+        let mem = Arc::new(MemTextIndex::new(TextSchema::new(&s).unwrap()).unwrap());
+        let red = Term::from_field_text(mem.schema.fields()[0], "red");
+        let indexed = || mem.state.lock().unwrap().indexed_rows;
+        mem.commit(&batches[..2], 2).unwrap();
+        let a = mem.view(&batches[..3], 3).unwrap();
+        assert_eq!((a.tail.len(), a.rows(), indexed()), (1, 3, 2));
+        assert_eq!(a.doc_freq(&red).unwrap(), 3);
+        assert_eq!(a.total_tokens(0), 9);
+        // The same view again builds nothing; a longer one indexes only the rows new to it.
+        let b = mem.view(&batches[..3], 3).unwrap();
+        assert!(Arc::ptr_eq(&a.tail[0], &b.tail[0]));
+        let c = mem.view(&batches[..4], 4).unwrap();
+        assert!(Arc::ptr_eq(&a.tail[0], &c.tail[0]));
+        assert_eq!((c.tail.len(), c.tail[1].first, c.rows()), (2, 3, 4));
+        assert_eq!(
+            (c.doc_freq(&red).unwrap(), c.tokens(3, 0), indexed()),
+            (4, 3, 2)
+        );
+        let docs: u32 = c.segment_readers().map(|s| s.max_doc()).sum();
+        assert_eq!(docs, 4);
+        // The fourth tail segment asks for a commit in the background, which folds them in.
+        mem.view(&batches[..5], 5).unwrap();
+        let d = mem.view(&batches[..6], 6).unwrap();
+        assert_eq!((d.tail.len(), d.doc_freq(&red).unwrap()), (4, 6));
+        let start = std::time::Instant::now();
+        while indexed() < 6 {
+            assert!(
+                start.elapsed().as_secs() < 30,
+                "no commit in the background"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let e = mem.view(&batches[..6], 6).unwrap();
+        assert!(e.tail.is_empty());
+        assert_eq!((e.rows(), e.doc_freq(&red).unwrap()), (6, 6));
     }
 }

@@ -19,6 +19,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("error", 0),
     ("key", 1),
     ("settings", 1),
+    ("priority", 1),
     ("schema", 2),
     ("storage", 3),
     ("format", 4),

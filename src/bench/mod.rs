@@ -10,6 +10,7 @@
 //! and writes `results.json` and `latency.png` into the output directory.
 
 pub mod corpus;
+pub mod merge;
 mod plot;
 pub mod stream;
 

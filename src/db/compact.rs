@@ -31,6 +31,7 @@ use super::{flush, Inner};
 use crate::format::manifest::Manifest;
 use crate::format::GenerationMeta;
 use crate::generation::{Generation, HashIsKey, IndexSpec};
+use crate::priority::in_background_thread;
 use crate::schema::deleted_flags;
 use crate::schema::Metric;
 use crate::settings::GraphParams;
@@ -189,7 +190,7 @@ pub(crate) fn merge_rows(
 /// The merged generation's graph, continuing the graph of the input with the most rows (its
 /// nodes keep their links; the other inputs' rows are inserted), when that input's graph can
 /// be continued (see [`VectorIndex::continue_graph`]); `None` to build it afresh.
-fn continue_largest(
+pub(crate) fn continue_largest(
     inputs: &[Arc<Generation>],
     kept: &[Vec<bool>],
     rows: &RecordBatch,
@@ -271,24 +272,27 @@ pub(crate) async fn compact_once(
             });
     let built_inputs = inputs.clone();
     let continue_graph = inner.reader.settings.compaction_continue_graph;
-    let built = in_background_thread(move || -> Result<Option<(Generation, Vec<u8>)>> {
-        let (rows, kept) = merge_rows(&built_inputs, drop_tombstones)?;
-        if rows.num_rows() == 0 {
-            return Ok(None);
-        }
-        let graph = match vector {
-            Some((col, metric, params)) if continue_graph => {
-                continue_largest(&built_inputs, &kept, &rows, col, metric, params)?
+    let built = in_background_thread(
+        "lsmsearch-compact",
+        move || -> Result<Option<(Generation, Vec<u8>)>> {
+            let (rows, kept) = merge_rows(&built_inputs, drop_tombstones)?;
+            if rows.num_rows() == 0 {
+                return Ok(None);
             }
-            _ => None,
-        };
-        let spec = IndexSpec {
-            text: text.as_deref(),
-            vector,
-        };
-        let flushes = built_inputs.iter().map(|g| g.meta().flushes).sum();
-        Generation::build(id, epoch, rows, &schema, spec, graph, flushes).map(Some)
-    })
+            let graph = match vector {
+                Some((col, metric, params)) if continue_graph => {
+                    continue_largest(&built_inputs, &kept, &rows, col, metric, params)?
+                }
+                _ => None,
+            };
+            let spec = IndexSpec {
+                text: text.as_deref(),
+                vector,
+            };
+            let flushes = built_inputs.iter().map(|g| g.meta().flushes).sum();
+            Generation::build(id, epoch, rows, &schema, spec, graph, flushes).map(Some)
+        },
+    )
     .await?;
     let (merged, bytes) = match built {
         Some((g, bytes)) => (Some(Arc::new(g)), Some(bytes)),
@@ -409,44 +413,6 @@ pub(crate) async fn compact_once(
     flush::clean_up_manifests(inner, next.version).await;
     Ok(Some(report))
 }
-
-/// The nice value of compaction threads: they run on what appends and queries leave of the
-/// cores (a CFS weight of 110 against 1,024 for the default), so a merge slows down under load
-/// instead of slowing the foreground down.
-const COMPACTION_NICE: i32 = 10;
-
-/// Run `work` on a thread of its own at a lower scheduling priority (Linux; elsewhere at the
-/// default one). Threads it starts (the graph's inserters) inherit the priority.
-async fn in_background_thread<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("lsmsearch-compact".into())
-        .spawn(move || {
-            lower_priority();
-            let _ = tx.send(work());
-        })
-        .map_err(|e| Error::internal(format!("cannot start a compaction thread: {e}")))?;
-    rx.await
-        .map_err(|_| Error::internal("the compaction thread stopped without an answer"))?
-}
-
-#[cfg(target_os = "linux")]
-fn lower_priority() {
-    // SAFETY: gettid and setpriority take no pointers; on Linux, PRIO_PROCESS with a thread id
-    // sets that thread's nice value alone.
-    let r = unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        libc::setpriority(libc::PRIO_PROCESS, tid, COMPACTION_NICE)
-    };
-    if r != 0 {
-        tracing::debug!("could not lower the compaction thread's priority");
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn lower_priority() {}
 
 /// Objects an open found replaced by an earlier writer's compaction (`(id, epoch, bytes)`):
 /// deleted after the grace period, as this writer's replaced generations are.

@@ -4,6 +4,7 @@ use super::{is_fenced, read_memtable, Inner, SharedMemtable};
 use crate::format::manifest::Manifest;
 use crate::generation::{Generation, IndexSpec};
 use crate::manifest::{delete_all, WriteOutcome};
+use crate::priority::in_background_thread;
 use crate::{Error, Result};
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
 use std::sync::atomic::Ordering;
@@ -165,7 +166,7 @@ async fn flush_one(
     let schema = inner.reader.stored_schema.clone();
     let text = inner.reader.text_schema.clone();
     let vector = inner.reader.schema.vector_spec(&inner.reader.settings);
-    let (generation, bytes) = tokio::task::spawn_blocking(move || {
+    let (generation, bytes) = in_background_thread("lsmsearch-flush", move || {
         let spec = IndexSpec {
             text: text.as_deref(),
             vector,
@@ -198,7 +199,7 @@ async fn flush_one(
         });
         Generation::build(gen_id, epoch, rows, &schema, spec, graph, 1)
     })
-    .await??;
+    .await?;
     // Created, never overwritten: if an earlier attempt's PUT landed (whatever it reported),
     // that object is the one a manifest may name, so it is read back and used instead of the
     // one just built (a rebuilt graph differs from it).

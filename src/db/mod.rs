@@ -9,7 +9,7 @@
 //! row twice or not at all.
 
 mod commit;
-mod compact;
+pub(crate) mod compact;
 #[cfg(test)]
 mod fixtures;
 mod flush;
@@ -282,39 +282,42 @@ pub(crate) fn catch_up_graph(mem: &SharedMemtable) {
     let weak = Arc::downgrade(mem);
     let spawned = std::thread::Builder::new()
         .name("lsmsearch-memgraph".into())
-        .spawn(move || loop {
-            let Some(_role) = graph.try_start() else {
-                return;
-            };
-            let Some(mem) = weak.upgrade() else {
-                return;
-            };
-            let (batches, offsets, rows) = read_memtable(&mem).batches();
-            let text = read_memtable(&mem).text();
-            drop(mem);
-            // Between graph chunks the text index catches up with every row applied so far
-            // once full-text searches read this memtable, so such a search rarely finds more
-            // than the last few appends unindexed.
-            let between = || {
-                let Some(mem) = weak.upgrade() else {
-                    return false;
+        .spawn(move || {
+            crate::priority::lower_priority();
+            loop {
+                let Some(_role) = graph.try_start() else {
+                    return;
                 };
-                if let Some(text) = text.as_ref().filter(|t| t.searched()) {
-                    let (batches, _, rows) = read_memtable(&mem).batches();
-                    if let Err(e) = text.catch_up(&batches, rows) {
-                        tracing::warn!("memtable text index catch-up failed: {e}");
+                let Some(mem) = weak.upgrade() else {
+                    return;
+                };
+                let (batches, offsets, rows) = read_memtable(&mem).batches();
+                let text = read_memtable(&mem).text();
+                drop(mem);
+                // Between graph chunks the text index catches up with every row applied so far
+                // once full-text searches read this memtable, so such a search rarely finds more
+                // than the last few appends unindexed.
+                let between = || {
+                    let Some(mem) = weak.upgrade() else {
+                        return false;
+                    };
+                    if let Some(text) = text.as_ref().filter(|t| t.searched()) {
+                        let (batches, _, rows) = read_memtable(&mem).batches();
+                        if let Err(e) = text.commit(&batches, rows) {
+                            tracing::warn!("memtable text index catch-up failed: {e}");
+                        }
                     }
+                    true
+                };
+                graph.catch_up(&batches, &offsets, rows, &between);
+                drop(_role);
+                // Rows applied while this pass ran: go on unless another inserter takes over.
+                let behind = weak
+                    .upgrade()
+                    .is_some_and(|m| graph.coverable(read_memtable(&m).rows()) > graph.indexed());
+                if !behind {
+                    return;
                 }
-                true
-            };
-            graph.catch_up(&batches, &offsets, rows, &between);
-            drop(_role);
-            // Rows applied while this pass ran: go on unless another inserter takes over.
-            let behind = weak
-                .upgrade()
-                .is_some_and(|m| graph.coverable(read_memtable(&m).rows()) > graph.indexed());
-            if !behind {
-                return;
             }
         });
     if let Err(e) = spawned {

@@ -420,7 +420,7 @@ fn search_arm(
         source,
         floor: f32::MIN,
     };
-    for (ord, seg) in ti.searcher().segment_readers().iter().enumerate() {
+    for (ord, seg) in ti.segment_readers().enumerate() {
         let rows = ti.doc_rows(ord)?;
         weight
             .for_each(seg, &mut |doc, score| {

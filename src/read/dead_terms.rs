@@ -181,7 +181,7 @@ pub(crate) fn past_view(
     if from >= index.rows() {
         return Ok((df, tokens));
     }
-    for (ord, seg) in index.searcher().segment_readers().iter().enumerate() {
+    for (ord, seg) in index.segment_readers().enumerate() {
         let rows = index.doc_rows(ord)?;
         // Rows grow with documents in a memtable's segments: most hold none of the newest.
         if let DocRows::Column(c) = &rows {
@@ -298,14 +298,22 @@ mod tests {
             };
             Source::memtable("memtable 1", view)
         };
-        let full = mem.catch_up(&batches, 7).unwrap();
+        mem.commit(&batches, 7).unwrap();
+        let full = mem.view(&batches, 7).unwrap();
+        // The same rows as a search sees them when the index committed only the first batch:
+        // the rest in two tail segments (the first all tombstones) built by two searches.
+        let tailed = Arc::new(MemTextIndex::new(ts.clone()).unwrap());
+        tailed.commit(&batches, 2).unwrap();
+        tailed.view(&batches, 5).unwrap();
+        let tailed = tailed.view(&batches, 7).unwrap();
+        assert_eq!(tailed.rows(), 7);
         let terms: Vec<Term> = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
             .iter()
             .map(|w| Term::from_field_text(ts.fields()[0], w))
             .collect();
-        let mut dead = DeadTerms::default();
         // Masks of successive queries, newer and older views interleaved; the index holds rows
         // past a short view, which the view has no text for.
+        let mut deads = [Box::<DeadTerms>::default(), Box::default()];
         let masks: [&[bool]; 9] = [
             &[true; 7],
             &[false, false, true, true, false, true, true],
@@ -318,11 +326,15 @@ mod tests {
             &[true, false, true],
             &[true; 7],
         ];
-        for mask in masks {
+        for (index, mask) in [&full, &tailed]
+            .into_iter()
+            .flat_map(|i| masks.iter().map(move |m| (i, m)))
+        {
+            let dead = &mut *deads[usize::from(std::ptr::eq(index, &tailed))];
             let shared = Arc::new(mask.to_vec());
-            dead.update(&ts, &source(mask.len()), &full, &shared)
+            dead.update(&ts, &source(mask.len()), index, &shared)
                 .unwrap();
-            let (past_df, past_tokens) = past_view(&full, 1, mask.len(), &terms).unwrap();
+            let (past_df, past_tokens) = past_view(index, 1, mask.len(), &terms).unwrap();
             let expect: Vec<usize> = (0..7)
                 .filter(|r| *r != 4 && !mask.get(*r).copied().unwrap_or(false))
                 .collect();

@@ -110,7 +110,7 @@ impl Source {
             Source::Memtable(m) => match &m.view.text {
                 Some(t) => {
                     t.mark_searched();
-                    Some(t.catch_up(&m.view.batches, m.view.rows)?)
+                    Some(t.view(&m.view.batches, m.view.rows)?)
                 }
                 None => None,
             },

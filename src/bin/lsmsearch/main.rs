@@ -236,6 +236,23 @@ enum BenchCommand {
         #[arg(long)]
         compact_at_end: bool,
     },
+    /// What a compaction's indexes cost built afresh against merged from its inputs' indexes:
+    /// tantivy's segment merge against re-indexing the text, continuing the largest input's
+    /// graph against a fresh graph (with the recall@10 of each).
+    Merge {
+        /// Rows of all inputs together (the benchmark corpus, with vectors).
+        #[arg(long, default_value_t = 100_000)]
+        docs: usize,
+        /// Input generations, equal shares of the rows.
+        #[arg(long, default_value_t = 4)]
+        inputs: usize,
+        /// Vector dimension.
+        #[arg(long, default_value_t = 128)]
+        dim: usize,
+        /// A Cranfield collection directory (default: the bundled one).
+        #[arg(long)]
+        data: Option<PathBuf>,
+    },
     /// Write the benchmark corpus (Cranfield replicated, with vectors) to OUT/docs.parquet and
     /// its queries to OUT/queries.parquet, for measuring other systems on the same data.
     Corpus {
@@ -356,6 +373,26 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
                 out,
                 data,
             } => bench_corpus(docs, dim, &out, data.as_deref(), json),
+            BenchCommand::Merge {
+                docs,
+                inputs,
+                dim,
+                data,
+            } => {
+                let report =
+                    lsmsearch::bench::merge::run(&lsmsearch::bench::merge::MergeOptions {
+                        docs,
+                        inputs,
+                        dim,
+                        data,
+                    })?;
+                if json {
+                    println!("{}", serde_json::to_string(&report).unwrap_or_default());
+                } else {
+                    print!("{}", report.table());
+                }
+                Ok(())
+            }
             BenchCommand::Stream {
                 writers,
                 batch,
