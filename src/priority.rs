@@ -1,27 +1,34 @@
 //! Background work (the memtable's graph inserter and text commits, flushes, compactions) runs
 //! on threads of a lower scheduling priority than appends and searches, so that on a machine
 //! whose cores are busy a search waits for no index maintenance: the background takes the CPU
-//! the foreground leaves. Threads such a thread starts (a graph's inserters, tantivy's indexing
+//! the foreground leaves. Appends still cannot outrun it: they are paced by the rows waiting
+//! for their graph (`src/db/pace.rs`) and by the frozen memtables waiting for their flush. Threads such a thread starts (a graph's inserters, tantivy's indexing
 //! and merge threads) inherit its priority.
 
 use crate::{Error, Result};
 
-/// The nice value of background threads (Linux): a runnable thread of nice 0 gets about ten
-/// times the CPU of one of nice 10.
+/// The nice value of background threads where the idle policy is refused: a runnable thread of
+/// nice 0 gets about ten times the CPU of one of nice 10.
 const BACKGROUND_NICE: i32 = 10;
 
-/// Lower the calling thread's scheduling priority to [`BACKGROUND_NICE`] (Linux; elsewhere
-/// nothing).
+/// Put the calling thread in the idle scheduling class, `SCHED_IDLE` (Linux): it runs on CPU no
+/// thread of the normal class wants, and a search or append that wakes up takes its core at
+/// once (a thread of nice 10 can keep a core for a scheduler slice, milliseconds). Where the
+/// class is refused, its nice value becomes [`BACKGROUND_NICE`].
 #[cfg(target_os = "linux")]
 pub(crate) fn lower_priority() {
-    // SAFETY: gettid and setpriority take no pointers; on Linux, PRIO_PROCESS with a thread id
-    // sets that thread's nice value alone.
-    let r = unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        libc::setpriority(libc::PRIO_PROCESS, tid, BACKGROUND_NICE)
-    };
-    if r != 0 {
-        tracing::debug!("could not lower a background thread's priority");
+    // SAFETY: gettid takes no arguments; sched_setscheduler reads the parameter struct passed
+    // by reference for the duration of the call; setpriority takes no pointers. On Linux both
+    // apply to the thread whose id they are given.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::pid_t;
+        let param = libc::sched_param { sched_priority: 0 };
+        if libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param) == 0 {
+            return;
+        }
+        if libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, BACKGROUND_NICE) != 0 {
+            tracing::debug!("could not lower a background thread's priority");
+        }
     }
 }
 
@@ -29,17 +36,20 @@ pub(crate) fn lower_priority() {
 #[cfg(not(target_os = "linux"))]
 pub(crate) fn lower_priority() {}
 
-/// Run `work` on a thread of its own, named `name`, at the background's priority, and wait for
-/// its answer.
+/// Run `work` on a thread of its own, named `name`, at the background's priority when `lower`
+/// (else the foreground's: work appends wait for), and wait for its answer.
 pub(crate) async fn in_background_thread<T: Send + 'static>(
     name: &str,
+    lower: bool,
     work: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
         .name(name.into())
         .spawn(move || {
-            lower_priority();
+            if lower {
+                lower_priority();
+            }
             // A panic becomes an error rather than a lost answer.
             let answer = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
                 .unwrap_or_else(|_| Err(Error::internal("a background thread panicked")));

@@ -42,6 +42,12 @@ pub struct MergeOptions {
     pub dim: usize,
     /// A Cranfield collection directory (default: the bundled one).
     pub data: Option<PathBuf>,
+    /// `hnsw_ef_construction` of the merged graphs (the inputs keep the default).
+    pub merged_ef_construction: Option<usize>,
+    /// `hnsw_m` of the merged graphs (the inputs keep the default).
+    pub merged_m: Option<usize>,
+    /// Candidate lists the graphs are walked with for recall (default: `hnsw_ef_search`).
+    pub efs: Vec<usize>,
 }
 
 /// Seconds each way, and the recall of each graph.
@@ -63,10 +69,8 @@ pub struct MergeReport {
     pub graph_rebuilt_s: f64,
     /// Seconds to continue the largest input's graph.
     pub graph_continued_s: f64,
-    /// Recall@10 of the fresh graph.
-    pub recall_rebuilt: f64,
-    /// Recall@10 of the continued graph.
-    pub recall_continued: f64,
+    /// Per candidate list: `(ef, recall@10 of the fresh graph, of the continued graph)`.
+    pub recall: Vec<(usize, f64, f64)>,
 }
 
 fn tv(e: impl std::fmt::Display) -> Error {
@@ -92,6 +96,11 @@ pub fn run(o: &MergeOptions) -> Result<MergeReport> {
         .ok_or_else(|| Error::internal("no vector column"))?;
     params.threads = settings.compaction_threads;
     let stored = schema.stored_schema();
+    let merged = crate::settings::GraphParams {
+        m: o.merged_m.unwrap_or(params.m),
+        ef_construction: o.merged_ef_construction.unwrap_or(params.ef_construction),
+        ..params
+    };
     let spec = IndexSpec {
         text: Some(&text),
         vector: Some((vcol, metric, params)),
@@ -125,11 +134,11 @@ pub fn run(o: &MergeOptions) -> Result<MergeReport> {
     let text_merged_s = merge_segments(&inputs)?;
 
     let t = Instant::now();
-    let (fresh, _) = VectorIndex::build(&rows, vcol, metric, params)?;
+    let (fresh, _) = VectorIndex::build(&rows, vcol, metric, merged)?;
     let graph_rebuilt_s = t.elapsed().as_secs_f64();
 
     let t = Instant::now();
-    let continued = continue_largest(&inputs, &kept, &rows, vcol, metric, params)?
+    let continued = continue_largest(&inputs, &kept, &rows, vcol, metric, merged)?
         .ok_or_else(|| Error::internal("the largest input's graph cannot be continued"))?;
     let (continued, _) = VectorIndex::from_adjacency(&rows, vcol, metric, continued)?;
     let graph_continued_s = t.elapsed().as_secs_f64();
@@ -139,7 +148,18 @@ pub fn run(o: &MergeOptions) -> Result<MergeReport> {
         .iter()
         .map(|q| embedder.embed(q, 0, 0.0))
         .collect();
-    let recall = |g: &VectorIndex| recall_at_10(g, &rows, vcol, metric, &queries, &settings);
+    let efs = if o.efs.is_empty() {
+        vec![settings.hnsw_ef_search]
+    } else {
+        o.efs.clone()
+    };
+    let recall = efs
+        .iter()
+        .map(|ef| {
+            let of = |g: &VectorIndex| recall_at_10(g, &rows, vcol, metric, &queries, *ef);
+            Ok((*ef, of(&fresh)?, of(&continued)?))
+        })
+        .collect::<Result<_>>()?;
     Ok(MergeReport {
         rows: rows.num_rows(),
         inputs: o.inputs,
@@ -149,8 +169,7 @@ pub fn run(o: &MergeOptions) -> Result<MergeReport> {
         text_merged_s,
         graph_rebuilt_s,
         graph_continued_s,
-        recall_rebuilt: recall(&fresh)?,
-        recall_continued: recall(&continued)?,
+        recall,
     })
 }
 
@@ -207,15 +226,14 @@ fn merge_segments(inputs: &[Arc<Generation>]) -> Result<f64> {
     Ok(secs)
 }
 
-/// Mean recall@10 of `graph`'s walks (candidate list `hnsw_ef_search`) against exact search
-/// over `rows`.
+/// Mean recall@10 of `graph`'s walks with candidate list `ef` against exact search over `rows`.
 fn recall_at_10(
     graph: &VectorIndex,
     rows: &RecordBatch,
     vcol: usize,
     metric: crate::Metric,
     queries: &[Vec<f32>],
-    settings: &Settings,
+    ef: usize,
 ) -> Result<f64> {
     let vectors = rows.column(vcol).as_fixed_size_list();
     let values = vectors.values().as_primitive::<Float32Type>().values();
@@ -231,7 +249,7 @@ fn recall_at_10(
             continue;
         };
         // Ties with the tenth count as found.
-        let got = graph.candidates(q, 10, settings.hnsw_ef_search, &|_| true);
+        let got = graph.candidates(q, 10, ef, &|_| true);
         found += got
             .iter()
             .take(10)
@@ -244,12 +262,11 @@ fn recall_at_10(
 impl MergeReport {
     /// The table `bench merge` prints.
     pub fn table(&self) -> String {
-        format!(
+        let mut out = format!(
             "{} rows from {} inputs (inputs built in {:.1} s, rows merged in {:.2} s)\n\
-             {:<10} {:>12} {:>12} {:>10}\n\
-             {:<10} {:>12.2} {:>12.2} {:>10}\n\
-             {:<10} {:>12.2} {:>12.2} {:>10}\n\
-             recall@10: rebuilt {:.3}, continued {:.3}\n",
+             {:<8} {:>12} {:>12}\n\
+             {:<8} {:>12.2} {:>12.2}\n\
+             {:<8} {:>12.2} {:>12.2}\n",
             self.rows,
             self.inputs,
             self.inputs_s,
@@ -257,17 +274,20 @@ impl MergeReport {
             "",
             "rebuilt (s)",
             "merged (s)",
-            "",
             "text",
             self.text_rebuilt_s,
             self.text_merged_s,
-            "",
             "graph",
             self.graph_rebuilt_s,
             self.graph_continued_s,
-            "",
-            self.recall_rebuilt,
-            self.recall_continued,
-        )
+        );
+        out.push_str(&format!(
+            "{:>8} {:>16} {:>18}\n",
+            "ef", "recall@10 fresh", "recall@10 continued"
+        ));
+        for (ef, fresh, continued) in &self.recall {
+            out.push_str(&format!("{ef:>8} {fresh:>16.3} {continued:>18.3}\n"));
+        }
+        out
     }
 }

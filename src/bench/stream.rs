@@ -7,7 +7,8 @@
 //! one's start). R readers run full-text, vector and filtered vector queries (the Cranfield
 //! queries, cycled) at their maximum rate or paced (queries/s in total). Every interval a
 //! row is printed: acknowledged rows/s, append and per-kind query latency (p50/p99/max),
-//! generations, memtable and unindexed rows, resident memory. At every checkpoint the writers
+//! generations, compactions done and rows due for one, memtable and unindexed rows, resident
+//! memory. At every checkpoint the writers
 //! pause while a snapshot is read (its live rows, ten full-text and fifty vector queries
 //! with graphs and exactly); after the stream, the full-text answers are compared with one
 //! tantivy index over the snapshot's rows and the vector answers with the exact ones
@@ -136,6 +137,10 @@ pub struct Interval {
     pub memtable_rows: usize,
     /// Memtable rows not yet in their vector graph or text index.
     pub unindexed_rows: usize,
+    /// Compactions finished since the start.
+    pub compactions: u64,
+    /// Rows of the generations the compaction policy would merge now (0: nothing due).
+    pub compaction_debt_rows: u64,
     /// Resident memory of the process, MiB.
     pub rss_mib: f64,
 }
@@ -607,15 +612,6 @@ mod reference {
     }
 }
 
-fn unindexed(index: &Index) -> (usize, usize, usize) {
-    let st = index.stats();
-    (
-        st.generations.len(),
-        st.memtable_rows + st.frozen_rows,
-        st.unindexed_rows,
-    )
-}
-
 /// Run the stream (see the module documentation).
 pub async fn run(o: &StreamOptions) -> Result<StreamReport> {
     let rate_ok = |r: f64| r.is_finite() && r >= 0.0;
@@ -704,7 +700,7 @@ pub async fn run(o: &StreamOptions) -> Result<StreamReport> {
         }
     };
     say(format!(
-        "{:>6} {:>8} {:>19} {:>19} {:>19} {:>19} {:>5} {:>8} {:>9} {:>7}",
+        "{:>6} {:>8} {:>19} {:>19} {:>19} {:>19} {:>5} {:>4} {:>8} {:>8} {:>9} {:>7}",
         "t(s)",
         "rows/s",
         "append p50/p99/max",
@@ -712,6 +708,8 @@ pub async fn run(o: &StreamOptions) -> Result<StreamReport> {
         "vector p50/p99/max",
         "filtered p50/p99/max",
         "gens",
+        "cmp",
+        "debt",
         "mem",
         "unindexed",
         "RSS MiB"
@@ -748,7 +746,7 @@ pub async fn run(o: &StreamOptions) -> Result<StreamReport> {
         let t = running.as_secs_f64();
         let acked = s.acked.load(Ordering::Relaxed);
         let samples = std::mem::take(&mut *s.interval.lock().unwrap_or_else(|e| e.into_inner()));
-        let (generations, memtable_rows, unindexed_rows) = unindexed(&s.index);
+        let st = s.index.stats();
         let rss = rss_mib();
         peak_rss = peak_rss.max(rss);
         let row = Interval {
@@ -760,13 +758,15 @@ pub async fn run(o: &StreamOptions) -> Result<StreamReport> {
                 .into_iter()
                 .map(|(k, v)| (k, Latency::of(v)))
                 .collect(),
-            generations,
-            memtable_rows,
-            unindexed_rows,
+            generations: st.generations.len(),
+            memtable_rows: st.memtable_rows + st.frozen_rows,
+            unindexed_rows: st.unindexed_rows,
+            compactions: st.compactions,
+            compaction_debt_rows: st.compaction_debt_rows,
             rss_mib: rss,
         };
         say(format!(
-            "{:>6.0} {:>8.0} {:>19} {:>19} {:>19} {:>19} {:>5} {:>8} {:>9} {:>7.0}",
+            "{:>6.0} {:>8.0} {:>19} {:>19} {:>19} {:>19} {:>5} {:>4} {:>8} {:>8} {:>9} {:>7.0}",
             row.t,
             row.rows_per_s,
             fmt(Some(&row.append)),
@@ -774,6 +774,8 @@ pub async fn run(o: &StreamOptions) -> Result<StreamReport> {
             fmt(row.queries.get("vector")),
             fmt(row.queries.get("filtered")),
             row.generations,
+            row.compactions,
+            row.compaction_debt_rows,
             row.memtable_rows,
             row.unindexed_rows,
             row.rss_mib

@@ -254,6 +254,10 @@ pub(crate) async fn compact_once(
             0..metas.len()
         }
     };
+    // One flush short of the cap (where flushes, and then appends, wait for compaction) or
+    // asked for, a compaction is urgent: it runs at the foreground's priority on every core.
+    let urgent = matches!(pick_by, Pick::All)
+        || metas.len() + 1 >= inner.reader.settings.compaction_max_generations;
     let run_metas = metas[run.clone()].to_vec();
     let inputs = inner.reader.generations.get_all(&run_metas).await?;
     let drop_tombstones = run.start == 0;
@@ -267,13 +271,19 @@ pub(crate) async fn compact_once(
             .schema
             .vector_spec(&inner.reader.settings)
             .map(|(col, metric, mut params)| {
-                params.threads = inner.reader.settings.compaction_threads;
+                params.threads = if urgent {
+                    0
+                } else {
+                    inner.reader.settings.compaction_threads
+                };
+                params.ef_construction = inner.reader.settings.compaction_ef_construction;
                 (col, metric, params)
             });
     let built_inputs = inputs.clone();
     let continue_graph = inner.reader.settings.compaction_continue_graph;
     let built = in_background_thread(
         "lsmsearch-compact",
+        !urgent,
         move || -> Result<Option<(Generation, Vec<u8>)>> {
             let (rows, kept) = merge_rows(&built_inputs, drop_tombstones)?;
             if rows.num_rows() == 0 {

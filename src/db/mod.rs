@@ -187,17 +187,30 @@ impl Inner {
 
     /// The debt appends are paced by (see `pace.rs`): the unindexed rows, plus the active
     /// memtable's rows while the queue of frozen memtables is full (its freeze would wait for
-    /// a flush).
+    /// a flush), plus what generations near the cap add while compaction is not failing (at
+    /// the cap flushes wait for it).
     pub(crate) fn debt_rows(&self) -> usize {
-        let queue_full = {
+        let s = &self.reader.settings;
+        let (queue_full, generations) = {
             let st = self.read_state();
-            if st.frozen.len() >= self.reader.settings.max_frozen_memtables {
+            let queue_full = if st.frozen.len() >= s.max_frozen_memtables {
                 read_memtable(&st.active).rows()
             } else {
                 0
-            }
+            };
+            (queue_full, st.manifest.generations.len())
         };
-        self.unindexed_rows() + queue_full
+        let compaction = if s.compaction && self.compaction_state().last_error.is_none() {
+            pace::generation_debt(
+                generations,
+                s.compaction_max_generations,
+                s.compaction_fanout,
+                s.max_unindexed_rows,
+            )
+        } else {
+            0
+        };
+        self.unindexed_rows() + queue_full + compaction
     }
 
     pub(crate) fn compaction_state(&self) -> std::sync::MutexGuard<'_, compact::CompactionState> {

@@ -12,6 +12,13 @@
 //! most that many rows exactly. The queue of frozen memtables
 //! ([`Settings::max_frozen_memtables`](crate::Settings::max_frozen_memtables)) stays as the
 //! hard bound on memory.
+//!
+//! Compaction adds to the debt as the generation count nears its cap
+//! ([`Settings::compaction_max_generations`](crate::Settings::compaction_max_generations)),
+//! where flushes wait for compaction: from `cap - fanout` generations on, each generation
+//! more adds `5S / (fanout - 1)` rows ([`generation_debt`]), so that one flush short of the
+//! cap appends wait as long as they ever do. Appends that outrun compaction thus slow down
+//! over several flushes instead of stopping once the frozen memtables wait behind the cap.
 
 use std::time::{Duration, Instant};
 
@@ -21,6 +28,16 @@ const MAX_DELAY: Duration = Duration::from_secs(1);
 const MIN_RATE: f64 = 500.0;
 /// The drain rate is measured over windows of at least this long.
 const WINDOW: Duration = Duration::from_millis(250);
+
+/// What the generation count adds to the debt (see the module documentation): nothing up to
+/// `cap - fanout` generations, then `5 * soft / (fanout - 1)` rows per generation, so that at
+/// `cap - 1` the debt holds `5 * soft` rows of it: the pressure (at most 4) of a full debt.
+pub(crate) fn generation_debt(generations: usize, cap: usize, fanout: usize, soft: usize) -> usize {
+    let calm = cap.saturating_sub(fanout);
+    let steps = fanout.saturating_sub(1).max(1);
+    let over = generations.saturating_sub(calm).min(steps);
+    over.saturating_mul(5).saturating_mul(soft) / steps
+}
 
 /// See the module documentation.
 #[derive(Debug, Default)]
@@ -70,6 +87,29 @@ impl Pacer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn generations_near_the_cap_add_debt_until_appends_wait_their_longest() {
+        let soft = 10_000;
+        // Cap 16, fanout 4: calm up to 12 generations, full pressure from 15.
+        let debt: Vec<usize> = (10..=17).map(|g| generation_debt(g, 16, 4, soft)).collect();
+        assert_eq!(
+            debt,
+            [0, 0, 0, 16_666, 33_333, 50_000, 50_000, 50_000],
+            "rows of debt from 10 to 17 generations"
+        );
+        // At 5 * soft the pressure is at its bound: a group of 1,000 rows waits the longest.
+        let mut p = Pacer::default();
+        let now = Instant::now();
+        assert_eq!(
+            p.delay(now, 0, soft + generation_debt(15, 16, 4, soft), soft, 1_000),
+            MAX_DELAY
+        );
+        assert_eq!(
+            p.delay(now, 0, generation_debt(12, 16, 4, soft), soft, 1_000),
+            Duration::ZERO
+        );
+    }
 
     #[test]
     fn appends_wait_in_proportion_to_the_debt_above_the_limit() {

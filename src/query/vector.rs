@@ -238,19 +238,27 @@ pub(crate) fn plan(
 }
 
 /// The default candidate list of a generation's graph: `hnsw_ef_search` for a flushed
-/// generation, and for a compaction's merged one that times the flushes whose rows it holds,
-/// but no more than its rows in units of half a memtable (a typical flush: the graphs the
-/// default list was measured on). One graph over the rows of k flushes finds less with one list
-/// than the k graphs did with a list each (clustered vectors, paced `bench stream`: recall@10
-/// 0.89 with the same list, 0.96 with k times it); the row bound keeps a merge of many small
-/// flushes, whose graphs a list of 400 walked almost whole, from walking its graph whole.
+/// generation. A compaction's merged one holds the rows of k flushes, and one graph over them
+/// finds less with one list than the k graphs did with a list each (clustered vectors, paced
+/// `bench stream`: recall@10 0.89 with the same list, 0.96 with k times it): it is walked with
+/// `hnsw_ef_search` times k, but no more than its rows in units of half a memtable (a typical
+/// flush: the graphs the default list was measured on; it keeps a merge of many small flushes,
+/// whose graphs a list of 400 walked almost whole, from walking its graph whole), divided by
+/// how much longer a list built it than a flush's graph (`compaction_ef_construction` against
+/// `hnsw_ef_construction`: a better graph finds as much with a shorter list).
 fn ef_for(settings: &Settings, flushes: u64, rows: usize) -> usize {
+    if flushes <= 1 {
+        return settings.hnsw_ef_search;
+    }
     let unit = (settings.memtable_max_rows / 2).max(1);
     let by_rows = rows.div_ceil(unit).max(1);
-    let by_flushes = usize::try_from(flushes.max(1)).unwrap_or(usize::MAX);
-    settings
+    let by_flushes = usize::try_from(flushes).unwrap_or(usize::MAX);
+    let list = settings
         .hnsw_ef_search
         .saturating_mul(by_flushes.min(by_rows))
+        .saturating_mul(settings.hnsw_ef_construction)
+        / settings.compaction_ef_construction.max(1);
+    list.max(settings.hnsw_ef_search)
 }
 
 /// The graph an arm walks, if any.
@@ -371,5 +379,27 @@ impl Arm<'_> {
             columns.push(take(*c)?);
         }
         Ok(RecordBatch::try_new(out_schema.clone(), columns)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_merged_graph_is_walked_with_its_flushes_lists_shortened_by_its_better_build() {
+        let s = Settings::default();
+        assert_eq!(ef_for(&s, 1, 40_000), 400);
+        // Four flushes of 50,000 rows, built with the flushes' own list: their total list.
+        assert_eq!(ef_for(&s, 4, 200_000), 1_600);
+        // Many small flushes: bounded by the rows (in units of half a memtable).
+        assert_eq!(ef_for(&s, 48, 75_000), 800);
+        // Built with twice the list of a flush's graph: half of it.
+        let better = Settings {
+            compaction_ef_construction: 2 * s.hnsw_ef_construction,
+            ..Settings::default()
+        };
+        assert_eq!(ef_for(&better, 4, 200_000), 800);
+        assert_eq!(ef_for(&better, 48, 75_000), 400);
     }
 }

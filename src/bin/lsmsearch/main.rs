@@ -246,6 +246,16 @@ enum BenchCommand {
         /// Input generations, equal shares of the rows.
         #[arg(long, default_value_t = 4)]
         inputs: usize,
+        /// `hnsw_ef_construction` of the merged graphs (default: the setting's default).
+        #[arg(long)]
+        merged_ef_construction: Option<usize>,
+        /// `hnsw_m` of the merged graphs (default: the setting's default).
+        #[arg(long)]
+        merged_m: Option<usize>,
+        /// Candidate lists to measure recall@10 with, comma-separated (default: the setting's
+        /// default `hnsw_ef_search`).
+        #[arg(long, value_delimiter = ',')]
+        ef: Vec<usize>,
         /// Vector dimension.
         #[arg(long, default_value_t = 128)]
         dim: usize,
@@ -376,6 +386,9 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
             BenchCommand::Merge {
                 docs,
                 inputs,
+                merged_ef_construction,
+                merged_m,
+                ef,
                 dim,
                 data,
             } => {
@@ -385,6 +398,9 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
                         inputs,
                         dim,
                         data,
+                        merged_ef_construction,
+                        merged_m,
+                        efs: ef,
                     })?;
                 if json {
                     println!("{}", serde_json::to_string(&report).unwrap_or_default());
