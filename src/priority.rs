@@ -1,9 +1,10 @@
-//! Background work (the memtable's graph inserter and text commits, flushes, compactions) runs
-//! on threads of a lower scheduling priority than appends and searches, so that on a machine
-//! whose cores are busy a search waits for no index maintenance: the background takes the CPU
-//! the foreground leaves. Appends still cannot outrun it: they are paced by the rows waiting
-//! for their graph (`src/db/pace.rs`) and by the frozen memtables waiting for their flush. Threads such a thread starts (a graph's inserters, tantivy's indexing
-//! and merge threads) inherit its priority.
+//! Background work runs on threads of a lower scheduling priority than appends and searches,
+//! so that on a machine whose cores are busy a search rarely waits for index maintenance.
+//! Work that appends or searches may end up waiting for keeps a share of the CPU: the memtable's
+//! graph inserter and text commits run at nice 10, flushes at the default priority. Work nothing
+//! waits for, a compaction that is not urgent, runs in the idle class and takes only the CPU the
+//! foreground leaves. Threads such a thread starts (a graph's inserters, tantivy's indexing and
+//! merge threads) inherit its priority.
 
 use crate::{Error, Result};
 
@@ -31,6 +32,27 @@ pub(crate) fn lower_priority() {
         }
     }
 }
+
+/// Give the calling thread nice [`BACKGROUND_NICE`] (Linux; elsewhere nothing): for background
+/// work appends or searches may wait for (the memtable's graph inserter and text commits),
+/// which must keep a share of a busy CPU (about a tenth of a core against one busy thread of
+/// nice 0) where the idle class could get none.
+#[cfg(target_os = "linux")]
+pub(crate) fn nice_priority() {
+    // SAFETY: gettid and setpriority take no pointers; on Linux, PRIO_PROCESS with a thread id
+    // sets that thread's nice value alone.
+    let r = unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, BACKGROUND_NICE)
+    };
+    if r != 0 {
+        tracing::debug!("could not lower a background thread's priority");
+    }
+}
+
+/// Lower the calling thread's priority (Linux; elsewhere nothing).
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn nice_priority() {}
 
 /// Lower the calling thread's scheduling priority (Linux; elsewhere nothing).
 #[cfg(not(target_os = "linux"))]

@@ -345,11 +345,19 @@ impl TextIndex {
     pub(crate) fn tokens(&self, row: usize, field: usize) -> u32 {
         let committed = self.committed_rows();
         if row < committed {
-            return self.counts[row * self.nfields + field];
+            return self
+                .counts
+                .get(row * self.nfields + field)
+                .copied()
+                .unwrap_or(0);
         }
         let t = self.tail.partition_point(|t| t.end() <= row);
-        let t = &self.tail[t];
-        t.counts[(row - t.first) * self.nfields + field]
+        self.tail.get(t).map_or(0, |t| {
+            t.counts
+                .get((row - t.first) * self.nfields + field)
+                .copied()
+                .unwrap_or(0)
+        })
     }
 
     /// Tokens of text field `field` summed over every row (tombstones count none).
@@ -491,6 +499,9 @@ struct MemState {
 const TAIL_COMMIT_ROWS: usize = 256;
 /// ... or this many tail segments.
 const TAIL_COMMIT_SEGMENTS: usize = 4;
+/// The most tail segments a search reads: with more (a commit that is slow to come), the
+/// next search indexes the rows past the commit into one segment again.
+const TAIL_MAX_SEGMENTS: usize = 16;
 
 /// The full-text index of a memtable: a tantivy index in memory that commits in the background
 /// (between the graph inserter's chunks, or on a thread a search starts), so appends never wait
@@ -664,6 +675,11 @@ impl MemTextIndex {
         if tail.first().is_some_and(|t| t.first != from) {
             tail.clear();
         }
+        // However long the background's commit takes, a search reads a bounded number of
+        // segments: past that many, one segment replaces them.
+        if tail.len() >= TAIL_MAX_SEGMENTS {
+            tail.clear();
+        }
         let end = tail.last().map_or(from, |t| t.end());
         if end < rows {
             let started = std::time::Instant::now();
@@ -698,13 +714,25 @@ impl MemTextIndex {
         let spawned = std::thread::Builder::new()
             .name("lsmsearch-memtext".into())
             .spawn(move || {
-                crate::priority::lower_priority();
-                if let Some(index) = index.upgrade() {
-                    if let Err(e) = index.commit(&batches, rows) {
-                        tracing::warn!("memtable text index commit failed: {e}");
+                crate::priority::nice_priority();
+                // The flag is cleared however the commit ends, a panic included.
+                struct Done(Arc<std::sync::atomic::AtomicBool>);
+                impl Drop for Done {
+                    fn drop(&mut self) {
+                        self.0.store(false, Ordering::Release);
                     }
                 }
-                committing.store(false, Ordering::Release);
+                let _done = Done(committing);
+                if let Some(index) = index.upgrade() {
+                    let commit = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        index.commit(&batches, rows)
+                    }));
+                    match commit {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => tracing::warn!("memtable text index commit failed: {e}"),
+                        Err(_) => tracing::warn!("memtable text index commit panicked"),
+                    }
+                }
             });
         if let Err(e) = spawned {
             self.committing.store(false, Ordering::Release);

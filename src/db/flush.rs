@@ -166,7 +166,7 @@ async fn flush_one(
     let schema = inner.reader.stored_schema.clone();
     let text = inner.reader.text_schema.clone();
     let vector = inner.reader.schema.vector_spec(&inner.reader.settings);
-    let (generation, bytes) = in_background_thread("lsmsearch-flush", true, move || {
+    let (generation, bytes) = in_background_thread("lsmsearch-flush", false, move || {
         let spec = IndexSpec {
             text: text.as_deref(),
             vector,

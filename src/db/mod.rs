@@ -187,20 +187,23 @@ impl Inner {
 
     /// The debt appends are paced by (see `pace.rs`): the unindexed rows, plus the active
     /// memtable's rows while the queue of frozen memtables is full (its freeze would wait for
-    /// a flush), plus what generations near the cap add while compaction is not failing (at
-    /// the cap flushes wait for it).
+    /// a flush), plus what generations near the cap add while a compaction is due and
+    /// compaction is not failing (at the cap flushes wait for it).
     pub(crate) fn debt_rows(&self) -> usize {
         let s = &self.reader.settings;
-        let (queue_full, generations) = {
+        let (queue_full, generations, due) = {
             let st = self.read_state();
             let queue_full = if st.frozen.len() >= s.max_frozen_memtables {
                 read_memtable(&st.active).rows()
             } else {
                 0
             };
-            (queue_full, st.manifest.generations.len())
+            let gens = &st.manifest.generations;
+            let due = compact::debt(gens, s.compaction_fanout, s.compaction_max_generations) > 0;
+            (queue_full, gens.len(), due)
         };
-        let compaction = if s.compaction && self.compaction_state().last_error.is_none() {
+        // Only while a compaction is due: one that is not would never drain it.
+        let compaction = if s.compaction && due && self.compaction_state().last_error.is_none() {
             pace::generation_debt(
                 generations,
                 s.compaction_max_generations,
@@ -296,7 +299,7 @@ pub(crate) fn catch_up_graph(mem: &SharedMemtable) {
     let spawned = std::thread::Builder::new()
         .name("lsmsearch-memgraph".into())
         .spawn(move || {
-            crate::priority::lower_priority();
+            crate::priority::nice_priority();
             loop {
                 let Some(_role) = graph.try_start() else {
                     return;

@@ -15,8 +15,8 @@
 //!
 //! Compaction adds to the debt as the generation count nears its cap
 //! ([`Settings::compaction_max_generations`](crate::Settings::compaction_max_generations)),
-//! where flushes wait for compaction: from `cap - fanout` generations on, each generation
-//! more adds `5S / (fanout - 1)` rows ([`generation_debt`]), so that one flush short of the
+//! where flushes wait for compaction: while a compaction is due, from `cap - fanout`
+//! generations on, each generation more adds `5S / (fanout - 1)` rows ([`generation_debt`]), so that one flush short of the
 //! cap appends wait as long as they ever do. Appends that outrun compaction thus slow down
 //! over several flushes instead of stopping once the frozen memtables wait behind the cap.
 
