@@ -19,17 +19,15 @@ const BACKGROUND_NICE: i32 = 10;
 #[cfg(target_os = "linux")]
 pub(crate) fn lower_priority() {
     // SAFETY: gettid takes no arguments; sched_setscheduler reads the parameter struct passed
-    // by reference for the duration of the call; setpriority takes no pointers. On Linux both
-    // apply to the thread whose id they are given.
-    unsafe {
+    // by reference for the duration of the call, and on Linux applies to the thread whose id
+    // it is given.
+    let idle = unsafe {
         let tid = libc::syscall(libc::SYS_gettid) as libc::pid_t;
         let param = libc::sched_param { sched_priority: 0 };
-        if libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param) == 0 {
-            return;
-        }
-        if libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, BACKGROUND_NICE) != 0 {
-            tracing::debug!("could not lower a background thread's priority");
-        }
+        libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param) == 0
+    };
+    if !idle {
+        nice_priority();
     }
 }
 

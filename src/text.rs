@@ -457,22 +457,30 @@ fn open_reader(index: &tantivy::Index) -> Result<IndexReader> {
         .map_err(tv)
 }
 
+/// The paths of a segment's component files (some may not exist: a schema without stored
+/// fields has no store).
+pub(crate) fn segment_files(
+    meta: &tantivy::index::SegmentMeta,
+) -> impl Iterator<Item = std::path::PathBuf> + '_ {
+    use tantivy::index::SegmentComponent as C;
+    [
+        C::Postings,
+        C::Positions,
+        C::FastFields,
+        C::FieldNorms,
+        C::Terms,
+        C::Store,
+    ]
+    .into_iter()
+    .map(|c| meta.relative_path(c))
+}
+
 /// The files of a committed in-memory index: `meta.json` and every segment component.
 fn export_files(index: &tantivy::Index) -> Result<IndexFiles> {
-    use tantivy::index::SegmentComponent as C;
     let dir = index.directory();
     let mut names = vec!["meta.json".to_string()];
     for meta in index.searchable_segment_metas().map_err(tv)? {
-        for c in [
-            C::Postings,
-            C::Positions,
-            C::FastFields,
-            C::FieldNorms,
-            C::Terms,
-            C::Store,
-        ] {
-            names.push(meta.relative_path(c).to_string_lossy().into_owned());
-        }
+        names.extend(segment_files(&meta).map(|p| p.to_string_lossy().into_owned()));
     }
     let mut out = Vec::new();
     for name in names {

@@ -185,16 +185,7 @@ fn merge_segments(inputs: &[Arc<Generation>]) -> Result<f64> {
             .ok_or_else(|| Error::internal("an input without a text index"))?;
         let index = ti.searcher().index();
         for seg in index.searchable_segment_metas().map_err(tv)? {
-            use tantivy::index::SegmentComponent as C;
-            for c in [
-                C::Postings,
-                C::Positions,
-                C::FastFields,
-                C::FieldNorms,
-                C::Terms,
-                C::Store,
-            ] {
-                let file = seg.relative_path(c);
+            for file in crate::text::segment_files(&seg) {
                 if let Ok(bytes) = index.directory().atomic_read(&file) {
                     dir.atomic_write(&file, &bytes).map_err(tv)?;
                 }

@@ -645,13 +645,11 @@ impl MemVectorIndex {
 mod tests {
     use super::*;
 
-    #[test]
-    fn rows_beyond_the_graphs_capacity_stay_in_the_scanned_tail() {
-        use arrow::array::{FixedSizeListArray, Float32Array};
-        use arrow::datatypes::{DataType, Field, Schema};
-        let spec = MemGraphSpec {
+    /// A small l2 memtable graph of `dim` dimensions, started at once.
+    fn l2_spec(dim: usize) -> MemGraphSpec {
+        MemGraphSpec {
             vcol: 0,
-            dim: 2,
+            dim,
             metric: Metric::L2,
             params: GraphParams {
                 m: 4,
@@ -659,7 +657,14 @@ mod tests {
                 threads: 0,
             },
             above: 0,
-        };
+        }
+    }
+
+    #[test]
+    fn rows_beyond_the_graphs_capacity_stay_in_the_scanned_tail() {
+        use arrow::array::{FixedSizeListArray, Float32Array};
+        use arrow::datatypes::{DataType, Field, Schema};
+        let spec = l2_spec(2);
         // Room for ids below 4,096: a memtable of 5,000 rows outgrows it.
         let graph = HnswBuilder::with_segments(2, Space::L2, 4, 8, 1);
         let g = MemVectorIndex::with_builder(&spec, graph).expect("an l2 graph");
@@ -689,17 +694,7 @@ mod tests {
 
     #[test]
     fn a_refused_claim_leaves_the_inserter_role_with_its_holder() {
-        let spec = MemGraphSpec {
-            vcol: 0,
-            dim: 4,
-            metric: Metric::L2,
-            params: GraphParams {
-                m: 4,
-                ef_construction: 8,
-                threads: 0,
-            },
-            above: 0,
-        };
+        let spec = l2_spec(4);
         let g = MemVectorIndex::new(&spec).expect("an l2 graph");
         let held = g.try_start().expect("the role is free");
         assert!(g.try_start().is_none(), "the role is held");
