@@ -183,11 +183,12 @@ pub(crate) struct TextIndex {
 }
 
 /// Consecutive rows of a memtable that a search indexed itself because its index had not
-/// committed them yet: one tantivy segment built without a writer, its threads or a commit, then
-/// shared by later searches until a commit of the memtable's index covers its rows.
-struct TailSegment {
-    /// An index holding one segment, or `None` when the rows are all tombstones.
-    searcher: Option<Searcher>,
+/// committed them yet, shared by later searches until a commit of the memtable's index covers
+/// them. They are held as postings in memory (each term's rows and positions), which is all a
+/// query of terms, phrases and boolean clauses needs to score them exactly as tantivy would
+/// ([`TailQuery`]); other queries read a tantivy segment of the same rows, built the first
+/// time one asks.
+pub(crate) struct TailSegment {
     /// The first row.
     first: usize,
     /// `rows × fields` token counts, row-major.
@@ -195,6 +196,32 @@ struct TailSegment {
     /// Tokens per field over its rows.
     totals: Vec<u64>,
     nfields: usize,
+    /// Per text field, each term's postings over these rows.
+    postings: Vec<HashMap<String, TailPostings>>,
+    /// The stored rows (tombstones included), and the memtable index whose schema and
+    /// analyzers a tantivy segment of them is built with.
+    batches: Vec<RecordBatch>,
+    schema: Arc<TextSchema>,
+    index: tantivy::Index,
+    /// A tantivy segment of the rows, built on demand: `None` when they are all tombstones.
+    segment: std::sync::OnceLock<Option<Searcher>>,
+}
+
+/// One term's occurrences in a tail segment: the rows holding it (ascending, relative to the
+/// segment's first row) and, per row, its positions.
+#[derive(Default)]
+struct TailPostings {
+    rows: Vec<u32>,
+    /// `positions[ends[i - 1]..ends[i]]` are the term's positions in `rows[i]`, ascending.
+    ends: Vec<u32>,
+    positions: Vec<u32>,
+}
+
+impl TailPostings {
+    fn positions(&self, i: usize) -> &[u32] {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        &self.positions[start..self.ends[i] as usize]
+    }
 }
 
 impl TailSegment {
@@ -206,8 +233,275 @@ impl TailSegment {
         self.first + self.rows()
     }
 
-    fn segment_readers(&self) -> &[SegmentReader] {
-        self.searcher.as_ref().map_or(&[], |s| s.segment_readers())
+    fn postings(&self, term: &Term, ts: &TextSchema) -> Option<&TailPostings> {
+        let field = ts.field_position(term.field())?;
+        self.postings.get(field)?.get(term.value().as_str()?)
+    }
+
+    /// The tantivy segment of these rows (built now if no query asked for it before).
+    fn searcher(&self) -> Result<Option<&Searcher>> {
+        if let Some(s) = self.segment.get() {
+            return Ok(s.as_ref());
+        }
+        let mut writer = tantivy::Index::builder()
+            .schema(self.schema.schema.clone())
+            .single_segment_index_writer::<TantivyDocument>(
+                RamDirectory::create(),
+                // The writer's hash table is sized from its budget: a small one for a few rows.
+                (self.rows() * 4096).clamp(1 << 20, MEMTABLE_WRITER_HEAP),
+            )
+            .map_err(tv)?;
+        let mut docs = 0usize;
+        let mut first = self.first as u64;
+        for b in &self.batches {
+            self.schema.add_rows(
+                &self.index,
+                &mut |doc| {
+                    docs += 1;
+                    writer.add_document(doc).map_err(tv)
+                },
+                b,
+                first,
+            )?;
+            first += b.num_rows() as u64;
+        }
+        let searcher = if docs == 0 {
+            None
+        } else {
+            Some(open_reader(&writer.finalize().map_err(tv)?)?.searcher())
+        };
+        Ok(self.segment.get_or_init(|| searcher).as_ref())
+    }
+}
+
+/// A parsed query as it scores the rows of tail segments without a tantivy segment: the
+/// clauses tantivy's query parser makes of terms and phrases, with the same BM25 weights (from
+/// the snapshot's global statistics), fieldnorm ids and phrase counts as tantivy's scorers, and
+/// the same matching rules as its boolean weight. Queries with any other clause (a range, a
+/// prefix, a boost, a sloppy phrase...) are not compiled: they read a tantivy segment of the
+/// tail instead.
+pub(crate) enum TailQuery {
+    /// Matches nothing.
+    Nothing,
+    Term {
+        field: usize,
+        term: Term,
+        weight: tantivy::query::Bm25Weight,
+    },
+    /// Consecutive positions (slop 0), terms in order.
+    Phrase {
+        field: usize,
+        terms: Vec<Term>,
+        weight: tantivy::query::Bm25Weight,
+    },
+    Boolean {
+        must: Vec<TailQuery>,
+        should: Vec<TailQuery>,
+        must_not: Vec<TailQuery>,
+        /// How many `should` clauses a row must match.
+        should_match: usize,
+    },
+}
+
+/// fieldnorm id of a field holding `tokens` tokens, as tantivy encodes it.
+fn fieldnorm_id(tokens: u32) -> u8 {
+    static TABLE: std::sync::OnceLock<Vec<u32>> = std::sync::OnceLock::new();
+    let table = TABLE.get_or_init(|| {
+        (0..=255u8)
+            .map(tantivy::fieldnorm::FieldNormReader::id_to_fieldnorm)
+            .collect()
+    });
+    // The largest id whose fieldnorm is at most `tokens` (the table starts at 0).
+    (table.partition_point(|n| *n <= tokens) - 1) as u8
+}
+
+impl TailQuery {
+    /// Compile `query` (as [`crate::query::fts`] parses it) over `stats`, or `None` when it
+    /// holds a clause tail segments cannot score without tantivy.
+    pub(crate) fn compile(
+        query: &dyn tantivy::query::Query,
+        ts: &TextSchema,
+        stats: &dyn tantivy::query::Bm25StatisticsProvider,
+    ) -> Result<Option<TailQuery>> {
+        use tantivy::query::{Bm25Weight, BooleanQuery, EmptyQuery, Occur, PhraseQuery, TermQuery};
+        if query.downcast_ref::<EmptyQuery>().is_some() {
+            return Ok(Some(TailQuery::Nothing));
+        }
+        if let Some(q) = query.downcast_ref::<TermQuery>() {
+            let Some(field) = ts.field_position(q.term().field()) else {
+                return Ok(None);
+            };
+            let weight =
+                Bm25Weight::for_terms(stats, std::slice::from_ref(q.term())).map_err(tv)?;
+            return Ok(Some(TailQuery::Term {
+                field,
+                term: q.term().clone(),
+                weight,
+            }));
+        }
+        if let Some(q) = query.downcast_ref::<PhraseQuery>() {
+            let terms = q.phrase_terms();
+            // Only a phrase of consecutive positions without slop (what the parser makes of a
+            // quoted text whose analyzer drops no token): the same phrase built from its terms
+            // alone (offsets 0, 1, ..., slop 0) must be the same query.
+            if terms.len() < 2
+                || format!("{q:?}") != format!("{:?}", PhraseQuery::new(terms.clone()))
+            {
+                return Ok(None);
+            }
+            let Some(field) = ts.field_position(q.field()) else {
+                return Ok(None);
+            };
+            let weight = Bm25Weight::for_terms(stats, &terms).map_err(tv)?;
+            return Ok(Some(TailQuery::Phrase {
+                field,
+                terms,
+                weight,
+            }));
+        }
+        if let Some(q) = query.downcast_ref::<BooleanQuery>() {
+            let (mut must, mut should, mut must_not) = (Vec::new(), Vec::new(), Vec::new());
+            for (occur, sub) in q.clauses() {
+                let Some(sub) = Self::compile(sub.as_ref(), ts, stats)? else {
+                    return Ok(None);
+                };
+                match occur {
+                    Occur::Must => must.push(sub),
+                    Occur::Should => should.push(sub),
+                    Occur::MustNot => must_not.push(sub),
+                }
+            }
+            // As tantivy's boolean weight: as many required `should` clauses as there are
+            // make them `must` clauses, more than there are match nothing, and without `must`
+            // clauses at least one `should` clause must match.
+            let mut should_match = q.get_minimum_number_should_match();
+            if should_match > should.len() {
+                return Ok(Some(TailQuery::Nothing));
+            }
+            if should_match == should.len() {
+                must.append(&mut should);
+                should_match = 0;
+            }
+            if must.is_empty() {
+                if should.is_empty() {
+                    return Ok(Some(TailQuery::Nothing));
+                }
+                should_match = should_match.max(1);
+            }
+            return Ok(Some(TailQuery::Boolean {
+                must,
+                should,
+                must_not,
+                should_match,
+            }));
+        }
+        Ok(None)
+    }
+
+    /// The rows of `seg` (relative to its first row, ascending) that match, with their scores.
+    fn matches(&self, seg: &TailSegment) -> Vec<(u32, f32)> {
+        let fieldnorm = |row: u32, field: usize| {
+            fieldnorm_id(
+                seg.counts
+                    .get(row as usize * seg.nfields + field)
+                    .copied()
+                    .unwrap_or(0),
+            )
+        };
+        match self {
+            TailQuery::Nothing => Vec::new(),
+            TailQuery::Term {
+                field,
+                term,
+                weight,
+            } => {
+                let Some(p) = seg.postings(term, &seg.schema) else {
+                    return Vec::new();
+                };
+                p.rows
+                    .iter()
+                    .enumerate()
+                    .map(|(i, row)| {
+                        let tf = p.positions(i).len() as u32;
+                        (*row, weight.score(fieldnorm(*row, *field), tf))
+                    })
+                    .collect()
+            }
+            TailQuery::Phrase {
+                field,
+                terms,
+                weight,
+            } => {
+                let Some(postings) = terms
+                    .iter()
+                    .map(|t| seg.postings(t, &seg.schema))
+                    .collect::<Option<Vec<_>>>()
+                else {
+                    return Vec::new();
+                };
+                let mut out = Vec::new();
+                for (i, row) in postings[0].rows.iter().enumerate() {
+                    // The row's positions of each term, or `None` when one is missing.
+                    let Some(positions) = postings[1..]
+                        .iter()
+                        .map(|p| p.rows.binary_search(row).ok().map(|j| p.positions(j)))
+                        .collect::<Option<Vec<_>>>()
+                    else {
+                        continue;
+                    };
+                    // Phrase starts: term k at start + k for every k (tantivy's phrase count).
+                    let count = postings[0]
+                        .positions(i)
+                        .iter()
+                        .filter(|start| {
+                            positions
+                                .iter()
+                                .enumerate()
+                                .all(|(k, ps)| ps.binary_search(&(**start + k as u32 + 1)).is_ok())
+                        })
+                        .count() as u32;
+                    if count > 0 {
+                        out.push((*row, weight.score(fieldnorm(*row, *field), count)));
+                    }
+                }
+                out
+            }
+            TailQuery::Boolean {
+                must,
+                should,
+                must_not,
+                should_match,
+            } => {
+                let n = seg.rows();
+                let mut score = vec![0f32; n];
+                let mut musts = vec![0usize; n];
+                let mut shoulds = vec![0usize; n];
+                let mut excluded = vec![false; n];
+                for q in must {
+                    for (row, s) in q.matches(seg) {
+                        score[row as usize] += s;
+                        musts[row as usize] += 1;
+                    }
+                }
+                for q in should {
+                    for (row, s) in q.matches(seg) {
+                        score[row as usize] += s;
+                        shoulds[row as usize] += 1;
+                    }
+                }
+                for q in must_not {
+                    for (row, _) in q.matches(seg) {
+                        excluded[row as usize] = true;
+                    }
+                }
+                (0..n)
+                    .filter(|r| {
+                        musts[*r] == must.len() && shoulds[*r] >= *should_match && !excluded[*r]
+                    })
+                    .map(|r| (r as u32, score[r]))
+                    .collect()
+            }
+        }
     }
 }
 
@@ -224,6 +518,13 @@ pub(crate) enum DocRows<'a> {
 }
 
 impl DocRows<'_> {
+    /// The rows of a segment whose documents carry them in the `_row` fast field.
+    pub(crate) fn of_segment(seg: &SegmentReader) -> Result<Self> {
+        Ok(DocRows::Column(
+            seg.fast_fields().u64(ROW_FIELD).map_err(tv)?,
+        ))
+    }
+
     /// The row of `doc`.
     #[inline]
     pub(crate) fn get(&self, doc: tantivy::DocId) -> Option<usize> {
@@ -279,13 +580,51 @@ impl TextIndex {
         &self.searcher
     }
 
-    /// Every segment the index searches: the committed index's, then a memtable's tail
-    /// segments. [`TextIndex::doc_rows`] numbers them in this order.
+    /// The segments of the committed index (a memtable's tail segments aside, see
+    /// [`TextIndex::score_tail`] and [`TextIndex::tail_readers`]), in the order
+    /// [`TextIndex::doc_rows`] numbers them.
     pub(crate) fn segment_readers(&self) -> impl Iterator<Item = &SegmentReader> {
-        self.searcher
-            .segment_readers()
+        self.searcher.segment_readers().iter()
+    }
+
+    /// Whether a memtable's index holds rows past its last commit.
+    pub(crate) fn has_tail(&self) -> bool {
+        !self.tail.is_empty()
+    }
+
+    /// The tantivy segments of a memtable's rows past its last commit (built by the first
+    /// query that asks), for queries [`TailQuery`] does not score: their documents' rows are
+    /// in the `_row` fast field.
+    pub(crate) fn tail_readers(&self) -> Result<Vec<&SegmentReader>> {
+        let mut out = Vec::new();
+        for t in self.tail.iter() {
+            if let Some(s) = t.searcher()? {
+                out.extend(s.segment_readers());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Score the rows past a memtable's last commit that match `query`: `f(row, score)`.
+    pub(crate) fn score_tail(&self, query: &TailQuery, f: &mut dyn FnMut(usize, f32)) {
+        for t in self.tail.iter() {
+            for (row, score) in query.matches(t) {
+                f(t.first + row as usize, score);
+            }
+        }
+    }
+
+    /// Rows at or past `from` among the rows past a memtable's last commit that hold `term`.
+    pub(crate) fn tail_doc_freq_from(&self, term: &Term, ts: &TextSchema, from: usize) -> u64 {
+        self.tail
             .iter()
-            .chain(self.tail.iter().flat_map(|t| t.segment_readers()))
+            .filter(|t| t.end() > from)
+            .filter_map(|t| {
+                let p = t.postings(term, ts)?;
+                let skip = from.saturating_sub(t.first);
+                Some(p.rows.iter().filter(|r| **r as usize >= skip).count() as u64)
+            })
+            .sum()
     }
 
     /// How the documents of segment `ord` (in the order of [`TextIndex::segment_readers`]) map
@@ -301,19 +640,20 @@ impl TextIndex {
             .segment_readers()
             .nth(ord)
             .ok_or_else(|| Error::internal(format!("no segment {ord}")))?;
-        Ok(DocRows::Column(
-            seg.fast_fields().u64(ROW_FIELD).map_err(tv)?,
-        ))
+        DocRows::of_segment(seg)
     }
 
     /// Documents containing `term` (a generation's index remembers the answer).
     pub(crate) fn doc_freq(&self, term: &Term) -> Result<u64> {
-        let mut tail = 0;
-        for t in self.tail.iter() {
-            if let Some(s) = &t.searcher {
-                tail += s.doc_freq(term).map_err(tv)?;
-            }
-        }
+        let tail: u64 = match self.tail.first() {
+            Some(first) => self
+                .tail
+                .iter()
+                .filter_map(|t| t.postings(term, &first.schema))
+                .map(|p| p.rows.len() as u64)
+                .sum(),
+            None => 0,
+        };
         let Some(memo) = &self.doc_freqs else {
             return Ok(self.searcher.doc_freq(term).map_err(tv)? + tail);
         };
@@ -748,32 +1088,65 @@ impl MemTextIndex {
         }
     }
 
-    /// A tail segment over rows `from..to` of `batches`: one tantivy segment written in this
-    /// thread, with the index's schema and analyzers, documents numbered by row.
+    /// A tail segment over rows `from..to` of `batches`: the postings of their terms in
+    /// memory, tokenized with the index's analyzers (no tantivy segment yet: see
+    /// [`TailSegment::searcher`]).
     fn tail_segment(&self, batches: &[RecordBatch], from: usize, to: usize) -> Result<TailSegment> {
         let nfields = self.schema.fields.len();
-        // The writer's hash table is sized from its budget: a small one for a few rows.
-        let budget = ((to - from) * 4096).clamp(1 << 20, MEMTABLE_WRITER_HEAP);
-        let mut writer = tantivy::Index::builder()
-            .schema(self.schema.schema.clone())
-            .single_segment_index_writer::<TantivyDocument>(RamDirectory::create(), budget)
-            .map_err(tv)?;
+        let mut analyzers = self
+            .schema
+            .fields
+            .iter()
+            .map(|f| self.index.tokenizer_for_field(*f).map_err(tv))
+            .collect::<Result<Vec<_>>>()?;
         let mut counts = Vec::with_capacity((to - from) * nfields);
-        let mut docs = 0usize;
+        let mut postings: Vec<HashMap<String, TailPostings>> =
+            (0..nfields).map(|_| HashMap::new()).collect();
+        let mut sliced = Vec::new();
         let mut offset = 0usize;
         for b in batches {
             let end = offset + b.num_rows();
             let (lo, hi) = (from.max(offset), to.min(end));
             if lo < hi {
-                counts.extend(self.schema.add_rows(
-                    &self.index,
-                    &mut |doc| {
-                        docs += 1;
-                        writer.add_document(doc).map_err(tv)
-                    },
-                    &b.slice(lo - offset, hi - lo),
-                    lo as u64,
-                )?);
+                let slice = b.slice(lo - offset, hi - lo);
+                let deleted = deleted_flags(&slice);
+                let texts: Vec<_> = self
+                    .schema
+                    .columns
+                    .iter()
+                    .map(|c| slice.column(*c).as_string::<i32>().clone())
+                    .collect();
+                for r in 0..slice.num_rows() {
+                    let row = (lo - from + r) as u32;
+                    for (f, col) in texts.iter().enumerate() {
+                        if deleted.value(r) || col.is_null(r) {
+                            counts.push(0);
+                            continue;
+                        }
+                        let mut n = 0u32;
+                        let mut ts = analyzers[f].token_stream(col.value(r));
+                        while ts.advance() {
+                            n += 1;
+                            let token = ts.token();
+                            // tantivy leaves such a token out of the postings.
+                            if token.text.len() > tantivy::tokenizer::MAX_TOKEN_LEN {
+                                continue;
+                            }
+                            let p = match postings[f].get_mut(token.text.as_str()) {
+                                Some(p) => p,
+                                None => postings[f].entry(token.text.clone()).or_default(),
+                            };
+                            if p.rows.last() != Some(&row) {
+                                p.rows.push(row);
+                                p.ends.push(p.positions.len() as u32);
+                            }
+                            p.positions.push(token.position as u32);
+                            *p.ends.last_mut().expect("pushed above") += 1;
+                        }
+                        counts.push(n);
+                    }
+                }
+                sliced.push(slice);
             }
             offset = end;
         }
@@ -782,17 +1155,16 @@ impl MemTextIndex {
                 "rows {from}..{to} are not all in the memtable's {offset} stored rows"
             )));
         }
-        let searcher = if docs == 0 {
-            None
-        } else {
-            Some(open_reader(&writer.finalize().map_err(tv)?)?.searcher())
-        };
         Ok(TailSegment {
-            searcher,
             first: from,
             totals: token_totals(&counts, nfields),
             counts,
             nfields,
+            postings,
+            batches: sliced,
+            schema: self.schema.clone(),
+            index: self.index.clone(),
+            segment: std::sync::OnceLock::new(),
         })
     }
 }
@@ -862,8 +1234,12 @@ mod tests {
             (c.doc_freq(&red).unwrap(), c.tokens(3, 0), indexed()),
             (4, 3, 2)
         );
+        // The tail's rows are in memory; a tantivy segment of them is built only when asked.
         let docs: u32 = c.segment_readers().map(|s| s.max_doc()).sum();
-        assert_eq!(docs, 4);
+        assert_eq!(docs, 2);
+        assert!(c.tail.iter().all(|t| t.segment.get().is_none()));
+        let docs: u32 = c.tail_readers().unwrap().iter().map(|s| s.max_doc()).sum();
+        assert_eq!(docs, 2);
         // The fourth tail segment asks for a commit in the background, which folds them in.
         mem.view(&batches[..5], 5).unwrap();
         let d = mem.view(&batches[..6], 6).unwrap();

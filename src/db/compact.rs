@@ -259,6 +259,11 @@ pub(crate) async fn compact_once(
     let urgent = matches!(pick_by, Pick::All)
         || metas.len() + 1 >= inner.reader.settings.compaction_max_generations;
     let run_metas = metas[run.clone()].to_vec();
+    tracing::debug!(
+        "compacting generations {:?} of {} (urgent: {urgent})",
+        run,
+        metas.len()
+    );
     let inputs = inner.reader.generations.get_all(&run_metas).await?;
     let drop_tombstones = run.start == 0;
     let id = inner.next_generation_id.fetch_add(1, Ordering::SeqCst);

@@ -812,7 +812,14 @@ impl Index {
         query: &str,
         options: &SearchOptions,
     ) -> Result<Vec<RecordBatch>> {
-        reader::run(self.plan_fts(query, options).await?).await
+        let t = std::time::Instant::now();
+        let snapshot = self.snapshot().await?;
+        let t_snap = t.elapsed();
+        let plan = self.inner.reader.plan_fts(snapshot, query, options).await?;
+        let t_plan = t.elapsed();
+        let out = reader::run(plan).await;
+        slow_search("full-text", t_snap, t_plan, t.elapsed());
+        out
     }
 
     /// The physical plan of a vector search: one `VectorArmExec` leaf with a partition per
@@ -837,7 +844,18 @@ impl Index {
         query: &[f32],
         options: &VectorSearchOptions,
     ) -> Result<Vec<RecordBatch>> {
-        reader::run(self.plan_vector(query, options).await?).await
+        let t = std::time::Instant::now();
+        let snapshot = self.snapshot().await?;
+        let t_snap = t.elapsed();
+        let plan = self
+            .inner
+            .reader
+            .plan_vector(snapshot, query, options)
+            .await?;
+        let t_plan = t.elapsed();
+        let out = reader::run(plan).await;
+        slow_search("vector", t_snap, t_plan, t.elapsed());
+        out
     }
 
     /// What this handle's generation cache holds (see [`Settings::cache_bytes`]).
@@ -925,4 +943,24 @@ impl Drop for Index {
 /// Map an error kind for a whole group of callers.
 pub(crate) fn is_fenced(e: &Error) -> bool {
     e.kind() == ErrorKind::Fenced
+}
+
+/// A search slower than 20 ms is logged at debug level (target `lsmsearch::slow`) with the
+/// time it took to take its snapshot, to plan and to run.
+fn slow_search(
+    kind: &str,
+    snapshot: std::time::Duration,
+    planned: std::time::Duration,
+    total: std::time::Duration,
+) {
+    if total >= std::time::Duration::from_millis(20) {
+        tracing::debug!(
+            target: "lsmsearch::slow",
+            "{kind} search took {:.1} ms: snapshot {:.1}, plan {:.1}, run {:.1}",
+            total.as_secs_f64() * 1e3,
+            snapshot.as_secs_f64() * 1e3,
+            (planned - snapshot).as_secs_f64() * 1e3,
+            (total - planned).as_secs_f64() * 1e3
+        );
+    }
 }

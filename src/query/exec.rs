@@ -21,6 +21,9 @@ use datafusion::physical_plan::{
 use std::fmt;
 use std::sync::Arc;
 
+/// An arm slower than this is logged at debug level (target `lsmsearch::slow`).
+const SLOW_ARM_MS: f64 = 10.0;
+
 /// The work of one arm: search its source and return its top rows, sorted.
 pub(crate) type ArmWork = Arc<dyn Fn() -> crate::Result<RecordBatch> + Send + Sync>;
 
@@ -137,8 +140,17 @@ impl ExecutionPlan for ArmExec {
             )));
         };
         let work = arm.work.clone();
+        let (kind, description) = (self.kind, arm.description.clone());
         // Queued on the pool now; a stream dropped before its arm starts skips the arm.
-        let arm = self.pool.run(move || work());
+        let arm = self.pool.run(move || {
+            let t = std::time::Instant::now();
+            let out = work();
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            if ms >= SLOW_ARM_MS {
+                tracing::debug!(target: "lsmsearch::slow", "{kind} arm took {ms:.1} ms: {description}");
+            }
+            out
+        });
         let fut = async move {
             arm.await
                 .map_err(|e| DataFusionError::External(Box::new(e)))

@@ -7,7 +7,7 @@ use super::{Conjunction, SearchOptions, SCORE_COLUMN};
 use crate::key::Key;
 use crate::read::{compile_filter, filter_masks, past_view, BlockLists, Snapshot, Source};
 use crate::schema::IndexSchema;
-use crate::text::{TextIndex, TextSchema};
+use crate::text::{DocRows, TailQuery, TextIndex, TextSchema};
 use crate::{Error, Result};
 use arrow::array::{Array, ArrayRef, Float32Array, RecordBatch};
 use arrow::compute::SortOptions;
@@ -176,9 +176,11 @@ pub(crate) fn plan(
     let out_schema = output_schema(schema);
     let ordering = sort_ordering(&out_schema, true, SCORE_COLUMN)?;
 
+    let started = std::time::Instant::now();
     // Block lists, then each source's text index (a memtable's is caught up here), its live
     // rows and its share of the statistics, concurrently across sources on the query pool.
     let live = snapshot.live();
+    let t_live = started.elapsed();
     let pool = snapshot.pool.clone();
     let sources = snapshot.sources;
     let block_lists = snapshot.block_lists;
@@ -200,6 +202,7 @@ pub(crate) fn plan(
             })
             .collect::<Result<_>>()
     })?;
+    let t_stats = started.elapsed();
     // Global statistics over the live rows of every source.
     let mut stats = GlobalStats::default();
     for (_, live_rows, s) in &per_source {
@@ -224,6 +227,13 @@ pub(crate) fn plan(
                 .map_err(tv)?,
         )),
         None => None,
+    };
+    // Rows past a memtable index's last commit are scored from their postings in memory, with
+    // the same weights, when the query allows it (otherwise from a tantivy segment of them).
+    let tail_query: Option<Arc<TailQuery>> = if indexes.iter().any(TextIndex::has_tail) {
+        TailQuery::compile(query.as_ref(), ts, &stats)?.map(Arc::new)
+    } else {
+        None
     };
 
     let mut arms: Vec<ArmSpec> = Vec::with_capacity(sources.len());
@@ -262,11 +272,15 @@ pub(crate) fn plan(
                 let payload = payload.clone();
                 // An arm returns at most its candidates, which bounds its heap.
                 let k = opts.k.min(candidates);
+                let tail_query = tail_query.clone();
                 Arc::new(move || {
                     search_arm(
                         &source,
                         &ti,
-                        weight.as_ref(),
+                        Scoring {
+                            weight: weight.as_ref(),
+                            tail: tail_query.as_deref(),
+                        },
                         &mask,
                         k,
                         &out_schema,
@@ -280,6 +294,17 @@ pub(crate) fn plan(
             }
         };
         arms.push(ArmSpec { description, work });
+    }
+    let total = started.elapsed();
+    if total.as_millis() >= 10 {
+        tracing::debug!(
+            target: "lsmsearch::slow",
+            "full-text plan took {:.1} ms: live masks {:.1}, statistics {:.1}, filters and arms {:.1}",
+            total.as_secs_f64() * 1e3,
+            t_live.as_secs_f64() * 1e3,
+            (t_stats - t_live).as_secs_f64() * 1e3,
+            (total - t_stats).as_secs_f64() * 1e3
+        );
     }
     let leaf = Arc::new(ArmExec::new(
         "FtsArmExec",
@@ -312,7 +337,7 @@ fn source_stats(
     let dead = block_lists.dead_terms(source);
     let mut dead = dead.lock().unwrap_or_else(|e| e.into_inner());
     dead.update(ts, source, ti, mask)?;
-    let (past_df, past_tokens) = past_view(ti, ts.fields().len(), mask.len(), terms)?;
+    let (past_df, past_tokens) = past_view(ti, ts, mask.len(), terms)?;
     let tokens = (0..ts.fields().len())
         .map(|pos| {
             ti.total_tokens(pos)
@@ -401,14 +426,22 @@ impl TopRows<'_> {
     }
 }
 
-/// One arm: the query's shared weight over each segment of the arm's index, rows outside `mask`
-/// skipped, the best `k` by score then key. Every matching document is scored: block-max WAND
+/// How an arm scores: the query's weight, and what scores a memtable's rows past its last
+/// commit when the query allows it (see [`TailQuery`]).
+struct Scoring<'a> {
+    weight: &'a dyn Weight,
+    tail: Option<&'a TailQuery>,
+}
+
+/// One arm: the query's shared weight over each segment of the arm's index (and `tail`, when
+/// given, over a memtable's rows past its last commit), rows outside `mask` skipped, the best
+/// `k` by score then key. Every matching document is scored: block-max WAND
 /// (`for_each_pruning`) was measured slower on long natural-language queries (twenty-odd terms
 /// over two fields), and cannot prune on documents the mask rejects.
 fn search_arm(
     source: &Source,
     ti: &TextIndex,
-    weight: &dyn Weight,
+    scoring: Scoring<'_>,
     mask: &[bool],
     k: usize,
     out_schema: &SchemaRef,
@@ -420,16 +453,29 @@ fn search_arm(
         source,
         floor: f32::MIN,
     };
+    let mut offer = |row: usize, score: f32| {
+        if score >= top.floor && mask.get(row).copied().unwrap_or(false) {
+            top.push(score, row);
+        }
+    };
+    let mut segments: Vec<(&tantivy::SegmentReader, DocRows)> = Vec::new();
     for (ord, seg) in ti.segment_readers().enumerate() {
-        let rows = ti.doc_rows(ord)?;
+        segments.push((seg, ti.doc_rows(ord)?));
+    }
+    let Scoring { weight, tail } = scoring;
+    match tail {
+        Some(tail) => ti.score_tail(tail, &mut offer),
+        None => {
+            for seg in ti.tail_readers()? {
+                segments.push((seg, DocRows::of_segment(seg)?));
+            }
+        }
+    }
+    for (seg, rows) in segments {
         weight
             .for_each(seg, &mut |doc, score| {
-                if score >= top.floor {
-                    if let Some(row) = rows.get(doc) {
-                        if mask.get(row).copied().unwrap_or(false) {
-                            top.push(score, row);
-                        }
-                    }
+                if let Some(row) = rows.get(doc) {
+                    offer(row, score);
                 }
             })
             .map_err(tv)?;
@@ -455,4 +501,146 @@ fn search_arm(
         columns.push(take(*c)?);
     }
     Ok(RecordBatch::try_new(out_schema.clone(), columns)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::query::Conjunction;
+    use crate::text::MemTextIndex;
+    use arrow::array::{ArrayRef, StringArray};
+    use tantivy::query::EnableScoring;
+
+    /// Every match of `query` in `index`'s segments: row → score.
+    fn scores(index: &TextIndex, weight: &dyn Weight) -> HashMap<usize, f32> {
+        let mut out = HashMap::new();
+        for (ord, seg) in index.segment_readers().enumerate() {
+            let rows = index.doc_rows(ord).unwrap();
+            weight
+                .for_each(seg, &mut |doc, score| {
+                    out.insert(rows.get(doc).unwrap(), score);
+                })
+                .unwrap();
+        }
+        out
+    }
+
+    #[test]
+    fn tail_rows_score_as_tantivy_scores_them() {
+        let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t", "u"]}"#).unwrap();
+        let ts = TextSchema::new(&s).unwrap();
+        let texts = [
+            (Some("red fox jumps over the red hen"), Some("a fox story")),
+            (Some("the quick brown fox"), None),
+            (None, Some("red red red")),
+            (
+                Some("hen and fox and hen"),
+                Some("farm animals: the hen, the fox"),
+            ),
+            (Some("brown hen"), Some("red fox")),
+            (Some("fox red fox red"), Some("")),
+            (Some("the the the"), Some("the end")),
+        ];
+        let keys: ArrayRef = Arc::new(StringArray::from_iter_values(
+            (0..texts.len()).map(|i| format!("k{i}")),
+        ));
+        let t: ArrayRef = Arc::new(StringArray::from_iter(texts.iter().map(|x| x.0)));
+        let u: ArrayRef = Arc::new(StringArray::from_iter(texts.iter().map(|x| x.1)));
+        let user = RecordBatch::try_new(s.arrow_schema(), vec![keys, t, u]).unwrap();
+        let tomb: ArrayRef = Arc::new(StringArray::from(vec!["k1"]));
+        let batches = vec![
+            s.to_stored(&user.slice(0, 3), 1).unwrap(),
+            s.tombstones(&tomb, 4).unwrap(),
+            s.to_stored(&user.slice(3, 4), 5).unwrap(),
+        ];
+        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        let all = arrow::compute::concat_batches(&batches[0].schema(), &batches).unwrap();
+        // The reference: one committed tantivy index of the same rows; the tail: the same rows
+        // past a memtable index's (empty) commit, in two tail segments.
+        let (reference, _) = TextIndex::build(&ts, &all).unwrap();
+        let mem = Arc::new(MemTextIndex::new(ts.clone()).unwrap());
+        mem.view(&batches[..1], 3).unwrap();
+        let tail = mem.view(&batches, rows).unwrap();
+        assert!(tail.has_tail() && tail.segment_readers().count() == 0);
+        let searcher = reference.searcher();
+        let direct = [
+            "red",
+            "red fox",
+            "fox red hen",
+            "\"red fox\"",
+            "\"fox red fox\"",
+            "\"the the\"",
+            "+red -hen",
+            "+fox +hen",
+            "t:red u:fox",
+            "u:\"red fox\"",
+            "red OR (fox AND -brown)",
+            "fox -red",
+            "missing",
+            "fox missing",
+            "+fox +missing",
+            "(red fox) AND (hen OR brown)",
+        ];
+        for (q, conjunction) in direct
+            .iter()
+            .flat_map(|q| [(*q, Conjunction::Or), (*q, Conjunction::And)])
+        {
+            let query = parse_query(&ts, q, conjunction).unwrap();
+            let weight = query
+                .weight(EnableScoring::enabled_from_searcher(searcher))
+                .unwrap();
+            let want = scores(&reference, weight.as_ref());
+            let compiled = TailQuery::compile(query.as_ref(), &ts, searcher)
+                .unwrap()
+                .unwrap_or_else(|| panic!("{q}: not scored directly"));
+            let mut got = HashMap::new();
+            tail.score_tail(&compiled, &mut |row, score| {
+                assert!(got.insert(row, score).is_none(), "{q}: row {row} twice");
+            });
+            assert_eq!(
+                got.keys().collect::<std::collections::BTreeSet<_>>(),
+                want.keys().collect::<std::collections::BTreeSet<_>>(),
+                "{q} ({conjunction:?}): matching rows"
+            );
+            for (row, score) in &want {
+                let g = got[row];
+                assert!(
+                    (g - score).abs() <= 1e-6 * score.abs().max(1.0),
+                    "{q} ({conjunction:?}): row {row} scores {g}, tantivy {score}"
+                );
+            }
+            // The same query read from a tantivy segment of the tail finds the same.
+            let mut from_segment = HashMap::new();
+            for seg in tail.tail_readers().unwrap() {
+                let rows = DocRows::of_segment(seg).unwrap();
+                weight
+                    .for_each(seg, &mut |doc, score| {
+                        from_segment.insert(rows.get(doc).unwrap(), score);
+                    })
+                    .unwrap();
+            }
+            assert_eq!(
+                from_segment.len(),
+                want.len(),
+                "{q}: tantivy segment of the tail"
+            );
+        }
+        // Clauses tail postings do not score: a tantivy segment of the tail serves them.
+        for q in [
+            "red^2",
+            "\"red fo\"*",
+            "t:[a TO c]",
+            "*",
+            "\"red fox\"~1",
+            "fox^0.5 hen",
+        ] {
+            let query = parse_query(&ts, q, Conjunction::Or).unwrap();
+            assert!(
+                TailQuery::compile(query.as_ref(), &ts, searcher)
+                    .unwrap()
+                    .is_none(),
+                "{q} compiled"
+            );
+        }
+    }
 }

@@ -134,7 +134,16 @@ pub(crate) fn plan(
         .transpose()?;
     let out_schema = output_schema(schema);
     let ordering = sort_ordering(&out_schema, false, DISTANCE_COLUMN)?;
+    let started = std::time::Instant::now();
     let live = snapshot.live();
+    let t_live = started.elapsed();
+    if t_live.as_millis() >= 10 {
+        tracing::debug!(
+            target: "lsmsearch::slow",
+            "vector plan: live masks took {:.1} ms",
+            t_live.as_secs_f64() * 1e3
+        );
+    }
     let pool = snapshot.pool.clone();
     let sources = snapshot.sources;
     let filter_masks = filter_masks(&pool, &sources, filter.as_ref(), &user)?;

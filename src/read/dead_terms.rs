@@ -167,11 +167,11 @@ fn locate(text: &(Vec<RecordBatch>, Vec<usize>), r: usize) -> Option<(&RecordBat
 /// of `terms`' documents among them, and their tokens per text field.
 pub(crate) fn past_view(
     index: &TextIndex,
-    fields: usize,
+    ts: &TextSchema,
     from: usize,
     terms: &[Term],
 ) -> Result<(Vec<u64>, Vec<u64>)> {
-    let mut tokens = vec![0u64; fields];
+    let mut tokens = vec![0u64; ts.fields().len()];
     for row in from..index.rows() {
         for (f, t) in tokens.iter_mut().enumerate() {
             *t += u64::from(index.tokens(row, f));
@@ -203,6 +203,9 @@ pub(crate) fn past_view(
                 doc = postings.advance();
             }
         }
+    }
+    for (t, n) in terms.iter().zip(df.iter_mut()) {
+        *n += index.tail_doc_freq_from(t, ts, from);
     }
     Ok((df, tokens))
 }
@@ -334,7 +337,7 @@ mod tests {
             let shared = Arc::new(mask.to_vec());
             dead.update(&ts, &source(mask.len()), index, &shared)
                 .unwrap();
-            let (past_df, past_tokens) = past_view(index, 1, mask.len(), &terms).unwrap();
+            let (past_df, past_tokens) = past_view(index, &ts, mask.len(), &terms).unwrap();
             let expect: Vec<usize> = (0..7)
                 .filter(|r| *r != 4 && !mask.get(*r).copied().unwrap_or(false))
                 .collect();
