@@ -643,4 +643,54 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn tokens_tantivy_leaves_out_are_not_counted() {
+        // The whitespace analyzer keeps a token of any length; tantivy drops one over
+        // MAX_TOKEN_LEN bytes from the postings and from the field's length alike.
+        let s = IndexSchema::from_json(
+            r#"{"primary_key": "id", "text": ["t"], "tokenizer": {"t": "whitespace"}}"#,
+        )
+        .unwrap();
+        let ts = TextSchema::new(&s).unwrap();
+        let long = format!("fox {}", "a".repeat(tantivy::tokenizer::MAX_TOKEN_LEN + 1));
+        let keys: ArrayRef = Arc::new(StringArray::from(vec!["a", "b", "c"]));
+        let t: ArrayRef = Arc::new(StringArray::from(vec![long.as_str(), "fox fox hen", "hen"]));
+        let user = RecordBatch::try_new(s.arrow_schema(), vec![keys, t]).unwrap();
+        let batches = vec![s.to_stored(&user, 1).unwrap()];
+        let (reference, _) = TextIndex::build(&ts, &batches[0]).unwrap();
+        let seg = &reference.searcher().segment_readers()[0];
+        let norms = seg.get_fieldnorms_reader(ts.fields()[0]).unwrap();
+        let rows = reference.doc_rows(0).unwrap();
+        for doc in 0..seg.max_doc() {
+            let row = rows.get(doc).unwrap();
+            assert_eq!(
+                reference.tokens(row, 0),
+                norms.fieldnorm(doc),
+                "row {row}: token count against tantivy's field length"
+            );
+        }
+        let total = seg
+            .inverted_index(ts.fields()[0])
+            .unwrap()
+            .total_num_tokens();
+        assert_eq!(reference.total_tokens(0), total);
+        // Tail rows score as tantivy scores them.
+        let mem = Arc::new(MemTextIndex::new(ts.clone()).unwrap());
+        let tail = mem.view(&batches, 3).unwrap();
+        let query = parse_query(&ts, "fox", Conjunction::Or).unwrap();
+        let searcher = reference.searcher();
+        let weight = query
+            .weight(EnableScoring::enabled_from_searcher(searcher))
+            .unwrap();
+        let want = scores(&reference, weight.as_ref());
+        let compiled = TailQuery::compile(query.as_ref(), &ts, searcher)
+            .unwrap()
+            .unwrap();
+        let mut got = HashMap::new();
+        tail.score_tail(&compiled, &mut |row, score| {
+            got.insert(row, score);
+        });
+        assert_eq!(got, want);
+    }
 }
