@@ -151,7 +151,10 @@ impl TextSchema {
                 let mut n = 0u32;
                 let mut ts = analyzers[i].token_stream(text);
                 while ts.advance() {
-                    n += 1;
+                    // tantivy leaves a longer token out of the postings and the field's length.
+                    if ts.token().text.len() <= tantivy::tokenizer::MAX_TOKEN_LEN {
+                        n += 1;
+                    }
                 }
                 counts.push(n);
                 doc.add_text(self.fields[i], text);
@@ -1126,12 +1129,13 @@ impl MemTextIndex {
                         let mut n = 0u32;
                         let mut ts = analyzers[f].token_stream(col.value(r));
                         while ts.advance() {
-                            n += 1;
                             let token = ts.token();
-                            // tantivy leaves such a token out of the postings.
+                            // tantivy leaves such a token out of the postings and the field's
+                            // length.
                             if token.text.len() > tantivy::tokenizer::MAX_TOKEN_LEN {
                                 continue;
                             }
+                            n += 1;
                             let p = match postings[f].get_mut(token.text.as_str()) {
                                 Some(p) => p,
                                 None => postings[f].entry(token.text.clone()).or_default(),

@@ -117,10 +117,13 @@ impl DeadTerms {
                 let mut n = 0u64;
                 let mut stream = analyzers[pos].token_stream(col.value(row));
                 while stream.advance() {
-                    n += 1;
                     let t = &stream.token().text;
-                    // tantivy drops such a token from the postings (it still counts it).
-                    if t.len() <= MAX_TOKEN_LEN && !distinct.contains(t.as_str()) {
+                    // tantivy leaves such a token out of the postings and the field's length.
+                    if t.len() > MAX_TOKEN_LEN {
+                        continue;
+                    }
+                    n += 1;
+                    if !distinct.contains(t.as_str()) {
                         distinct.insert(t.clone());
                     }
                 }
