@@ -206,8 +206,9 @@ pub(crate) struct TailSegment {
     batches: Vec<RecordBatch>,
     schema: Arc<TextSchema>,
     index: tantivy::Index,
-    /// A tantivy segment of the rows, built on demand: `None` when they are all tombstones.
-    segment: std::sync::OnceLock<Option<Searcher>>,
+    /// A tantivy segment of the rows, built on demand (`Some(None)` when they are all
+    /// tombstones); the lock is held while it is built, so it is built once.
+    segment: Mutex<Option<Option<Searcher>>>,
 }
 
 /// One term's occurrences in a tail segment: the rows holding it (ascending, relative to the
@@ -242,9 +243,10 @@ impl TailSegment {
     }
 
     /// The tantivy segment of these rows (built now if no query asked for it before).
-    fn searcher(&self) -> Result<Option<&Searcher>> {
-        if let Some(s) = self.segment.get() {
-            return Ok(s.as_ref());
+    fn searcher(&self) -> Result<Option<Searcher>> {
+        let mut segment = self.segment.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = &*segment {
+            return Ok(s.clone());
         }
         let mut writer = tantivy::Index::builder()
             .schema(self.schema.schema.clone())
@@ -273,7 +275,8 @@ impl TailSegment {
         } else {
             Some(open_reader(&writer.finalize().map_err(tv)?)?.searcher())
         };
-        Ok(self.segment.get_or_init(|| searcher).as_ref())
+        *segment = Some(searcher.clone());
+        Ok(searcher)
     }
 }
 
@@ -443,15 +446,16 @@ impl TailQuery {
                     return Vec::new();
                 };
                 let mut out = Vec::new();
-                for (i, row) in postings[0].rows.iter().enumerate() {
-                    // The row's positions of each term, or `None` when one is missing.
-                    let Some(positions) = postings[1..]
-                        .iter()
-                        .map(|p| p.rows.binary_search(row).ok().map(|j| p.positions(j)))
-                        .collect::<Option<Vec<_>>>()
-                    else {
-                        continue;
-                    };
+                // The positions of each term in the current row.
+                let mut positions: Vec<&[u32]> = Vec::with_capacity(postings.len() - 1);
+                'rows: for (i, row) in postings[0].rows.iter().enumerate() {
+                    positions.clear();
+                    for p in &postings[1..] {
+                        match p.rows.binary_search(row) {
+                            Ok(j) => positions.push(p.positions(j)),
+                            Err(_) => continue 'rows,
+                        }
+                    }
                     // Phrase starts: term k at start + k for every k (tantivy's phrase count).
                     let count = postings[0]
                         .positions(i)
@@ -475,34 +479,28 @@ impl TailQuery {
                 must_not,
                 should_match,
             } => {
-                let n = seg.rows();
-                let mut score = vec![0f32; n];
-                let mut musts = vec![0usize; n];
-                let mut shoulds = vec![0usize; n];
-                let mut excluded = vec![false; n];
-                for q in must {
-                    for (row, s) in q.matches(seg) {
-                        score[row as usize] += s;
-                        musts[row as usize] += 1;
+                // The clauses' matches, by row: cost in proportion to the matches, not the rows.
+                let excluded: std::collections::HashSet<u32> = must_not
+                    .iter()
+                    .flat_map(|q| q.matches(seg))
+                    .map(|(row, _)| row)
+                    .collect();
+                // `(row, clause, score)`: clauses `0..must.len()` are `must`.
+                let mut hits: Vec<(u32, usize, f32)> = Vec::new();
+                for (c, q) in must.iter().chain(should).enumerate() {
+                    hits.extend(q.matches(seg).into_iter().map(|(row, s)| (row, c, s)));
+                }
+                hits.sort_unstable_by_key(|h| (h.0, h.1));
+                let mut out = Vec::new();
+                for group in hits.chunk_by(|a, b| a.0 == b.0) {
+                    let row = group[0].0;
+                    let musts = group.iter().filter(|h| h.1 < must.len()).count();
+                    let shoulds = group.len() - musts;
+                    if musts == must.len() && shoulds >= *should_match && !excluded.contains(&row) {
+                        out.push((row, group.iter().map(|h| h.2).sum()));
                     }
                 }
-                for q in should {
-                    for (row, s) in q.matches(seg) {
-                        score[row as usize] += s;
-                        shoulds[row as usize] += 1;
-                    }
-                }
-                for q in must_not {
-                    for (row, _) in q.matches(seg) {
-                        excluded[row as usize] = true;
-                    }
-                }
-                (0..n)
-                    .filter(|r| {
-                        musts[*r] == must.len() && shoulds[*r] >= *should_match && !excluded[*r]
-                    })
-                    .map(|r| (r as u32, score[r]))
-                    .collect()
+                out
             }
         }
     }
@@ -598,11 +596,11 @@ impl TextIndex {
     /// The tantivy segments of a memtable's rows past its last commit (built by the first
     /// query that asks), for queries [`TailQuery`] does not score: their documents' rows are
     /// in the `_row` fast field.
-    pub(crate) fn tail_readers(&self) -> Result<Vec<&SegmentReader>> {
+    pub(crate) fn tail_readers(&self) -> Result<Vec<SegmentReader>> {
         let mut out = Vec::new();
         for t in self.tail.iter() {
             if let Some(s) = t.searcher()? {
-                out.extend(s.segment_readers());
+                out.extend(s.segment_readers().iter().cloned());
             }
         }
         Ok(out)
@@ -1168,7 +1166,7 @@ impl MemTextIndex {
             batches: sliced,
             schema: self.schema.clone(),
             index: self.index.clone(),
-            segment: std::sync::OnceLock::new(),
+            segment: Mutex::new(None),
         })
     }
 }
@@ -1241,7 +1239,7 @@ mod tests {
         // The tail's rows are in memory; a tantivy segment of them is built only when asked.
         let docs: u32 = c.segment_readers().map(|s| s.max_doc()).sum();
         assert_eq!(docs, 2);
-        assert!(c.tail.iter().all(|t| t.segment.get().is_none()));
+        assert!(c.tail.iter().all(|t| t.segment.lock().unwrap().is_none()));
         let docs: u32 = c.tail_readers().unwrap().iter().map(|s| s.max_doc()).sum();
         assert_eq!(docs, 2);
         // The fourth tail segment asks for a commit in the background, which folds them in.

@@ -458,18 +458,20 @@ fn search_arm(
             top.push(score, row);
         }
     };
+    let Scoring { weight, tail } = scoring;
+    let tail_readers = match tail {
+        Some(tail) => {
+            ti.score_tail(tail, &mut offer);
+            Vec::new()
+        }
+        None => ti.tail_readers()?,
+    };
     let mut segments: Vec<(&tantivy::SegmentReader, DocRows)> = Vec::new();
     for (ord, seg) in ti.segment_readers().enumerate() {
         segments.push((seg, ti.doc_rows(ord)?));
     }
-    let Scoring { weight, tail } = scoring;
-    match tail {
-        Some(tail) => ti.score_tail(tail, &mut offer),
-        None => {
-            for seg in ti.tail_readers()? {
-                segments.push((seg, DocRows::of_segment(seg)?));
-            }
-        }
+    for seg in &tail_readers {
+        segments.push((seg, DocRows::of_segment(seg)?));
     }
     for (seg, rows) in segments {
         weight
@@ -612,9 +614,9 @@ mod tests {
             // The same query read from a tantivy segment of the tail finds the same.
             let mut from_segment = HashMap::new();
             for seg in tail.tail_readers().unwrap() {
-                let rows = DocRows::of_segment(seg).unwrap();
+                let rows = DocRows::of_segment(&seg).unwrap();
                 weight
-                    .for_each(seg, &mut |doc, score| {
+                    .for_each(&seg, &mut |doc, score| {
                         from_segment.insert(rows.get(doc).unwrap(), score);
                     })
                     .unwrap();
