@@ -843,14 +843,17 @@ struct MemState {
     indexed_rows: usize,
 }
 
-/// A search commits nothing: it builds a tail segment of the rows its view holds past the last
-/// commit and asks for a commit in the background once the tail holds this many rows...
-const TAIL_COMMIT_ROWS: usize = 256;
+/// A search commits nothing: it tokenizes the rows its view holds past the last commit into a
+/// tail segment, and asks for a commit in the background once the tail holds this many rows...
+/// Tail rows cost a search little (postings in memory, shared by later searches); each commit
+/// costs a tantivy segment and, later, merges of it. The graph inserter commits between its
+/// chunks at the same threshold.
+const TAIL_COMMIT_ROWS: usize = 2048;
 /// ... or this many tail segments.
-const TAIL_COMMIT_SEGMENTS: usize = 4;
+const TAIL_COMMIT_SEGMENTS: usize = 12;
 /// The most tail segments a search reads: with more (a commit that is slow to come), the
-/// next search indexes the rows past the commit into one segment again.
-const TAIL_MAX_SEGMENTS: usize = 16;
+/// next search tokenizes the rows past the commit into one segment again.
+const TAIL_MAX_SEGMENTS: usize = 32;
 
 /// The full-text index of a memtable: a tantivy index in memory that commits in the background
 /// (between the graph inserter's chunks, or on a thread a search starts), so appends never wait
@@ -983,6 +986,21 @@ impl MemTextIndex {
         self.searched.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Commit (as [`MemTextIndex::commit`]) once the rows or tail segments past the last commit
+    /// reach the threshold at which a search asks for one.
+    pub(crate) fn commit_due(&self, batches: &[RecordBatch], rows: usize) -> Result<()> {
+        let committed = self
+            .committed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .committed_rows();
+        let segments = self.tail.lock().unwrap_or_else(|e| e.into_inner()).len();
+        if rows.saturating_sub(committed) < TAIL_COMMIT_ROWS && segments < TAIL_COMMIT_SEGMENTS {
+            return Ok(());
+        }
+        self.commit(batches, rows)
+    }
+
     /// Index and commit the first `rows` rows of `batches` (the memtable's stored batches, in
     /// order) or more. The background's: a search calls [`MemTextIndex::view`].
     pub(crate) fn commit(&self, batches: &[RecordBatch], rows: usize) -> Result<()> {
@@ -1017,6 +1035,38 @@ impl MemTextIndex {
         if from >= rows {
             return Ok(committed);
         }
+        let segments = self.tail_through(from, batches, rows)?;
+        if rows - from >= TAIL_COMMIT_ROWS || segments.len() >= TAIL_COMMIT_SEGMENTS {
+            self.commit_in_background(batches, rows);
+        }
+        Ok(TextIndex {
+            tail: segments,
+            ..committed
+        })
+    }
+
+    /// Tokenize the rows past the last commit up to `rows` that no search or earlier call
+    /// tokenized, for searches to share (the background's, between graph chunks).
+    pub(crate) fn extend_tail(&self, batches: &[RecordBatch], rows: usize) -> Result<()> {
+        let from = self
+            .committed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .committed_rows();
+        if from < rows {
+            self.tail_through(from, batches, rows)?;
+        }
+        Ok(())
+    }
+
+    /// The tail segments from row `from` (the last commit) through row `rows` at least,
+    /// tokenizing the rows no earlier caller did.
+    fn tail_through(
+        &self,
+        from: usize,
+        batches: &[RecordBatch],
+        rows: usize,
+    ) -> Result<Arc<[Arc<TailSegment>]>> {
         let mut tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
         // Segments a commit covers since go; so do all when the first left starts past the
         // commit (one straddled it).
@@ -1042,13 +1092,7 @@ impl MemTextIndex {
         }
         let segments: Arc<[Arc<TailSegment>]> = tail.iter().cloned().collect();
         drop(tail);
-        if rows - from >= TAIL_COMMIT_ROWS || segments.len() >= TAIL_COMMIT_SEGMENTS {
-            self.commit_in_background(batches, rows);
-        }
-        Ok(TextIndex {
-            tail: segments,
-            ..committed
-        })
+        Ok(segments)
     }
 
     /// Commit up to `rows` on a thread of its own, unless such a commit is running.
@@ -1205,7 +1249,8 @@ mod tests {
     #[test]
     fn a_search_indexes_only_rows_new_to_it_and_never_commits() {
         let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t"]}"#).unwrap();
-        let batches: Vec<RecordBatch> = (0..8)
+        let n = TAIL_COMMIT_SEGMENTS + 4;
+        let batches: Vec<RecordBatch> = (0..n as u64)
             .map(|i| {
                 let user = RecordBatch::try_new(
                     s.arrow_schema(),
@@ -1242,20 +1287,28 @@ mod tests {
         assert!(c.tail.iter().all(|t| t.segment.lock().unwrap().is_none()));
         let docs: u32 = c.tail_readers().unwrap().iter().map(|s| s.max_doc()).sum();
         assert_eq!(docs, 2);
-        // The fourth tail segment asks for a commit in the background, which folds them in.
-        mem.view(&batches[..5], 5).unwrap();
-        let d = mem.view(&batches[..6], 6).unwrap();
-        assert_eq!((d.tail.len(), d.doc_freq(&red).unwrap()), (4, 6));
+        // The tail segment that makes TAIL_COMMIT_SEGMENTS asks for a commit in the
+        // background, which folds them in.
+        let last = 2 + TAIL_COMMIT_SEGMENTS;
+        for rows in 5..last {
+            mem.view(&batches[..rows], rows).unwrap();
+            assert_eq!(indexed(), 2, "a commit asked for early");
+        }
+        let d = mem.view(&batches[..last], last).unwrap();
+        assert_eq!(
+            (d.tail.len(), d.doc_freq(&red).unwrap()),
+            (TAIL_COMMIT_SEGMENTS, last as u64)
+        );
         let start = std::time::Instant::now();
-        while indexed() < 6 {
+        while indexed() < last {
             assert!(
                 start.elapsed().as_secs() < 30,
                 "no commit in the background"
             );
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        let e = mem.view(&batches[..6], 6).unwrap();
+        let e = mem.view(&batches[..last], last).unwrap();
         assert!(e.tail.is_empty());
-        assert_eq!((e.rows(), e.doc_freq(&red).unwrap()), (6, 6));
+        assert_eq!((e.rows(), e.doc_freq(&red).unwrap()), (last, last as u64));
     }
 }

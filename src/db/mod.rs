@@ -311,15 +311,19 @@ pub(crate) fn catch_up_graph(mem: &SharedMemtable) {
                 let text = read_memtable(&mem).text();
                 drop(mem);
                 // Between graph chunks the text index catches up with every row applied so far
-                // once full-text searches read this memtable, so such a search rarely finds more
-                // than the last few appends unindexed.
+                // once full-text searches read this memtable and enough rows wait for it, so a
+                // search rarely finds more than a few thousand rows past the last commit.
                 let between = || {
                     let Some(mem) = weak.upgrade() else {
                         return false;
                     };
                     if let Some(text) = text.as_ref().filter(|t| t.searched()) {
                         let (batches, _, rows) = read_memtable(&mem).batches();
-                        if let Err(e) = text.commit(&batches, rows) {
+                        // Rows past the commit are tokenized here, off the searches' path.
+                        let caught_up = text
+                            .commit_due(&batches, rows)
+                            .and_then(|()| text.extend_tail(&batches, rows));
+                        if let Err(e) = caught_up {
                             tracing::warn!("memtable text index catch-up failed: {e}");
                         }
                     }
