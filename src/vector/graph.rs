@@ -282,6 +282,13 @@ pub(crate) struct FlatGraph {
     norms: Vec<f32>,
     /// `cosine`: each row's inverse norm (0 for a zero vector).
     inverse_norms: Vec<f32>,
+    /// The vectors in half precision, which walks read (half the bytes of `vectors`; what a
+    /// walk keeps is re-scored from `vectors`): for `cosine` each row over its norm, for the
+    /// other metrics every value times `half_scale`.
+    halves: Vec<half::f16>,
+    /// `1 / max |value|` (`l2`, `dot`): values in [-1, 1] keep half precision's relative
+    /// error whatever the vectors' scale.
+    half_scale: f32,
 }
 
 impl FlatGraph {
@@ -312,10 +319,11 @@ impl FlatGraph {
         } else {
             Vec::new()
         };
-        let inverse_norms = norms
+        let inverse_norms: Vec<f32> = norms
             .iter()
             .map(|n| if *n > 0.0 { 1.0 / n } else { 0.0 })
             .collect();
+        let (halves, half_scale) = halves_of(metric, dim, &vectors, &inverse_norms);
         Ok(FlatGraph {
             adjacency,
             metric,
@@ -323,6 +331,8 @@ impl FlatGraph {
             vectors,
             norms,
             inverse_norms,
+            halves,
+            half_scale,
         })
     }
 
@@ -331,6 +341,27 @@ impl FlatGraph {
     /// other metrics.
     pub(crate) fn norms(&self) -> &[f32] {
         &self.norms
+    }
+
+    /// A walk's key of `row`: ordered as [`FlatGraph::key`], from the half-precision vectors
+    /// (`q` as [`FlatGraph::walk_query`] made it).
+    fn walk_key(&self, q: &[f32], row: u32) -> f32 {
+        let r = row as usize;
+        let v = &self.halves[r * self.dim..(r + 1) * self.dim];
+        match self.metric {
+            Metric::L2 => distance::l2_sq_half(q, v),
+            Metric::Cosine | Metric::Dot => -distance::dot_half(q, v),
+        }
+    }
+
+    /// The query a walk compares with the half-precision vectors: scaled as they are for
+    /// `l2` (for `cosine` and `dot` a scale of either side keeps the order).
+    fn walk_query<'a>(&self, query: &'a [f32]) -> std::borrow::Cow<'a, [f32]> {
+        if self.metric == Metric::L2 {
+            query.iter().map(|x| x * self.half_scale).collect()
+        } else {
+            std::borrow::Cow::Borrowed(query)
+        }
     }
 
     fn key(&self, q: &[f32], row: u32) -> f32 {
@@ -360,12 +391,13 @@ impl FlatGraph {
             return Vec::new();
         }
         let ef = ef.max(k);
-        let mut best = self.key(query, entry);
+        let walk = self.walk_query(query);
+        let mut best = self.walk_key(&walk, entry);
         for layer in self.adjacency.upper.iter().rev() {
             loop {
                 let mut moved = false;
                 for &n in layer.of(entry) {
-                    let d = self.key(query, n);
+                    let d = self.walk_key(&walk, n);
                     if d < best {
                         (best, entry, moved) = (d, n, true);
                     }
@@ -398,7 +430,7 @@ impl FlatGraph {
                 if seen(n) {
                     continue;
                 }
-                let dn = self.key(query, n);
+                let dn = self.walk_key(&walk, n);
                 let bound = if found.len() >= ef {
                     found.peek().map_or(f32::INFINITY, |w| w.0)
                 } else {
@@ -415,10 +447,57 @@ impl FlatGraph {
                 }
             }
         }
-        let mut out = found.into_sorted_vec();
+        // The list found from half-precision keys, ordered by exact ones.
+        let mut out: Vec<Scored> = found
+            .into_iter()
+            .map(|s| Scored(self.key(query, s.1), s.1))
+            .collect();
+        out.sort_unstable();
         out.truncate(k);
         out.into_iter().map(|s| s.1 as usize).collect()
     }
+}
+
+/// The half-precision copy of `vectors` a walk reads (see [`FlatGraph::halves`]), and its scale.
+fn halves_of(
+    metric: Metric,
+    dim: usize,
+    vectors: &[f32],
+    inverse_norms: &[f32],
+) -> (Vec<half::f16>, f32) {
+    use half::slice::HalfFloatSliceExt;
+    let mut halves = vec![half::f16::ZERO; vectors.len()];
+    if dim == 0 {
+        return (halves, 1.0);
+    }
+    if metric == Metric::Cosine {
+        let mut unit = vec![0f32; dim];
+        for ((v, h), inv) in vectors
+            .chunks_exact(dim)
+            .zip(halves.chunks_exact_mut(dim))
+            .zip(inverse_norms)
+        {
+            for (u, x) in unit.iter_mut().zip(v) {
+                *u = x * inv;
+            }
+            h.convert_from_f32_slice(&unit);
+        }
+        return (halves, 1.0);
+    }
+    let max = vectors.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let scale = if max > 0.0 && max.is_finite() {
+        1.0 / max
+    } else {
+        1.0
+    };
+    let mut scaled = vec![0f32; dim];
+    for (v, h) in vectors.chunks_exact(dim).zip(halves.chunks_exact_mut(dim)) {
+        for (s, x) in scaled.iter_mut().zip(v) {
+            *s = x * scale;
+        }
+        h.convert_from_f32_slice(&scaled);
+    }
+    (halves, scale)
 }
 
 #[cfg(test)]
@@ -443,6 +522,41 @@ mod tests {
                 1.0 - distance::dot(&q, v) / (qn * n)
             };
             assert_eq!(ours.to_bits(), distance::cosine(&q, v).to_bits(), "row {r}");
+        }
+    }
+
+    #[test]
+    fn walks_over_half_precision_return_rows_in_exact_order_at_any_scale() {
+        let rows = 60usize;
+        let dim = 9;
+        let mut next = distance::tests::uniform(5);
+        let base: Vec<f32> = (0..rows * dim).map(|_| next()).collect();
+        let q: Vec<f32> = (0..dim).map(|_| next()).collect();
+        // Values far below half precision's smallest normal, far above its largest, and mixed.
+        for scale in [1e-7f32, 1.0, 1e6] {
+            for metric in [Metric::L2, Metric::Dot, Metric::Cosine] {
+                let vectors: Vec<f32> = base.iter().map(|x| x * scale).collect();
+                let query: Vec<f32> = q.iter().map(|x| x * scale).collect();
+                let nodes = (0..rows as u32)
+                    .map(|r| (r, vec![(0..rows as u32).filter(|&n| n != r).collect()]))
+                    .collect();
+                let g = FlatGraph::new(
+                    Adjacency::from_lists(rows, nodes, 0),
+                    metric,
+                    dim,
+                    ScalarBuffer::from(vectors.clone()),
+                )
+                .unwrap();
+                let mut exact: Vec<(f32, usize)> =
+                    (0..rows).map(|r| (g.key(&query, r as u32), r)).collect();
+                exact.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                let want: Vec<usize> = exact.iter().take(10).map(|e| e.1).collect();
+                assert_eq!(
+                    g.search(&query, 10, rows, &|_| true),
+                    want,
+                    "{metric:?} at scale {scale}"
+                );
+            }
         }
     }
 
