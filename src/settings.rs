@@ -50,10 +50,11 @@ pub struct Settings {
     /// 100/200 11,800 rows/s and 0.93-0.97, 100/400 10,800 rows/s and 0.96-0.98.
     pub hnsw_ef_construction: usize,
     /// HNSW: default candidate list size of a graph search (a query's `ef` overrides it). A
-    /// compaction's merged generation is walked with this times the flushes whose rows it
-    /// holds (`GenerationMeta::flushes`), the total list of the graphs it replaced, bounded by
-    /// its rows in units of half `memtable_max_rows`, and divided by how much longer a list
-    /// built its graph ([`Settings::compaction_ef_construction`]).
+    /// compaction's merged generation is walked with this times one more than the flushes
+    /// whose rows it holds (`GenerationMeta::flushes`; the total list of the graphs it
+    /// replaced did not find as much in one graph), the flushes bounded by its rows in units of
+    /// half `memtable_max_rows`, and divided by how much longer a list built its graph
+    /// ([`Settings::compaction_ef_construction`]).
     /// Default 400, from the paced `lsmsearch bench stream` (1 writer at 2,000 rows/s in
     /// 100-row batches, 20 queries/s, 90 s): recall@10 on snapshots 0.958-0.970 and vector
     /// p50 4.1 ms, against 0.902-0.910 and 2.7 ms at 200.

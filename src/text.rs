@@ -855,6 +855,15 @@ const TAIL_COMMIT_SEGMENTS: usize = 12;
 /// next search tokenizes the rows past the commit into one segment again.
 const TAIL_MAX_SEGMENTS: usize = 32;
 
+/// Drop the tail segments a commit up to row `from` covers; all of them when the first left
+/// starts past it (one straddled the commit).
+fn prune_tail(tail: &mut Vec<Arc<TailSegment>>, from: usize) {
+    tail.retain(|t| t.first >= from);
+    if tail.first().is_some_and(|t| t.first != from) {
+        tail.clear();
+    }
+}
+
 /// The full-text index of a memtable: a tantivy index in memory that commits in the background
 /// (between the graph inserter's chunks, or on a thread a search starts), so appends never wait
 /// for indexing and searches never wait for a commit. A search reads the last commit, and the
@@ -994,7 +1003,14 @@ impl MemTextIndex {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .committed_rows();
-        let segments = self.tail.lock().unwrap_or_else(|e| e.into_inner()).len();
+        // Segments a commit already covers do not count.
+        let segments = self
+            .tail
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|t| t.first >= committed)
+            .count();
         if rows.saturating_sub(committed) < TAIL_COMMIT_ROWS && segments < TAIL_COMMIT_SEGMENTS {
             return Ok(());
         }
@@ -1046,17 +1062,38 @@ impl MemTextIndex {
     }
 
     /// Tokenize the rows past the last commit up to `rows` that no search or earlier call
-    /// tokenized, for searches to share (the background's, between graph chunks).
+    /// tokenized, for searches to share (the background's, between graph chunks). It tokenizes
+    /// without holding the tail, which searches wait for, and adds its segment only if the tail
+    /// still ends where it began.
     pub(crate) fn extend_tail(&self, batches: &[RecordBatch], rows: usize) -> Result<()> {
-        let from = self
-            .committed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .committed_rows();
-        if from < rows {
-            self.tail_through(from, batches, rows)?;
+        let end = {
+            let mut tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+            let from = self.committed_rows();
+            prune_tail(&mut tail, from);
+            if tail.len() + 1 >= TAIL_MAX_SEGMENTS {
+                return Ok(());
+            }
+            tail.last().map_or(from, |t| t.end())
+        };
+        if end >= rows {
+            return Ok(());
+        }
+        let segment = self.tail_segment(batches, end, rows)?;
+        let mut tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+        let from = self.committed_rows();
+        prune_tail(&mut tail, from);
+        if tail.last().map_or(from, |t| t.end()) == end {
+            tail.push(Arc::new(segment));
         }
         Ok(())
+    }
+
+    /// Rows the last commit published.
+    fn committed_rows(&self) -> usize {
+        self.committed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .committed_rows()
     }
 
     /// The tail segments from row `from` (the last commit) through row `rows` at least,
@@ -1068,12 +1105,7 @@ impl MemTextIndex {
         rows: usize,
     ) -> Result<Arc<[Arc<TailSegment>]>> {
         let mut tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
-        // Segments a commit covers since go; so do all when the first left starts past the
-        // commit (one straddled it).
-        tail.retain(|t| t.first >= from);
-        if tail.first().is_some_and(|t| t.first != from) {
-            tail.clear();
-        }
+        prune_tail(&mut tail, from);
         // However long the background's commit takes, a search reads a bounded number of
         // segments: past that many, one segment replaces them.
         if tail.len() >= TAIL_MAX_SEGMENTS {
@@ -1310,5 +1342,57 @@ mod tests {
         let e = mem.view(&batches[..last], last).unwrap();
         assert!(e.tail.is_empty());
         assert_eq!((e.rows(), e.doc_freq(&red).unwrap()), (last, last as u64));
+    }
+
+    #[test]
+    fn the_background_tokenizes_the_tail_for_searches_and_commits_when_due() {
+        let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t"]}"#).unwrap();
+        let n = TAIL_COMMIT_SEGMENTS + 4;
+        let batches: Vec<RecordBatch> = (0..n as u64)
+            .map(|i| {
+                let user = RecordBatch::try_new(
+                    s.arrow_schema(),
+                    vec![
+                        Arc::new(StringArray::from(vec![format!("k{i}")])),
+                        Arc::new(StringArray::from(vec![format!("red fox {i}")])),
+                    ],
+                )
+                .unwrap();
+                s.to_stored(&user, i + 1).unwrap()
+            })
+            .collect();
+        let mem = Arc::new(MemTextIndex::new(TextSchema::new(&s).unwrap()).unwrap());
+        let red = Term::from_field_text(mem.schema.fields()[0], "red");
+        let indexed = || mem.state.lock().unwrap().indexed_rows;
+        mem.commit(&batches[..2], 2).unwrap();
+        // The background's segment serves the search: it tokenizes nothing itself.
+        mem.extend_tail(&batches[..5], 5).unwrap();
+        let built = mem.tail.lock().unwrap()[0].clone();
+        assert_eq!((built.first, built.end()), (2, 5));
+        let v = mem.view(&batches[..5], 5).unwrap();
+        assert_eq!(v.tail.len(), 1);
+        assert!(Arc::ptr_eq(&v.tail[0], &built));
+        assert_eq!(v.doc_freq(&red).unwrap(), 5);
+        // Nothing past the tail: nothing to add.
+        mem.extend_tail(&batches[..5], 5).unwrap();
+        assert_eq!(mem.tail.lock().unwrap().len(), 1);
+        // Below both thresholds a due commit is none; at TAIL_COMMIT_SEGMENTS segments it runs.
+        mem.commit_due(&batches[..5], 5).unwrap();
+        assert_eq!(indexed(), 2);
+        let last = 4 + TAIL_COMMIT_SEGMENTS;
+        for rows in 6..last {
+            mem.extend_tail(&batches[..rows], rows).unwrap();
+        }
+        assert_eq!(mem.tail.lock().unwrap().len(), TAIL_COMMIT_SEGMENTS - 1);
+        mem.commit_due(&batches[..last - 1], last - 1).unwrap();
+        assert_eq!(indexed(), 2);
+        mem.extend_tail(&batches[..last], last).unwrap();
+        mem.commit_due(&batches[..last], last).unwrap();
+        assert_eq!(indexed(), last);
+        // The segments the commit covers no longer count, nor are they read.
+        mem.commit_due(&batches[..last], last).unwrap();
+        let e = mem.view(&batches[..last], last).unwrap();
+        assert!(e.tail.is_empty());
+        assert_eq!(e.doc_freq(&red).unwrap(), last as u64);
     }
 }

@@ -260,9 +260,11 @@ impl Generation {
     }
 
     /// Approximate bytes it holds in memory, as the cache counts them: the size of its object
-    /// (rows, key set, text index, graph) plus 24 bytes per row of key-hash tables.
+    /// (rows, key set, text index, graph) plus 24 bytes per row of key-hash tables, plus what
+    /// its graph keeps besides (a half-precision copy of cosine vectors, norms).
     pub(crate) fn weight(&self) -> u64 {
-        self.meta.bytes + 24 * self.meta.rows
+        let graph = self.vector().map_or(0, |v| v.extra_bytes() as u64);
+        self.meta.bytes + 24 * self.meta.rows + graph
     }
 
     /// Stored rows: one version per key, tombstones included.

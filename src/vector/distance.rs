@@ -145,24 +145,6 @@ pub(crate) fn dot_half(a: &[f32], b: &[half::f16]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y.to_f32()).sum()
 }
 
-/// Squared Euclidean distance between `a` and a half-precision `b` (over the shorter length),
-/// for graph walks (see [`dot_half`]).
-#[inline]
-pub(crate) fn l2_sq_half(a: &[f32], b: &[half::f16]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2")
-        && std::arch::is_x86_feature_detected!("f16c")
-        && std::arch::is_x86_feature_detected!("fma")
-    {
-        // SAFETY: the CPU supports every feature the function enables.
-        return unsafe { half_avx2::l2_sq(a, b) };
-    }
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y.to_f32()) * (x - y.to_f32()))
-        .sum()
-}
-
 #[cfg(target_arch = "x86_64")]
 mod half_avx2 {
     use std::arch::x86_64::*;
@@ -220,37 +202,6 @@ mod half_avx2 {
         }
         out
     }
-
-    #[target_feature(enable = "avx2,f16c,fma")]
-    pub(super) fn l2_sq(a: &[f32], b: &[half::f16]) -> f32 {
-        let n = a.len().min(b.len());
-        let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        let mut i = 0;
-        while i + 16 <= n {
-            // SAFETY: i + 16 <= n, within both slices.
-            unsafe {
-                let d0 = _mm256_sub_ps(load(a, i), load_half(b, i));
-                let d1 = _mm256_sub_ps(load(a, i + 8), load_half(b, i + 8));
-                s0 = _mm256_fmadd_ps(d0, d0, s0);
-                s1 = _mm256_fmadd_ps(d1, d1, s1);
-            }
-            i += 16;
-        }
-        if i + 8 <= n {
-            // SAFETY: i + 8 <= n, within both slices.
-            unsafe {
-                let d0 = _mm256_sub_ps(load(a, i), load_half(b, i));
-                s0 = _mm256_fmadd_ps(d0, d0, s0);
-            }
-            i += 8;
-        }
-        let mut out = sum(_mm256_add_ps(s0, s1));
-        for j in i..n {
-            let d = a[j] - b[j].to_f32();
-            out += d * d;
-        }
-        out
-    }
 }
 
 /// One minus the cosine similarity; 1 when either vector is zero.
@@ -292,18 +243,17 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn half_precision_kernels_match_an_f64_reference_of_the_rounded_values() {
+    fn the_half_precision_kernel_matches_an_f64_reference_of_the_rounded_values() {
         let mut next = uniform(3);
         for dim in [0usize, 1, 7, 8, 9, 15, 16, 17, 128, 131] {
             let a: Vec<f32> = (0..dim).map(|_| next()).collect();
             let b: Vec<f32> = (0..dim).map(|_| next()).collect();
             let h: Vec<half::f16> = b.iter().map(|x| half::f16::from_f32(*x)).collect();
             let rounded: Vec<f32> = h.iter().map(|x| x.to_f32()).collect();
-            let (l2, d, _, _) = f64_ref(&a, &rounded);
+            let (_, d, _, _) = f64_ref(&a, &rounded);
             let close =
                 |ours: f32, want: f64| (ours as f64 - want).abs() <= 1e-5 * want.abs().max(1.0);
             assert!(close(dot_half(&a, &h), d), "dot, dim {dim}");
-            assert!(close(l2_sq_half(&a, &h), l2), "l2, dim {dim}");
             // Half precision keeps about three decimal digits of the exact kernels.
             assert!((dot_half(&a, &h) - dot(&a, &b)).abs() <= 2e-3 * (dim as f32).sqrt().max(1.0));
         }

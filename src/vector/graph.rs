@@ -282,13 +282,12 @@ pub(crate) struct FlatGraph {
     norms: Vec<f32>,
     /// `cosine`: each row's inverse norm (0 for a zero vector).
     inverse_norms: Vec<f32>,
-    /// The vectors in half precision, which walks read (half the bytes of `vectors`; what a
-    /// walk keeps is re-scored from `vectors`): for `cosine` each row over its norm, for the
-    /// other metrics every value times `half_scale`.
+    /// `cosine`: each row over its norm in half precision, which walks read (half the bytes
+    /// of `vectors`, with an error far below the angles between neighbours; what a walk keeps
+    /// is re-scored from `vectors`). Empty for `l2` and `dot`, whose values have no bound a
+    /// half-precision copy could keep its precision under (an offset or one outlier row would
+    /// leave nearby rows indistinguishable): their walks read `vectors`.
     halves: Vec<half::f16>,
-    /// `1 / max |value|` (`l2`, `dot`): values in [-1, 1] keep half precision's relative
-    /// error whatever the vectors' scale.
-    half_scale: f32,
 }
 
 impl FlatGraph {
@@ -323,7 +322,11 @@ impl FlatGraph {
             .iter()
             .map(|n| if *n > 0.0 { 1.0 / n } else { 0.0 })
             .collect();
-        let (halves, half_scale) = halves_of(metric, dim, &vectors, &inverse_norms);
+        let halves = if metric == Metric::Cosine {
+            unit_halves(dim, &vectors, &inverse_norms)
+        } else {
+            Vec::new()
+        };
         Ok(FlatGraph {
             adjacency,
             metric,
@@ -332,7 +335,6 @@ impl FlatGraph {
             norms,
             inverse_norms,
             halves,
-            half_scale,
         })
     }
 
@@ -343,25 +345,20 @@ impl FlatGraph {
         &self.norms
     }
 
-    /// A walk's key of `row`: ordered as [`FlatGraph::key`], from the half-precision vectors
-    /// (`q` as [`FlatGraph::walk_query`] made it).
+    /// A walk's key of `row`: [`FlatGraph::key`], from the half-precision unit vectors when the
+    /// graph keeps them (`cosine`).
     fn walk_key(&self, q: &[f32], row: u32) -> f32 {
-        let r = row as usize;
-        let v = &self.halves[r * self.dim..(r + 1) * self.dim];
-        match self.metric {
-            Metric::L2 => distance::l2_sq_half(q, v),
-            Metric::Cosine | Metric::Dot => -distance::dot_half(q, v),
+        if self.halves.is_empty() {
+            return self.key(q, row);
         }
+        let r = row as usize;
+        -distance::dot_half(q, &self.halves[r * self.dim..(r + 1) * self.dim])
     }
 
-    /// The query a walk compares with the half-precision vectors: scaled as they are for
-    /// `l2` (for `cosine` and `dot` a scale of either side keeps the order).
-    fn walk_query<'a>(&self, query: &'a [f32]) -> std::borrow::Cow<'a, [f32]> {
-        if self.metric == Metric::L2 {
-            query.iter().map(|x| x * self.half_scale).collect()
-        } else {
-            std::borrow::Cow::Borrowed(query)
-        }
+    /// Bytes the graph holds besides the vectors it shares with its rows: the half-precision
+    /// copy and the norms.
+    pub(crate) fn extra_bytes(&self) -> usize {
+        self.halves.len() * 2 + (self.norms.len() + self.inverse_norms.len()) * 4
     }
 
     fn key(&self, q: &[f32], row: u32) -> f32 {
@@ -391,13 +388,13 @@ impl FlatGraph {
             return Vec::new();
         }
         let ef = ef.max(k);
-        let walk = self.walk_query(query);
-        let mut best = self.walk_key(&walk, entry);
+        let walk = query;
+        let mut best = self.walk_key(walk, entry);
         for layer in self.adjacency.upper.iter().rev() {
             loop {
                 let mut moved = false;
                 for &n in layer.of(entry) {
-                    let d = self.walk_key(&walk, n);
+                    let d = self.walk_key(walk, n);
                     if d < best {
                         (best, entry, moved) = (d, n, true);
                     }
@@ -430,7 +427,7 @@ impl FlatGraph {
                 if seen(n) {
                     continue;
                 }
-                let dn = self.walk_key(&walk, n);
+                let dn = self.walk_key(walk, n);
                 let bound = if found.len() >= ef {
                     found.peek().map_or(f32::INFINITY, |w| w.0)
                 } else {
@@ -458,46 +455,25 @@ impl FlatGraph {
     }
 }
 
-/// The half-precision copy of `vectors` a walk reads (see [`FlatGraph::halves`]), and its scale.
-fn halves_of(
-    metric: Metric,
-    dim: usize,
-    vectors: &[f32],
-    inverse_norms: &[f32],
-) -> (Vec<half::f16>, f32) {
+/// Each row of `vectors` over its norm (`inverse_norms`), in half precision.
+fn unit_halves(dim: usize, vectors: &[f32], inverse_norms: &[f32]) -> Vec<half::f16> {
     use half::slice::HalfFloatSliceExt;
     let mut halves = vec![half::f16::ZERO; vectors.len()];
     if dim == 0 {
-        return (halves, 1.0);
+        return halves;
     }
-    if metric == Metric::Cosine {
-        let mut unit = vec![0f32; dim];
-        for ((v, h), inv) in vectors
-            .chunks_exact(dim)
-            .zip(halves.chunks_exact_mut(dim))
-            .zip(inverse_norms)
-        {
-            for (u, x) in unit.iter_mut().zip(v) {
-                *u = x * inv;
-            }
-            h.convert_from_f32_slice(&unit);
+    let mut unit = vec![0f32; dim];
+    for ((v, h), inv) in vectors
+        .chunks_exact(dim)
+        .zip(halves.chunks_exact_mut(dim))
+        .zip(inverse_norms)
+    {
+        for (u, x) in unit.iter_mut().zip(v) {
+            *u = x * inv;
         }
-        return (halves, 1.0);
+        h.convert_from_f32_slice(&unit);
     }
-    let max = vectors.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let scale = if max > 0.0 && max.is_finite() {
-        1.0 / max
-    } else {
-        1.0
-    };
-    let mut scaled = vec![0f32; dim];
-    for (v, h) in vectors.chunks_exact(dim).zip(halves.chunks_exact_mut(dim)) {
-        for (s, x) in scaled.iter_mut().zip(v) {
-            *s = x * scale;
-        }
-        h.convert_from_f32_slice(&scaled);
-    }
-    (halves, scale)
+    halves
 }
 
 #[cfg(test)]
@@ -526,7 +502,7 @@ mod tests {
     }
 
     #[test]
-    fn walks_over_half_precision_return_rows_in_exact_order_at_any_scale() {
+    fn walks_return_rows_in_exact_order_at_any_scale() {
         let rows = 60usize;
         let dim = 9;
         let mut next = distance::tests::uniform(5);

@@ -80,6 +80,13 @@ pub(crate) struct VectorIndex {
     graph: Option<FlatGraph>,
 }
 
+impl VectorIndex {
+    /// Bytes the index holds in memory besides what its generation's object holds.
+    pub(crate) fn extra_bytes(&self) -> usize {
+        self.graph.as_ref().map_or(0, FlatGraph::extra_bytes)
+    }
+}
+
 /// The space a graph of `metric` is built in: unit vectors for `cosine`, Euclidean for `l2`
 /// and for `dot` (over augmented vectors).
 fn space_of(metric: Metric) -> Space {
