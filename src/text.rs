@@ -1278,11 +1278,9 @@ mod tests {
         assert_eq!(t.doc_freq(&red).unwrap(), 2);
     }
 
-    #[test]
-    fn a_search_indexes_only_rows_new_to_it_and_never_commits() {
-        let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t"]}"#).unwrap();
-        let n = TAIL_COMMIT_SEGMENTS + 4;
-        let batches: Vec<RecordBatch> = (0..n as u64)
+    /// `n` one-row stored batches, keys `k{i}`, texts `red fox {i}`.
+    fn red_fox_batches(s: &IndexSchema, n: usize) -> Vec<RecordBatch> {
+        (0..n as u64)
             .map(|i| {
                 let user = RecordBatch::try_new(
                     s.arrow_schema(),
@@ -1294,7 +1292,14 @@ mod tests {
                 .unwrap();
                 s.to_stored(&user, i + 1).unwrap()
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn a_search_indexes_only_rows_new_to_it_and_never_commits() {
+        let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t"]}"#).unwrap();
+        let n = TAIL_COMMIT_SEGMENTS + 4;
+        let batches = red_fox_batches(&s, n);
         let mem = Arc::new(MemTextIndex::new(TextSchema::new(&s).unwrap()).unwrap());
         let red = Term::from_field_text(mem.schema.fields()[0], "red");
         let indexed = || mem.state.lock().unwrap().indexed_rows;
@@ -1348,19 +1353,7 @@ mod tests {
     fn the_background_tokenizes_the_tail_for_searches_and_commits_when_due() {
         let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t"]}"#).unwrap();
         let n = TAIL_COMMIT_SEGMENTS + 4;
-        let batches: Vec<RecordBatch> = (0..n as u64)
-            .map(|i| {
-                let user = RecordBatch::try_new(
-                    s.arrow_schema(),
-                    vec![
-                        Arc::new(StringArray::from(vec![format!("k{i}")])),
-                        Arc::new(StringArray::from(vec![format!("red fox {i}")])),
-                    ],
-                )
-                .unwrap();
-                s.to_stored(&user, i + 1).unwrap()
-            })
-            .collect();
+        let batches = red_fox_batches(&s, n);
         let mem = Arc::new(MemTextIndex::new(TextSchema::new(&s).unwrap()).unwrap());
         let red = Term::from_field_text(mem.schema.fields()[0], "red");
         let indexed = || mem.state.lock().unwrap().indexed_rows;

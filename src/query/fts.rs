@@ -527,6 +527,24 @@ mod tests {
         out
     }
 
+    /// Query `q`'s weight over `reference`'s statistics, its matches in `reference` and its
+    /// compiled form for tail rows (over the same statistics).
+    fn both_ways(
+        ts: &TextSchema,
+        reference: &TextIndex,
+        q: &str,
+        conjunction: Conjunction,
+    ) -> (Box<dyn Weight>, HashMap<usize, f32>, Option<TailQuery>) {
+        let query = parse_query(ts, q, conjunction).unwrap();
+        let searcher = reference.searcher();
+        let weight = query
+            .weight(EnableScoring::enabled_from_searcher(searcher))
+            .unwrap();
+        let want = scores(reference, weight.as_ref());
+        let compiled = TailQuery::compile(query.as_ref(), ts, searcher).unwrap();
+        (weight, want, compiled)
+    }
+
     #[test]
     fn tail_rows_score_as_tantivy_scores_them() {
         let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t", "u"]}"#).unwrap();
@@ -587,14 +605,8 @@ mod tests {
             .iter()
             .flat_map(|q| [(*q, Conjunction::Or), (*q, Conjunction::And)])
         {
-            let query = parse_query(&ts, q, conjunction).unwrap();
-            let weight = query
-                .weight(EnableScoring::enabled_from_searcher(searcher))
-                .unwrap();
-            let want = scores(&reference, weight.as_ref());
-            let compiled = TailQuery::compile(query.as_ref(), &ts, searcher)
-                .unwrap()
-                .unwrap_or_else(|| panic!("{q}: not scored directly"));
+            let (weight, want, compiled) = both_ways(&ts, &reference, q, conjunction);
+            let compiled = compiled.unwrap_or_else(|| panic!("{q}: not scored directly"));
             let mut got = HashMap::new();
             tail.score_tail(&compiled, &mut |row, score| {
                 assert!(got.insert(row, score).is_none(), "{q}: row {row} twice");
@@ -680,15 +692,8 @@ mod tests {
         // Tail rows score as tantivy scores them.
         let mem = Arc::new(MemTextIndex::new(ts.clone()).unwrap());
         let tail = mem.view(&batches, 3).unwrap();
-        let query = parse_query(&ts, "fox", Conjunction::Or).unwrap();
-        let searcher = reference.searcher();
-        let weight = query
-            .weight(EnableScoring::enabled_from_searcher(searcher))
-            .unwrap();
-        let want = scores(&reference, weight.as_ref());
-        let compiled = TailQuery::compile(query.as_ref(), &ts, searcher)
-            .unwrap()
-            .unwrap();
+        let (_, want, compiled) = both_ways(&ts, &reference, "fox", Conjunction::Or);
+        let compiled = compiled.unwrap();
         let mut got = HashMap::new();
         tail.score_tail(&compiled, &mut |row, score| {
             got.insert(row, score);
