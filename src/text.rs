@@ -151,8 +151,7 @@ impl TextSchema {
                 let mut n = 0u32;
                 let mut ts = analyzers[i].token_stream(text);
                 while ts.advance() {
-                    // tantivy leaves a longer token out of the postings and the field's length.
-                    if ts.token().text.len() <= tantivy::tokenizer::MAX_TOKEN_LEN {
+                    if in_postings(&ts.token().text) {
                         n += 1;
                     }
                 }
@@ -237,8 +236,16 @@ impl TailSegment {
         self.first + self.rows()
     }
 
-    fn postings(&self, term: &Term, ts: &TextSchema) -> Option<&TailPostings> {
-        let field = ts.field_position(term.field())?;
+    /// Token count of the segment's `row`-th row (from its first) in text field `field`.
+    fn tokens(&self, row: usize, field: usize) -> u32 {
+        self.counts
+            .get(row * self.nfields + field)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn postings(&self, term: &Term) -> Option<&TailPostings> {
+        let field = self.schema.field_position(term.field())?;
         self.postings.get(field)?.get(term.value().as_str()?)
     }
 
@@ -406,14 +413,7 @@ impl TailQuery {
 
     /// The rows of `seg` (relative to its first row, ascending) that match, with their scores.
     fn matches(&self, seg: &TailSegment) -> Vec<(u32, f32)> {
-        let fieldnorm = |row: u32, field: usize| {
-            fieldnorm_id(
-                seg.counts
-                    .get(row as usize * seg.nfields + field)
-                    .copied()
-                    .unwrap_or(0),
-            )
-        };
+        let fieldnorm = |row: u32, field: usize| fieldnorm_id(seg.tokens(row as usize, field));
         match self {
             TailQuery::Nothing => Vec::new(),
             TailQuery::Term {
@@ -421,7 +421,7 @@ impl TailQuery {
                 term,
                 weight,
             } => {
-                let Some(p) = seg.postings(term, &seg.schema) else {
+                let Some(p) = seg.postings(term) else {
                     return Vec::new();
                 };
                 p.rows
@@ -440,7 +440,7 @@ impl TailQuery {
             } => {
                 let Some(postings) = terms
                     .iter()
-                    .map(|t| seg.postings(t, &seg.schema))
+                    .map(|t| seg.postings(t))
                     .collect::<Option<Vec<_>>>()
                 else {
                     return Vec::new();
@@ -536,6 +536,12 @@ impl DocRows<'_> {
     }
 }
 
+/// Whether tantivy indexes `token`: it leaves one over `MAX_TOKEN_LEN` bytes out of the
+/// postings and out of the field's length (its fieldnorm and token totals).
+pub(crate) fn in_postings(token: &str) -> bool {
+    token.len() <= tantivy::tokenizer::MAX_TOKEN_LEN
+}
+
 /// Tokens per field over row-major `counts` of `nfields` fields.
 fn token_totals(counts: &[u32], nfields: usize) -> Vec<u64> {
     let mut t = vec![0u64; nfields];
@@ -616,12 +622,12 @@ impl TextIndex {
     }
 
     /// Rows at or past `from` among the rows past a memtable's last commit that hold `term`.
-    pub(crate) fn tail_doc_freq_from(&self, term: &Term, ts: &TextSchema, from: usize) -> u64 {
+    pub(crate) fn tail_doc_freq_from(&self, term: &Term, from: usize) -> u64 {
         self.tail
             .iter()
             .filter(|t| t.end() > from)
             .filter_map(|t| {
-                let p = t.postings(term, ts)?;
+                let p = t.postings(term)?;
                 let skip = from.saturating_sub(t.first);
                 Some(p.rows.iter().filter(|r| **r as usize >= skip).count() as u64)
             })
@@ -646,15 +652,12 @@ impl TextIndex {
 
     /// Documents containing `term` (a generation's index remembers the answer).
     pub(crate) fn doc_freq(&self, term: &Term) -> Result<u64> {
-        let tail: u64 = match self.tail.first() {
-            Some(first) => self
-                .tail
-                .iter()
-                .filter_map(|t| t.postings(term, &first.schema))
-                .map(|p| p.rows.len() as u64)
-                .sum(),
-            None => 0,
-        };
+        let tail: u64 = self
+            .tail
+            .iter()
+            .filter_map(|t| t.postings(term))
+            .map(|p| p.rows.len() as u64)
+            .sum();
         let Some(memo) = &self.doc_freqs else {
             return Ok(self.searcher.doc_freq(term).map_err(tv)? + tail);
         };
@@ -693,12 +696,9 @@ impl TextIndex {
                 .unwrap_or(0);
         }
         let t = self.tail.partition_point(|t| t.end() <= row);
-        self.tail.get(t).map_or(0, |t| {
-            t.counts
-                .get((row - t.first) * self.nfields + field)
-                .copied()
-                .unwrap_or(0)
-        })
+        self.tail
+            .get(t)
+            .map_or(0, |t| t.tokens(row - t.first, field))
     }
 
     /// Tokens of text field `field` summed over every row (tombstones count none).
@@ -998,11 +998,7 @@ impl MemTextIndex {
     /// Commit (as [`MemTextIndex::commit`]) once the rows or tail segments past the last commit
     /// reach the threshold at which a search asks for one.
     pub(crate) fn commit_due(&self, batches: &[RecordBatch], rows: usize) -> Result<()> {
-        let committed = self
-            .committed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .committed_rows();
+        let committed = self.committed_rows();
         // Segments a commit already covers do not count.
         let segments = self
             .tail
@@ -1204,9 +1200,7 @@ impl MemTextIndex {
                         let mut ts = analyzers[f].token_stream(col.value(r));
                         while ts.advance() {
                             let token = ts.token();
-                            // tantivy leaves such a token out of the postings and the field's
-                            // length.
-                            if token.text.len() > tantivy::tokenizer::MAX_TOKEN_LEN {
+                            if !in_postings(&token.text) {
                                 continue;
                             }
                             n += 1;

@@ -816,14 +816,10 @@ impl Index {
         query: &str,
         options: &SearchOptions,
     ) -> Result<Vec<RecordBatch>> {
-        let t = std::time::Instant::now();
-        let snapshot = self.snapshot().await?;
-        let t_snap = t.elapsed();
-        let plan = self.inner.reader.plan_fts(snapshot, query, options).await?;
-        let t_plan = t.elapsed();
-        let out = reader::run(plan).await;
-        slow_search("full-text", t_snap, t_plan, t.elapsed());
-        out
+        self.run_search("full-text", |snapshot| {
+            self.inner.reader.plan_fts(snapshot, query, options)
+        })
+        .await
     }
 
     /// The physical plan of a vector search: one `VectorArmExec` leaf with a partition per
@@ -848,17 +844,40 @@ impl Index {
         query: &[f32],
         options: &VectorSearchOptions,
     ) -> Result<Vec<RecordBatch>> {
+        self.run_search("vector", |snapshot| {
+            self.inner.reader.plan_vector(snapshot, query, options)
+        })
+        .await
+    }
+
+    /// A search: a snapshot, the plan `plan` makes of it, run to completion. One slower than
+    /// 20 ms is logged at debug level (target `lsmsearch::slow`) with the time it took to take
+    /// its snapshot, to plan and to run.
+    async fn run_search<F>(
+        &self,
+        kind: &str,
+        plan: impl FnOnce(Snapshot) -> F,
+    ) -> Result<Vec<RecordBatch>>
+    where
+        F: std::future::Future<Output = Result<Arc<dyn ExecutionPlan>>>,
+    {
         let t = std::time::Instant::now();
         let snapshot = self.snapshot().await?;
         let t_snap = t.elapsed();
-        let plan = self
-            .inner
-            .reader
-            .plan_vector(snapshot, query, options)
-            .await?;
+        let plan = plan(snapshot).await?;
         let t_plan = t.elapsed();
         let out = reader::run(plan).await;
-        slow_search("vector", t_snap, t_plan, t.elapsed());
+        let total = t.elapsed();
+        if total >= std::time::Duration::from_millis(20) {
+            tracing::debug!(
+                target: "lsmsearch::slow",
+                "{kind} search took {:.1} ms: snapshot {:.1}, plan {:.1}, run {:.1}",
+                total.as_secs_f64() * 1e3,
+                t_snap.as_secs_f64() * 1e3,
+                (t_plan - t_snap).as_secs_f64() * 1e3,
+                (total - t_plan).as_secs_f64() * 1e3
+            );
+        }
         out
     }
 
@@ -947,24 +966,4 @@ impl Drop for Index {
 /// Map an error kind for a whole group of callers.
 pub(crate) fn is_fenced(e: &Error) -> bool {
     e.kind() == ErrorKind::Fenced
-}
-
-/// A search slower than 20 ms is logged at debug level (target `lsmsearch::slow`) with the
-/// time it took to take its snapshot, to plan and to run.
-fn slow_search(
-    kind: &str,
-    snapshot: std::time::Duration,
-    planned: std::time::Duration,
-    total: std::time::Duration,
-) {
-    if total >= std::time::Duration::from_millis(20) {
-        tracing::debug!(
-            target: "lsmsearch::slow",
-            "{kind} search took {:.1} ms: snapshot {:.1}, plan {:.1}, run {:.1}",
-            total.as_secs_f64() * 1e3,
-            snapshot.as_secs_f64() * 1e3,
-            (planned - snapshot).as_secs_f64() * 1e3,
-            (total - planned).as_secs_f64() * 1e3
-        );
-    }
 }

@@ -337,7 +337,7 @@ fn source_stats(
     let dead = block_lists.dead_terms(source);
     let mut dead = dead.lock().unwrap_or_else(|e| e.into_inner());
     dead.update(ts, source, ti, mask)?;
-    let (past_df, past_tokens) = past_view(ti, ts, mask.len(), terms)?;
+    let (past_df, past_tokens) = past_view(ti, ts.fields().len(), mask.len(), terms)?;
     let tokens = (0..ts.fields().len())
         .map(|pos| {
             ti.total_tokens(pos)

@@ -251,11 +251,12 @@ pub(crate) fn plan(
 /// finds less with one list than the k graphs did with a list each (clustered vectors, paced
 /// `bench stream`: recall@10 0.89 with the same list, 0.96 with k times it, but 0.948 at the
 /// checkpoint right after a merge of three flushes, 0.968 with k + 1 times it): it is walked
-/// with `hnsw_ef_search` times k + 1, k no more than its rows in units of half a memtable (a typical
-/// flush: the graphs the default list was measured on; it keeps a merge of many small flushes,
-/// whose graphs a list of 400 walked almost whole, from walking its graph whole), divided by
-/// how much longer a list built it than a flush's graph (`compaction_ef_construction` against
-/// `hnsw_ef_construction`: a better graph finds as much with a shorter list).
+/// with `hnsw_ef_search` times k + 1, k no more than its rows in units of half a memtable (a
+/// typical flush: the graphs the default list was measured on; it keeps a merge of many small
+/// flushes, whose graphs a list of 400 walked almost whole, from walking its graph whole),
+/// divided by how much longer a list built it than a flush's graph
+/// (`compaction_ef_construction` against `hnsw_ef_construction`: a better graph finds as much
+/// with a shorter list).
 fn ef_for(settings: &Settings, flushes: u64, rows: usize) -> usize {
     if flushes <= 1 {
         return settings.hnsw_ef_search;
