@@ -61,6 +61,7 @@
 pub mod bench;
 mod db;
 mod error;
+mod flags;
 mod format;
 #[cfg(all(test, feature = "cli"))]
 mod fuzz;

@@ -6,7 +6,10 @@ mod common;
 
 use common::faulty::{Action, FaultyStore};
 use common::*;
-use lsmsearch::{Durability, ErrorKind, Index, Location, ScanOptions, Settings, WriteOptions};
+use lsmsearch::{
+    Durability, ErrorKind, Index, Key, Location, ScanOptions, SearchOptions, Settings,
+    VectorSearchOptions, WriteOptions,
+};
 use object_store::memory::InMemory;
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,6 +75,80 @@ async fn appends_continue_while_a_flush_is_held_then_wait_at_the_bound() {
     assert_eq!(m.len(), 31);
     assert_eq!(index.stats().frozen_memtables, 0);
     assert_eq!(index.stats().generations.len(), 4);
+}
+
+/// Ids and years of every row a search returns (a key twice fails).
+fn hits(batches: &[arrow::array::RecordBatch]) -> std::collections::BTreeMap<String, i64> {
+    use arrow::array::AsArray;
+    let mut out = std::collections::BTreeMap::new();
+    for b in batches {
+        let ids = b.column_by_name("id").unwrap().as_string::<i32>();
+        let years = b
+            .column_by_name("year")
+            .unwrap()
+            .as_primitive::<arrow::datatypes::Int64Type>();
+        for r in 0..b.num_rows() {
+            let dup = out.insert(ids.value(r).to_string(), years.value(r));
+            assert!(dup.is_none(), "{} returned twice", ids.value(r));
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn versions_across_frozen_memtables_and_the_active_one_show_only_the_newest() {
+    // Flushes are held: the rows stay in two frozen memtables and the active one, and each
+    // newer memtable hides the versions it replaces in the older ones, for scans and both
+    // searches, before and after the flushes land.
+    let (store, loc) = faulty();
+    let s = schema();
+    let index = Index::create(loc, s.clone(), settings()).await.unwrap();
+    let gate = Arc::new(Semaphore::new(0));
+    store.on("put", "generations/", Action::Hold(gate.clone()));
+    let mut model = Model::new();
+    let mut put = |rows: Vec<Row>| {
+        for r in &rows {
+            model.insert(r.id.clone(), r.clone());
+        }
+        batch(&s, &rows)
+    };
+    index.append(&put(rows("a", 10))).await.unwrap();
+    let mut second: Vec<Row> = (0..5).map(|i| Row::new(format!("a{i:03}"), 2)).collect();
+    second.extend(rows("b", 5));
+    index.append(&put(second)).await.unwrap();
+    let third: Vec<Row> = [1, 5, 7]
+        .iter()
+        .map(|i| Row::new(format!("a{i:03}"), 3))
+        .collect();
+    index.append(&put(third)).await.unwrap();
+    index
+        .delete(&[Key::from("a000"), Key::from("b001")])
+        .await
+        .unwrap();
+    model.remove("a000");
+    model.remove("b001");
+    assert_eq!(index.stats().frozen_memtables, 2);
+    let expect: std::collections::BTreeMap<String, i64> =
+        model.values().map(|r| (r.id.clone(), r.year)).collect();
+    for stage in ["held", "flushed"] {
+        assert_eq!(live(&index).await, model, "{stage}");
+        let fts = index
+            .search_fts("body", &SearchOptions::with_k(100))
+            .await
+            .unwrap();
+        assert_eq!(hits(&fts), expect, "full text, {stage}");
+        for exact in [false, true] {
+            let opts = VectorSearchOptions {
+                k: 100,
+                exact,
+                ..Default::default()
+            };
+            let v = index.search_vector(&[0.0; DIM], &opts).await.unwrap();
+            assert_eq!(hits(&v), expect, "vector, exact = {exact}, {stage}");
+        }
+        gate.add_permits(100);
+        index.flush().await.unwrap();
+    }
 }
 
 #[tokio::test]

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, u32)] = &[
     ("error", 0),
     ("key", 1),
+    ("flags", 1),
     ("settings", 1),
     ("priority", 1),
     ("schema", 2),

@@ -41,8 +41,6 @@ pub(crate) struct Generation {
     rows: RecordBatch,
     /// The key hash of each row.
     row_hashes: Vec<u64>,
-    /// `(row, key hash)` of every row: a search's candidates (one version per key).
-    candidates: std::sync::Arc<Vec<(usize, u64)>>,
     text: Option<TextIndex>,
     vector: Option<Arc<VectorIndex>>,
     /// Key hash → row, built at first use.
@@ -67,10 +65,6 @@ impl std::hash::Hasher for HashIsKey {
     fn write_u64(&mut self, v: u64) {
         self.0 = v;
     }
-}
-
-fn candidates(row_hashes: &[u64]) -> std::sync::Arc<Vec<(usize, u64)>> {
-    std::sync::Arc::new(row_hashes.iter().copied().enumerate().collect())
 }
 
 /// The key hash of every row; an error if a key is null.
@@ -152,7 +146,6 @@ impl Generation {
             Generation {
                 meta,
                 rows,
-                candidates: candidates(&row_hashes),
                 row_hashes,
                 text,
                 vector,
@@ -245,7 +238,6 @@ impl Generation {
         );
         Ok(Generation {
             meta: bundle.stats().clone(),
-            candidates: candidates(&row_hashes),
             row_hashes,
             rows,
             text,
@@ -260,7 +252,7 @@ impl Generation {
     }
 
     /// Approximate bytes it holds in memory, as the cache counts them: the size of its object
-    /// (rows, key set, text index, graph) plus 24 bytes per row of key-hash tables, plus what
+    /// (rows, key set, text index, graph) plus 24 bytes per row of key hashes and their lookup table, plus what
     /// its graph keeps besides (a half-precision copy of cosine vectors, norms).
     pub(crate) fn weight(&self) -> u64 {
         let graph = self.vector().map_or(0, |v| v.extra_bytes() as u64);
@@ -275,11 +267,6 @@ impl Generation {
     /// The key hash of each row.
     pub(crate) fn row_hashes(&self) -> &[u64] {
         &self.row_hashes
-    }
-
-    /// `(row, key hash)` of every row.
-    pub(crate) fn candidates(&self) -> &std::sync::Arc<Vec<(usize, u64)>> {
-        &self.candidates
     }
 
     /// The vector graph, when the schema has a vector column.

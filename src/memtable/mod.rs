@@ -5,8 +5,9 @@
 //! the key map points at the newest version of each key, tombstones included. The memtable's
 //! full-text index ([`MemTextIndex`]) and vector graph ([`MemVectorIndex`]) hang off this type.
 
+use crate::flags::RowFlags;
 use crate::key::Key;
-use crate::schema::SEQ_COLUMN;
+use crate::schema::{deleted_flags, SEQ_COLUMN};
 use crate::text::{MemTextIndex, TextSchema};
 use crate::vector::{MemGraphSpec, MemVectorIndex};
 use crate::Result;
@@ -35,6 +36,8 @@ pub(crate) struct Memtable {
     text: Option<Arc<MemTextIndex>>,
     /// The key hash of every row, one slice per stored batch.
     row_hashes: Vec<Arc<[u64]>>,
+    /// Per row: the newest version of its key here, and not a tombstone.
+    live: RowFlags,
     graph_spec: Option<MemGraphSpec>,
     graph: Option<Arc<MemVectorIndex>>,
     rows: usize,
@@ -76,6 +79,7 @@ impl Memtable {
             index: HashMap::new(),
             text,
             row_hashes: Vec::new(),
+            live: RowFlags::default(),
             graph_spec: graph,
             graph: None,
             rows: 0,
@@ -103,6 +107,7 @@ impl Memtable {
             .as_primitive::<UInt64Type>()
             .clone();
         let keys = batch.column(0).clone();
+        let deleted = deleted_flags(&batch);
         let b = self.batches.len() as u32;
         let mut hashes = Vec::with_capacity(batch.num_rows());
         for row in 0..batch.num_rows() {
@@ -117,14 +122,28 @@ impl Memtable {
                 hash: key.hash64(),
             };
             hashes.push(slot.hash);
-            self.index
-                .entry(key)
-                .and_modify(|s| {
-                    if seq >= s.seq {
-                        *s = slot
-                    }
-                })
-                .or_insert(slot);
+            let ord = self.rows + row;
+            // The row is live when it is now its key's newest version and not a tombstone;
+            // the version it replaces no longer is.
+            let newest = match self.index.entry(key) {
+                std::collections::hash_map::Entry::Occupied(mut e) if seq >= e.get().seq => {
+                    let old = e.insert(slot);
+                    let old_ord = if old.batch == b {
+                        self.rows + old.row as usize
+                    } else {
+                        self.offsets[old.batch as usize] + old.row as usize
+                    };
+                    self.live.clear(old_ord);
+                    true
+                }
+                std::collections::hash_map::Entry::Occupied(_) => false,
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(slot);
+                    true
+                }
+            };
+            debug_assert_eq!(self.live.len(), ord);
+            self.live.push(newest && !deleted.value(row));
         }
         self.row_hashes.push(hashes.into());
         self.offsets.push(self.rows);
@@ -257,20 +276,15 @@ impl Memtable {
         self.rows == 0
     }
 
-    /// A consistent view for a search: the stored batches, the row count, and the ordinal and
-    /// key hash of the newest version of every key (tombstones included).
+    /// A consistent view for a search: the stored batches, the row count, and which rows are
+    /// live (in time independent of the rows: the flags are shared, not copied).
     pub(crate) fn search_view(&self) -> MemtableView {
-        let candidates = self
-            .index
-            .values()
-            .map(|s| (self.offsets[s.batch as usize] + s.row as usize, s.hash))
-            .collect();
         MemtableView {
             id: self.id,
             batches: self.batches.clone(),
             offsets: self.offsets.clone(),
             rows: self.rows,
-            candidates,
+            live: self.live.clone(),
             text: self.text.clone(),
             graph: self.graph.clone(),
             row_hashes: self.row_hashes.clone(),
@@ -319,8 +333,9 @@ pub(crate) struct MemtableView {
     pub offsets: Vec<usize>,
     /// Rows in the view.
     pub rows: usize,
-    /// `(ordinal, key hash)` of the newest version of each key.
-    pub candidates: Vec<(usize, u64)>,
+    /// Per row of the view: the newest version of its key in the memtable, and not a
+    /// tombstone.
+    pub live: RowFlags,
     /// The memtable's full-text index.
     pub text: Option<Arc<MemTextIndex>>,
     /// The memtable's vector graph, covering a prefix of the rows.
@@ -371,6 +386,14 @@ mod tests {
         assert!(deleted_flags(&rows).value(1)); // "b" is a tombstone
         assert_eq!(m.rows(), 5);
         assert_eq!(m.max_seq(), 10);
+        // Live: only the second "a" (the older one applied after it, a superseded "a", "b"
+        // and its tombstone are not).
+        let live = m.search_view().live;
+        assert_eq!(
+            (0..6).map(|r| live.get(r)).collect::<Vec<_>>(),
+            [false, false, true, false, false, false]
+        );
+        assert_eq!(live.count(), 1);
     }
 
     type ArrayRefStr = arrow::array::ArrayRef;
@@ -411,6 +434,9 @@ mod tests {
         let view = m.search_view();
         let hashes: usize = view.row_hashes.iter().map(|h| h.len()).sum();
         assert_eq!(hashes, 10_000);
+        let mut newest = ordinals.clone();
+        newest.sort_unstable();
+        assert_eq!(view.live.iter_set().collect::<Vec<_>>(), newest);
         assert_eq!(
             *view.offsets.last().unwrap() + view.batches.last().unwrap().num_rows(),
             10_000

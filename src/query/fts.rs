@@ -5,7 +5,7 @@
 use super::exec::{ArmExec, ArmSpec, ArmWork};
 use super::{Conjunction, SearchOptions, SCORE_COLUMN};
 use crate::key::Key;
-use crate::read::{compile_filter, filter_masks, past_view, BlockLists, Snapshot, Source};
+use crate::read::{compile_filter, filter_masks, past_view, BlockLists, Live, Snapshot, Source};
 use crate::schema::IndexSchema;
 use crate::text::{DocRows, TailQuery, TextIndex, TextSchema};
 use crate::{Error, Result};
@@ -197,7 +197,7 @@ pub(crate) fn plan(
                 let ti = source
                     .text_index()?
                     .ok_or_else(|| Error::internal("a source without a text index"))?;
-                let stats = source_stats(ts, &block_lists, source, &ti, &live.mask, &terms)?;
+                let stats = source_stats(ts, &block_lists, source, &ti, live, &terms)?;
                 Ok((ti, live.count(), stats))
             })
             .collect::<Result<_>>()
@@ -248,17 +248,11 @@ pub(crate) fn plan(
         .zip(live_rows)
         .zip(filter_masks)
     {
-        let mut mask = live.mask;
-        if let Some(fm) = fm {
-            for (m, f) in Arc::make_mut(&mut mask).iter_mut().zip(fm) {
-                *m &= f;
-            }
-        }
-        let candidates = if filter.is_some() {
-            mask.iter().filter(|l| **l).count()
-        } else {
-            live_rows
+        let mask = match fm {
+            Some(fm) => live.and(&fm),
+            None => live,
         };
+        let candidates = mask.count();
         let description = format!(
             "source={}, rows={}, live={live_rows}, candidates={candidates}, k={}",
             source.name(),
@@ -331,13 +325,13 @@ fn source_stats(
     block_lists: &BlockLists,
     source: &Source,
     ti: &TextIndex,
-    mask: &Arc<Vec<bool>>,
+    live: &Live,
     terms: &[Term],
 ) -> Result<SourceStats> {
     let dead = block_lists.dead_terms(source);
     let mut dead = dead.lock().unwrap_or_else(|e| e.into_inner());
-    dead.update(ts, source, ti, mask)?;
-    let (past_df, past_tokens) = past_view(ti, ts.fields().len(), mask.len(), terms)?;
+    dead.update(ts, source, ti, live)?;
+    let (past_df, past_tokens) = past_view(ti, ts.fields().len(), live.len(), terms)?;
     let tokens = (0..ts.fields().len())
         .map(|pos| {
             ti.total_tokens(pos)
@@ -442,7 +436,7 @@ fn search_arm(
     source: &Source,
     ti: &TextIndex,
     scoring: Scoring<'_>,
-    mask: &[bool],
+    mask: &Live,
     k: usize,
     out_schema: &SchemaRef,
     payload: &[usize],
@@ -454,7 +448,7 @@ fn search_arm(
         floor: f32::MIN,
     };
     let mut offer = |row: usize, score: f32| {
-        if score >= top.floor && mask.get(row).copied().unwrap_or(false) {
+        if score >= top.floor && mask.admits(row) {
             top.push(score, row);
         }
     };

@@ -5,7 +5,7 @@ use super::exec::{ArmExec, ArmSpec, ArmWork};
 use super::fts::sort_ordering;
 use super::DISTANCE_COLUMN;
 use crate::key::Key;
-use crate::read::{compile_filter, filter_masks, Snapshot, Source};
+use crate::read::{compile_filter, filter_masks, Live, Snapshot, Source};
 use crate::schema::{IndexSchema, Metric};
 use crate::settings::Settings;
 use crate::vector::{distance, MemVectorIndex, VectorIndex};
@@ -154,13 +154,11 @@ pub(crate) fn plan(
     let mut arms: Vec<ArmSpec> = Vec::with_capacity(sources.len());
     for ((source, live), fm) in sources.into_iter().zip(live).zip(filter_masks) {
         let live_rows = live.count();
-        let mut mask = live.mask;
-        if let Some(fm) = fm {
-            for (m, f) in Arc::make_mut(&mut mask).iter_mut().zip(fm) {
-                *m &= f;
-            }
-        }
-        let candidates = mask.iter().filter(|l| **l).count();
+        let mask = match fm {
+            Some(fm) => live.and(&fm),
+            None => live,
+        };
+        let candidates = mask.count();
         // No arm returns more than its candidates, and a walk visits at most every row: both
         // bound what an arm allocates, whatever `k` and `ef` the caller asked for.
         let arm_k = opts.k.min(candidates.max(1));
@@ -202,8 +200,8 @@ pub(crate) fn plan(
                     query: &query,
                     k,
                 };
-                let admitted = || (0..mask.len()).filter(|r| mask[*r]);
-                let admit = |r: usize| mask.get(r).copied().unwrap_or(false);
+                let admitted = || mask.rows();
+                let admit = |r: usize| mask.admits(r);
                 let hits = match &graph {
                     ArmGraph::Generation(g) => {
                         let rows = g.candidates(&query, k, ef, &admit);
@@ -217,11 +215,10 @@ pub(crate) fn plan(
                     ArmGraph::Memtable(g) => {
                         // The graph covers rows [0, indexed); the rows after it are scanned.
                         let (rows, indexed) = g.candidates(&query, k, ef, &admit);
-                        let covered = mask[..indexed.min(mask.len())]
-                            .iter()
-                            .filter(|l| **l)
-                            .count();
-                        if rows.len() >= k.min(covered) {
+                        // Short only when fewer than k of the rows it covers are admitted.
+                        if rows.len() >= k
+                            || rows.len() >= mask.rows().take_while(|r| *r < indexed).count()
+                        {
                             arm.rank(rows.into_iter().chain(indexed..mask.len()))
                         } else {
                             arm.rank(admitted())
@@ -282,7 +279,7 @@ enum ArmGraph {
 /// One arm's search.
 struct Arm<'a> {
     source: &'a Source,
-    mask: &'a [bool],
+    mask: &'a Live,
     vidx: usize,
     metric: Metric,
     query: &'a [f32],
@@ -319,7 +316,7 @@ impl Arm<'_> {
         let single = columns.len() == 1;
         let mut heap: BinaryHeap<Hit> = BinaryHeap::with_capacity(self.k + 1);
         for ord in rows {
-            if !self.mask.get(ord).copied().unwrap_or(false) {
+            if !self.mask.admits(ord) {
                 continue;
             }
             let (b, r) = if single {

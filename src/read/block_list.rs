@@ -1,36 +1,138 @@
 //! Block lists: which rows of a source newer sources hide.
 //!
 //! A row is *live* when it is the newest version of its key in its source, not a tombstone, and
-//! its key is in no strictly newer source. The keys (key hashes, a hit confirmed on the exact
-//! key) of the newer sources form the source's block list. Memtables are compared with each
-//! other per query. What newer generations hide of a generation only changes when the list of
-//! generations does: it is computed for a whole list in one pass from the newest generation to
-//! the oldest with a growing map of the keys seen (O(rows), whatever the number of
-//! generations), and extended in O(new rows) when a flush adds a generation on top. What a
-//! memtable's rows hide of a generation only grows as rows are appended. A handle keeps both in
-//! its [`BlockLists`], so a query does no work proportional to the generations' rows.
+//! its key is in no strictly newer source. A source's [`Live`] rows are its own flags (shared,
+//! never copied per query) less a short sorted list of the rows newer memtables hide:
+//!
+//! - A memtable flags its rows as it applies them (see [`crate::memtable`]).
+//! - What newer generations hide of a generation only changes when the list of generations
+//!   does: it is computed for a whole list in one pass from the newest generation to the oldest
+//!   with a growing map of the keys seen (O(rows), whatever the number of generations), and
+//!   extended in O(new rows) when a flush adds a generation on top.
+//! - What a memtable's rows hide of an older source (a generation, or an older frozen memtable)
+//!   only grows as rows are appended: each memtable row is looked up in each older source once.
+//!
+//! A handle keeps all three in its [`BlockLists`], so a query's block lists cost O(sources +
+//! rows newer memtables hide), whatever the rows of the sources.
 
 use super::dead_terms::DeadTerms;
-use super::source::Source;
+use super::source::{MemtableSource, Source};
+use crate::flags::RowFlags;
 use crate::generation::{Generation, HashIsKey};
 use crate::key::Key;
+use crate::memtable::MemtableView;
 use crate::schema::deleted_flags;
-use arrow::array::{BooleanArray, RecordBatch};
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasherDefault;
 use std::sync::{Arc, Mutex};
 
-/// The live rows of one source.
+/// The live rows of one source: its own flags less the rows newer memtables hide.
 #[derive(Debug, Clone)]
 pub(crate) struct Live {
-    /// Per row: the newest version of its key in the snapshot, and not a tombstone.
-    pub(crate) mask: Arc<Vec<bool>>,
+    /// Per row: live in its source, and (a generation) among newer generations.
+    base: RowFlags,
+    /// Rows `base` flags that newer memtables hide.
+    hidden: Arc<Hidden>,
+    count: usize,
+}
+
+/// Rows hidden besides a base, ascending, with a sieve that answers "no" for most rows
+/// without searching.
+#[derive(Debug, Default)]
+pub(crate) struct Hidden {
+    rows: Vec<u32>,
+    /// Bit `r % SIEVE_BITS` set for every hidden row `r`.
+    sieve: Vec<u64>,
+}
+
+/// Bits of [`Hidden`]'s sieve.
+const SIEVE_BITS: usize = 4096;
+
+impl Hidden {
+    /// `rows`, ascending and distinct.
+    fn new(rows: Vec<u32>) -> Hidden {
+        debug_assert!(rows.windows(2).all(|w| w[0] < w[1]));
+        let mut sieve = vec![0u64; if rows.is_empty() { 0 } else { SIEVE_BITS / 64 }];
+        for r in &rows {
+            let b = *r as usize % SIEVE_BITS;
+            sieve[b / 64] |= 1 << (b % 64);
+        }
+        Hidden { rows, sieve }
+    }
+
+    #[inline]
+    fn contains(&self, r: usize) -> bool {
+        if self.rows.is_empty() {
+            return false;
+        }
+        let b = r % SIEVE_BITS;
+        self.sieve[b / 64] & (1 << (b % 64)) != 0 && self.rows.binary_search(&(r as u32)).is_ok()
+    }
+
+    /// The hidden rows, ascending.
+    pub(crate) fn rows(&self) -> &[u32] {
+        &self.rows
+    }
 }
 
 impl Live {
-    /// Rows the mask admits.
+    /// The rows `base` flags, less `hidden` (any order, repeats allowed).
+    pub(crate) fn new(base: RowFlags, mut hidden: Vec<u32>) -> Live {
+        hidden.retain(|r| base.get(*r as usize));
+        hidden.sort_unstable();
+        hidden.dedup();
+        Live {
+            count: base.count() - hidden.len(),
+            hidden: Arc::new(Hidden::new(hidden)),
+            base,
+        }
+    }
+
+    /// The rows `mask` admits.
+    pub(crate) fn from_vec(mask: Vec<bool>) -> Live {
+        Live::new(RowFlags::from_vec(mask), Vec::new())
+    }
+
+    /// Whether row `r` is live.
+    #[inline]
+    pub(crate) fn admits(&self, r: usize) -> bool {
+        self.base.get(r) && !self.hidden.contains(r)
+    }
+
+    /// Live rows.
     pub(crate) fn count(&self) -> usize {
-        self.mask.iter().filter(|l| **l).count()
+        self.count
+    }
+
+    /// Rows of the source (live or not).
+    pub(crate) fn len(&self) -> usize {
+        self.base.len()
+    }
+
+    /// The live rows, ascending.
+    pub(crate) fn rows(&self) -> impl Iterator<Item = usize> + '_ {
+        self.base
+            .iter_set()
+            .filter(move |r| !self.hidden.contains(*r))
+    }
+
+    /// The live rows `filter` (per row of the source) admits: a mask of the query's own.
+    pub(crate) fn and(&self, filter: &[bool]) -> Live {
+        Live::from_vec(
+            (0..self.len())
+                .map(|r| filter.get(r).copied().unwrap_or(false) && self.admits(r))
+                .collect(),
+        )
+    }
+
+    /// The source's own flags.
+    pub(crate) fn base(&self) -> &RowFlags {
+        &self.base
+    }
+
+    /// The rows the base flags that newer memtables hide.
+    pub(crate) fn hidden(&self) -> &Arc<Hidden> {
+        &self.hidden
     }
 }
 
@@ -43,7 +145,7 @@ struct ListMasks {
     newest: HashMap<u64, (u32, u32), BuildHasherDefault<HashIsKey>>,
     /// Per generation, oldest first: per row, neither a tombstone nor superseded by a newer
     /// generation.
-    live: Vec<Arc<Vec<bool>>>,
+    live: Vec<RowFlags>,
 }
 
 /// Lists of generations whose masks a handle keeps: the newest two (queries of an older
@@ -60,7 +162,7 @@ impl ListMasks {
                 gens.iter().map(|g| g.rows().num_rows()).sum(),
                 Default::default(),
             ),
-            live: (0..gens.len()).map(|_| Arc::default()).collect(),
+            live: (0..gens.len()).map(|_| RowFlags::default()).collect(),
         };
         for pos in (0..gens.len()).rev() {
             let g = gens[pos];
@@ -85,7 +187,7 @@ impl ListMasks {
                     }
                 }
             }
-            m.live[pos] = Arc::new(live);
+            m.live[pos] = RowFlags::from_vec(live);
         }
         m
     }
@@ -97,7 +199,7 @@ impl ListMasks {
         for pos in first..all.len() {
             let g = all[pos];
             let deleted = deleted_flags(g.rows());
-            self.live.push(Arc::new(
+            self.live.push(RowFlags::from_vec(
                 (0..g.rows().num_rows())
                     .map(|r| !deleted.value(r))
                     .collect(),
@@ -107,7 +209,7 @@ impl ListMasks {
                 let key = || g.key_at(r);
                 match self.newest.get(h).copied() {
                     Some((np, nr)) if all[np as usize].key_at(nr as usize) == key() => {
-                        Arc::make_mut(&mut self.live[np as usize])[nr as usize] = false;
+                        self.live[np as usize].clear(nr as usize);
                         self.newest.insert(*h, (pos as u32, r as u32));
                     }
                     Some(_) => {
@@ -115,7 +217,7 @@ impl ListMasks {
                         let k = key();
                         for (o, older) in all[..pos].iter().enumerate() {
                             if let Some(x) = older.row_of_key(*h, || k.clone()) {
-                                Arc::make_mut(&mut self.live[o])[x] = false;
+                                self.live[o].clear(x);
                             }
                         }
                     }
@@ -128,16 +230,75 @@ impl ListMasks {
     }
 }
 
-/// Memtable rows checked against one generation, and `(generation row, memtable row)` pairs.
-type Hidden = (usize, Vec<(u32, u32)>);
+/// Memtable rows checked against one older source, and `(older row, memtable row)` pairs.
+type Pairs = Arc<Mutex<(usize, Vec<(u32, u32)>)>>;
 
-/// The rows of generations one memtable's keys hide, kept up to date incrementally: each
-/// memtable row is checked against each generation once (a hash lookup), not once per query.
+/// The rows of older sources one memtable's keys hide, kept up to date incrementally: each
+/// memtable row is looked up in each older source once, not once per query.
 #[derive(Debug, Default)]
 struct MemtableBlocks {
-    /// Per generation `(id, epoch)`: memtable rows checked so far, and `(generation row,
-    /// memtable row)` for each hidden generation row.
-    per_generation: Mutex<HashMap<(u64, u64), Hidden>>,
+    /// Per older source (and its rows): memtable rows checked so far, and `(older row,
+    /// memtable row)` for each hidden row of the older source.
+    per_source: Mutex<HashMap<(SourceKey, usize), Pairs>>,
+}
+
+/// The key → live row lookup of a memtable older than another (a frozen memtable: its rows no
+/// longer change), built once per handle.
+#[derive(Debug)]
+struct MemKeys {
+    /// Key hash → the first live row with it.
+    first: HashMap<u64, u32, BuildHasherDefault<HashIsKey>>,
+}
+
+/// A source newer memtables may hide rows of, with its key lookup.
+enum Older<'a> {
+    Generation(&'a Generation),
+    Memtable(&'a MemtableSource, Arc<MemKeys>),
+}
+
+impl Older<'_> {
+    fn key(&self) -> (SourceKey, usize) {
+        match self {
+            Older::Generation(g) => {
+                let (id, epoch) = key_of(g);
+                (SourceKey::Generation(id, epoch), g.rows().num_rows())
+            }
+            Older::Memtable(m, _) => (SourceKey::Memtable(m.view.id), m.view.rows),
+        }
+    }
+
+    /// The live row holding `key` (whose hash is `hash`), if any; `key` is only computed on a
+    /// hash hit, and a hit is confirmed on the exact key.
+    fn row_of_key(&self, hash: u64, key: impl FnOnce() -> Option<Key>) -> Option<usize> {
+        match self {
+            Older::Generation(g) => g.row_of_key(hash, key),
+            Older::Memtable(m, keys) => {
+                let first = *keys.first.get(&hash)? as usize;
+                let key = key();
+                let v = &m.view;
+                if view_key(v, first) == key {
+                    return Some(first);
+                }
+                // Two live keys share the hash (the map keeps the first): look further.
+                v.live
+                    .iter_set()
+                    .filter(|r| *r > first)
+                    .find(|r| view_hash(v, *r) == hash && view_key(v, *r) == key)
+            }
+        }
+    }
+}
+
+/// The key hash of row `ord` of a memtable view.
+fn view_hash(v: &MemtableView, ord: usize) -> u64 {
+    let b = v.offsets.partition_point(|o| *o <= ord) - 1;
+    v.row_hashes[b][ord - v.offsets[b]]
+}
+
+/// The key of row `ord` of a memtable view.
+fn view_key(v: &MemtableView, ord: usize) -> Option<Key> {
+    let b = v.offsets.partition_point(|o| *o <= ord) - 1;
+    Key::from_array(v.batches[b].column(0).as_ref(), ord - v.offsets[b])
 }
 
 /// The block lists a handle keeps between queries (a cache: anything dropped is recomputed).
@@ -146,8 +307,10 @@ pub(crate) struct BlockLists {
     /// What newer generations hide of each generation, for the lists last asked about (most
     /// recent first).
     lists: Mutex<Vec<ListMasks>>,
-    /// Per memtable id: what its rows hide of each generation.
+    /// Per memtable id: what its rows hide of each older source.
     memtables: Mutex<HashMap<u64, Arc<MemtableBlocks>>>,
+    /// Per `(memtable id, rows)` of a memtable newer ones hide rows of: its key lookup.
+    keys: Mutex<HashMap<(u64, usize), Arc<MemKeys>>>,
     /// Per source: the dead rows of its text index last counted.
     dead: Mutex<HashMap<SourceKey, Arc<Mutex<DeadTerms>>>>,
 }
@@ -187,6 +350,7 @@ impl BlockLists {
             })
             .collect();
         lock(&self.memtables).retain(|id, _| mems.contains(id));
+        lock(&self.keys).retain(|(id, _), _| mems.contains(id));
         // Lists naming a generation the snapshot does not hold (replaced by a compaction) go:
         // their key maps are as large as the generations' rows.
         let gens: HashSet<(u64, u64)> = sources
@@ -199,6 +363,9 @@ impl BlockLists {
         lock(&self.lists).retain(|l| l.ids.iter().all(|k| gens.contains(k)));
         let keys: HashSet<SourceKey> = sources.iter().map(SourceKey::of).collect();
         lock(&self.dead).retain(|k, _| keys.contains(k));
+        for blocks in lock(&self.memtables).values() {
+            lock(&blocks.per_source).retain(|(k, _), _| keys.contains(k));
+        }
     }
 
     /// What `source`'s text index holds of rows that were dead for the last query that asked.
@@ -213,10 +380,29 @@ impl BlockLists {
         lock(&self.memtables).entry(id).or_default().clone()
     }
 
+    /// The key lookup of memtable `m`'s live rows.
+    fn mem_keys(&self, m: &MemtableSource) -> Arc<MemKeys> {
+        let id = (m.view.id, m.view.rows);
+        if let Some(k) = lock(&self.keys).get(&id) {
+            return k.clone();
+        }
+        // Built without holding the lock; two queries may both build it, one is kept.
+        let v = &m.view;
+        let mut first: HashMap<u64, u32, BuildHasherDefault<HashIsKey>> =
+            HashMap::with_capacity_and_hasher(v.live.count(), Default::default());
+        for r in v.live.iter_set() {
+            first.entry(view_hash(v, r)).or_insert(r as u32);
+        }
+        lock(&self.keys)
+            .entry(id)
+            .or_insert_with(|| Arc::new(MemKeys { first }))
+            .clone()
+    }
+
     /// Per generation of `gens` (oldest first): the rows neither tombstones nor superseded by
     /// a newer generation of the list. Computed once per list in O(rows), and extended in
     /// O(new rows) when generations were only added on top (a flush).
-    fn generation_masks(&self, gens: &[&Arc<Generation>]) -> Vec<Arc<Vec<bool>>> {
+    fn generation_masks(&self, gens: &[&Arc<Generation>]) -> Vec<RowFlags> {
         let ids: Vec<(u64, u64)> = gens.iter().map(|g| key_of(g)).collect();
         let mut lists = lock(&self.lists);
         // The exact list, else the longest one this list extends.
@@ -253,27 +439,26 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl MemtableBlocks {
-    /// The rows of `generation` hidden by the first `rows` rows of a memtable view (its stored
-    /// `batches` starting at `offsets`, with their `row_hashes`). Every version and tombstone
-    /// hides: a memtable is newer than every generation.
-    fn hidden_in(
-        &self,
-        generation: &Generation,
-        batches: &[RecordBatch],
-        offsets: &[usize],
-        row_hashes: &[Arc<[u64]>],
-        rows: usize,
-    ) -> Vec<u32> {
-        let mut all = lock(&self.per_generation);
-        let (checked, hidden) = all.entry(key_of(generation)).or_default();
+    /// The rows of `older` hidden by the rows of the memtable `view`. Every version and
+    /// tombstone hides: a memtable is newer than every generation and every memtable frozen
+    /// before it.
+    fn hidden_in(&self, older: &Older, view: &MemtableView) -> Vec<u32> {
+        let entry = lock(&self.per_source)
+            .entry(older.key())
+            .or_default()
+            .clone();
+        // Other sources' checks against this memtable go on meanwhile.
+        let mut pairs = lock(&entry);
+        let (checked, hidden) = &mut *pairs;
+        let rows = view.rows;
         if *checked < rows {
-            for (b, hashes) in row_hashes.iter().enumerate() {
-                let start = offsets[b];
+            for (b, hashes) in view.row_hashes.iter().enumerate() {
+                let start = view.offsets[b];
                 let end = (start + hashes.len()).min(rows);
                 for ord in (*checked).max(start)..end {
                     let r = ord - start;
-                    let key = || Key::from_array(batches[b].column(0).as_ref(), r);
-                    if let Some(row) = generation.row_of_key(hashes[r], key) {
+                    let key = || Key::from_array(view.batches[b].column(0).as_ref(), r);
+                    if let Some(row) = older.row_of_key(hashes[r], key) {
                         hidden.push((row as u32, ord as u32));
                     }
                 }
@@ -289,19 +474,18 @@ impl MemtableBlocks {
     }
 }
 
-/// The live rows of each source of a snapshot (newest first): memtables first, compared with
-/// each other here; generations from the handle's cached block lists.
+/// The live rows of each source of a snapshot (newest first, memtables first): each source's
+/// own flags (a generation's from the handle's block lists of its generation list), less what
+/// the newer memtables' rows hide of it. Computed concurrently across sources.
 pub(crate) fn live_masks(sources: &[Source], cache: &BlockLists) -> Vec<Live> {
-    let m = sources
+    let memtables: Vec<(&MemtableSource, Arc<MemtableBlocks>)> = sources
         .iter()
-        .take_while(|s| matches!(s, Source::Memtable(_)))
-        .count();
-    let mut out: Vec<Live> = memtable_masks(&sources[..m])
-        .into_iter()
-        .map(|mask| Live {
-            mask: Arc::new(mask),
+        .map_while(|s| match s {
+            Source::Memtable(mt) => Some((mt, cache.memtable(mt.view.id))),
+            Source::Generation(_) => None,
         })
         .collect();
+    let m = memtables.len();
     let gens: Vec<&Arc<Generation>> = sources[m..]
         .iter()
         .filter_map(|s| match s {
@@ -310,87 +494,30 @@ pub(crate) fn live_masks(sources: &[Source], cache: &BlockLists) -> Vec<Live> {
         })
         .collect();
     debug_assert_eq!(gens.len(), sources.len() - m, "memtables come first");
-    let memtables: Vec<_> = sources[..m]
-        .iter()
-        .filter_map(|s| match s {
-            Source::Memtable(mt) => Some((mt, cache.memtable(mt.view.id))),
-            Source::Generation(_) => None,
-        })
-        .collect();
-    use rayon::prelude::*;
     // The generations' own masks (what newer generations hide), oldest first.
     let oldest_first: Vec<&Arc<Generation>> = gens.iter().rev().copied().collect();
     let mut bases = cache.generation_masks(&oldest_first);
     bases.reverse();
-    let gen_masks: Vec<Live> = gens
-        .par_iter()
-        .zip(bases)
-        .map(|(g, base)| {
-            let mut kills: Vec<u32> = Vec::new();
-            for (mt, blocks) in &memtables {
-                let v = &mt.view;
-                kills.extend(blocks.hidden_in(g, &v.batches, &v.offsets, &v.row_hashes, v.rows));
-            }
-            kills.retain(|r| base[*r as usize]);
-            let mask = if kills.is_empty() {
-                base
-            } else {
-                let mut live = (*base).clone();
-                for r in &kills {
-                    live[*r as usize] = false;
+    use rayon::prelude::*;
+    (0..sources.len())
+        .into_par_iter()
+        .map(|i| {
+            let (base, older) = match &sources[i] {
+                Source::Memtable(mt) => {
+                    let keys = (i > 0).then(|| cache.mem_keys(mt));
+                    (mt.view.live.clone(), keys.map(|k| Older::Memtable(mt, k)))
                 }
-                Arc::new(live)
+                Source::Generation(g) => (bases[i - m].clone(), Some(Older::Generation(g))),
             };
-            Live { mask }
+            let mut hidden = Vec::new();
+            if let Some(older) = older {
+                for (mt, blocks) in &memtables[..i.min(m)] {
+                    hidden.extend(blocks.hidden_in(&older, &mt.view));
+                }
+            }
+            Live::new(base, hidden)
         })
-        .collect();
-    out.extend(gen_masks);
-    out
-}
-
-/// Live masks among memtables (newest first), compared key by key.
-fn memtable_masks(sources: &[Source]) -> Vec<Vec<bool>> {
-    // The newest (source, ordinal) seen for each key hash; a hit is confirmed on the exact key,
-    // and a true hash collision falls back to looking the key up in every newer source.
-    let mut newer: HashMap<u64, (usize, usize)> = HashMap::new();
-    let mut out = Vec::with_capacity(sources.len());
-    for (i, s) in sources.iter().enumerate() {
-        let rows = s.rows();
-        let mut live = vec![false; rows];
-        let deleted: Vec<BooleanArray> = s.batches().iter().map(deleted_flags).collect();
-        for &(ord, h) in s.candidates().iter() {
-            if ord >= rows {
-                continue;
-            }
-            let hidden = match newer.get(&h) {
-                None => false,
-                Some((j, o)) => {
-                    let k = s.key_at(ord);
-                    sources[*j].key_at(*o) == k || in_any(&sources[..i], h, &k)
-                }
-            };
-            let (b, r) = s.locate(ord);
-            live[ord] = !hidden && !deleted[b].value(r);
-        }
-        if i + 1 < sources.len() {
-            for &(ord, h) in s.candidates().iter() {
-                if ord < rows {
-                    newer.entry(h).or_insert((i, ord));
-                }
-            }
-        }
-        out.push(live);
-    }
-    out
-}
-
-/// Whether any of `sources` holds `key` (whose hash is `h`): the slow path of a hash collision.
-fn in_any(sources: &[Source], h: u64, key: &Option<Key>) -> bool {
-    sources.iter().any(|s| {
-        s.candidates()
-            .iter()
-            .any(|&(o, hh)| hh == h && o < s.rows() && &s.key_at(o) == key)
-    })
+        .collect()
 }
 
 #[cfg(test)]
@@ -398,7 +525,7 @@ mod tests {
     use super::*;
     use crate::memtable::MemtableView;
     use crate::schema::IndexSchema;
-    use arrow::array::{ArrayRef, StringArray};
+    use arrow::array::{ArrayRef, RecordBatch, StringArray};
 
     fn source(id: u64, keys: &[&str], hashes: &[u64], deleted: bool) -> Source {
         let s = IndexSchema::from_json(r#"{"primary_key": "id"}"#).unwrap();
@@ -413,13 +540,23 @@ mod tests {
             id,
             rows: batch.num_rows(),
             row_hashes: vec![hashes.into()],
+            live: RowFlags::from_vec(vec![!deleted; batch.num_rows()]),
             batches: vec![batch],
             offsets: vec![0],
-            candidates: hashes.iter().copied().enumerate().collect(),
             text: None,
             graph: None,
         };
         Source::memtable(format!("memtable {id}"), view)
+    }
+
+    fn admitted(live: &Live) -> Vec<bool> {
+        let flags: Vec<bool> = (0..live.len()).map(|r| live.admits(r)).collect();
+        assert_eq!(flags.iter().filter(|f| **f).count(), live.count());
+        assert_eq!(
+            live.rows().collect::<Vec<_>>(),
+            (0..live.len()).filter(|r| flags[*r]).collect::<Vec<_>>()
+        );
+        flags
     }
 
     #[test]
@@ -428,12 +565,31 @@ mod tests {
         let newer = source(2, &["b", "c"], &[7, 9], false);
         let older = source(1, &["a", "c", "d"], &[7, 9, 11], false);
         let m = live_masks(&[newer, older], &BlockLists::default());
-        assert_eq!(*m[0].mask, vec![true, true]);
+        assert_eq!(admitted(&m[0]), vec![true, true]);
         assert_eq!(
-            *m[1].mask,
+            admitted(&m[1]),
             vec![true, false, true],
             "only the superseded 'c' is hidden"
         );
+    }
+
+    #[test]
+    fn a_newer_memtable_hides_what_its_own_view_holds() {
+        // The handle's block lists are kept across queries: the newer memtable's rows are
+        // looked up in the older one as they come, and a query of a shorter view of it (one
+        // taken before) still sees only what that view's rows hide.
+        let cache = BlockLists::default();
+        let older = source(1, &["a", "b", "c"], &[1, 2, 3], false);
+        let short = source(2, &["b"], &[2], false);
+        let long = source(2, &["b", "c"], &[2, 3], false);
+        for (newer, expect) in [
+            (&short, [true, false, true]),
+            (&long, [true, false, false]),
+            (&short, [true, false, true]),
+        ] {
+            let m = live_masks(&[newer.clone(), older.clone()], &cache);
+            assert_eq!(admitted(&m[1]), expect, "{} rows", newer.rows());
+        }
     }
 
     #[test]
@@ -444,8 +600,8 @@ mod tests {
         let middle = source(2, &["a"], &[7], true);
         let oldest = source(1, &["a", "z"], &[7, 3], false);
         let m = live_masks(&[newest, middle, oldest], &BlockLists::default());
-        assert_eq!(*m[0].mask, vec![true]);
-        assert_eq!(*m[1].mask, vec![false], "a tombstone is never live");
-        assert_eq!(*m[2].mask, vec![false, true]);
+        assert_eq!(admitted(&m[0]), vec![true]);
+        assert_eq!(admitted(&m[1]), vec![false], "a tombstone is never live");
+        assert_eq!(admitted(&m[2]), vec![false, true]);
     }
 }

@@ -14,13 +14,15 @@
 //! the background caught it up since); the view holds no text for them, so they are counted per
 //! query from the postings of the few recent segments that hold them ([`past_view`]).
 
+use super::block_list::Live;
 use super::source::Source;
 use crate::schema::deleted_flags;
 use crate::text::{in_postings, DocRows, TextIndex, TextSchema};
 use crate::Result;
 use arrow::array::{Array, AsArray, RecordBatch};
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Weak};
+use std::ops::Range;
+use std::sync::Arc;
 use tantivy::schema::IndexRecordOption;
 use tantivy::tokenizer::TextAnalyzer;
 use tantivy::{DocSet, Term, TERMINATED};
@@ -45,34 +47,45 @@ pub(crate) struct DeadTerms {
     /// of every row ever counted, which a query with an older, shorter view may have to
     /// uncount (a row's text never changes, whichever view holds it).
     text: (Vec<RecordBatch>, Vec<usize>),
-    /// The mask (weakly: holding it would make every change of it a copy) and index rows of
-    /// the last update: the same again changes nothing. A weak reference keeps the allocation,
-    /// so no other mask can take its address meanwhile.
-    last: Option<(Weak<Vec<bool>>, usize)>,
+    /// The live rows and the rows covered at the last update: a row whose flag chunk and
+    /// hidden-ness are the same as then, and that is covered as then, is counted as it was.
+    /// Holding the flags keeps their chunks shared, so a change to one is a new chunk.
+    last: Option<(Live, usize)>,
 }
 
 impl DeadTerms {
     /// Make the counted rows the dead rows of `source` for one query among the rows both its
     /// view and `index` hold (the first `live.len()`, tombstones aside): those `live` does not
-    /// admit. Rows past the view are [`past_view`]'s.
+    /// admit. Rows past the view are [`past_view`]'s. Only rows that may have changed since the
+    /// last update are looked at: in flag chunks that changed, hidden in one of the two
+    /// updates, or covered by one only.
     pub(crate) fn update(
         &mut self,
         ts: &TextSchema,
         source: &Source,
         index: &TextIndex,
-        mask: &Arc<Vec<bool>>,
+        live: &Live,
     ) -> Result<()> {
-        if self.last.as_ref().is_some_and(|(m, rows)| {
-            std::ptr::eq(m.as_ptr(), Arc::as_ptr(mask)) && *rows == index.rows()
-        }) {
-            return Ok(());
-        }
-        let live: &[bool] = mask;
+        let covered = index.rows().min(live.len());
+        // Rows whose state may have changed since the last update: all of them the first time.
+        let visit: Vec<Range<usize>> = match self.last.take() {
+            None => std::iter::once(0..covered.max(self.state.len())).collect(),
+            Some((last, last_covered)) => {
+                let mut v = live.base().changed_since(last.base());
+                v.push(covered.min(last_covered)..covered.max(last_covered));
+                if !Arc::ptr_eq(live.hidden(), last.hidden()) {
+                    v.extend(
+                        symmetric_difference(live.hidden().rows(), last.hidden().rows())
+                            .map(|r| r as usize..r as usize + 1),
+                    );
+                }
+                v
+            }
+        };
         let held: usize = self.text.0.iter().map(RecordBatch::num_rows).sum();
         if source.rows() > held || self.text.0.is_empty() {
             self.text = (source.batches().to_vec(), source.offsets().to_vec());
         }
-        let covered = index.rows().min(live.len());
         let end = covered.max(self.state.len());
         if self.state.len() < end {
             self.state.resize(end, NOT_COUNTED);
@@ -82,8 +95,11 @@ impl DeadTerms {
         }
         let mut analyzers: Option<Vec<TextAnalyzer>> = None;
         let mut changed = false;
-        for r in 0..end {
-            let dead = r < covered && !live.get(r).copied().unwrap_or(true);
+        for r in visit
+            .into_iter()
+            .flat_map(|v| v.start.min(end)..v.end.min(end))
+        {
+            let dead = r < covered && !live.admits(r);
             let change = match (self.state[r], dead) {
                 (NOT_COUNTED, true) => 1i64,
                 (COUNTED, false) => -1,
@@ -141,7 +157,7 @@ impl DeadTerms {
         if changed {
             self.doc_freq.retain(|_, n| *n > 0);
         }
-        self.last = Some((Arc::downgrade(mask), index.rows()));
+        self.last = Some((live.clone(), covered));
         Ok(())
     }
 
@@ -154,6 +170,36 @@ impl DeadTerms {
     pub(crate) fn tokens(&self, field: usize) -> u64 {
         self.tokens.get(field).copied().unwrap_or(0)
     }
+}
+
+/// The rows in exactly one of two ascending lists.
+fn symmetric_difference<'a>(a: &'a [u32], b: &'a [u32]) -> impl Iterator<Item = u32> + 'a {
+    let (mut i, mut j) = (0, 0);
+    std::iter::from_fn(move || loop {
+        match (a.get(i), b.get(j)) {
+            (Some(x), Some(y)) if x == y => {
+                i += 1;
+                j += 1;
+            }
+            (Some(x), Some(y)) if x < y => {
+                i += 1;
+                return Some(*x);
+            }
+            (Some(_), Some(y)) => {
+                j += 1;
+                return Some(*y);
+            }
+            (Some(x), None) => {
+                i += 1;
+                return Some(*x);
+            }
+            (None, Some(y)) => {
+                j += 1;
+                return Some(*y);
+            }
+            (None, None) => return None,
+        }
+    })
 }
 
 /// The batch holding row `r` of `(batches, first rows)`, and its row in it.
@@ -228,6 +274,7 @@ fn apply(total: u64, n: u64, change: i64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::flags::RowFlags;
     use crate::memtable::MemtableView;
     use crate::schema::IndexSchema;
     use crate::text::MemTextIndex;
@@ -296,7 +343,7 @@ mod tests {
                 batches: batches[..n].to_vec(),
                 offsets: vec![0, 4, 5][..n].to_vec(),
                 rows,
-                candidates: Vec::new(),
+                live: RowFlags::default(),
                 text: Some(mem.clone()),
                 graph: None,
                 row_hashes: Vec::new(),
@@ -331,14 +378,30 @@ mod tests {
             &[true, false, true],
             &[true; 7],
         ];
-        for (index, mask) in [&full, &tailed]
+        // Then the same flags less rows newer memtables hide, and flags changed in place (as a
+        // memtable's are when a row is superseded): only what changed is looked at again.
+        let base = RowFlags::from_vec(vec![true; 7]);
+        let mut cleared = base.clone();
+        cleared.clear(2);
+        let lives: Vec<Live> = masks
+            .iter()
+            .map(|m| Live::from_vec(m.to_vec()))
+            .chain([
+                Live::new(base.clone(), vec![1, 5]),
+                Live::new(base.clone(), vec![5]),
+                Live::new(base.clone(), vec![0, 3, 6]),
+                Live::new(cleared.clone(), vec![0, 3, 6]),
+                Live::new(cleared, vec![]),
+                Live::new(base, vec![]),
+            ])
+            .collect();
+        for (index, live) in [&full, &tailed]
             .into_iter()
-            .flat_map(|i| masks.iter().map(move |m| (i, m)))
+            .flat_map(|i| lives.iter().map(move |m| (i, m)))
         {
             let dead = &mut *deads[usize::from(std::ptr::eq(index, &tailed))];
-            let shared = Arc::new(mask.to_vec());
-            dead.update(&ts, &source(mask.len()), index, &shared)
-                .unwrap();
+            let mask: Vec<bool> = (0..live.len()).map(|r| live.admits(r)).collect();
+            dead.update(&ts, &source(mask.len()), index, live).unwrap();
             let (past_df, past_tokens) = past_view(index, 1, mask.len(), &terms).unwrap();
             let expect: Vec<usize> = (0..7)
                 .filter(|r| *r != 4 && !mask.get(*r).copied().unwrap_or(false))
@@ -351,6 +414,23 @@ mod tests {
                 .collect();
             assert_eq!(got, df, "mask {mask:?}");
             assert_eq!(dead.tokens(0) + past_tokens[0], tokens, "mask {mask:?}");
+        }
+        // The same live rows while the index catches up with them: the rows it newly covers
+        // are counted although their flags did not change.
+        let growing = Arc::new(MemTextIndex::new(ts.clone()).unwrap());
+        growing.commit(&batches, 2).unwrap();
+        let short = growing.view(&batches, 5).unwrap();
+        let long = growing.view(&batches, 7).unwrap();
+        assert_eq!((short.rows(), long.rows()), (5, 7));
+        let live = Live::new(RowFlags::from_vec(vec![true; 7]), vec![1, 6]);
+        let mut dead = DeadTerms::default();
+        let steps: [(&TextIndex, &[usize]); 3] = [(&short, &[1]), (&long, &[1, 6]), (&short, &[1])];
+        for (index, expect) in steps {
+            dead.update(&ts, &source(7), index, &live).unwrap();
+            let (df, tokens) = reference(&ts, &batches, expect, &terms);
+            let got: Vec<u64> = terms.iter().map(|t| dead.doc_freq(t)).collect();
+            assert_eq!(got, df, "index of {} rows", index.rows());
+            assert_eq!(dead.tokens(0), tokens, "index of {} rows", index.rows());
         }
     }
 }

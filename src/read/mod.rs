@@ -87,13 +87,7 @@ impl Snapshot {
     ) -> Result<Vec<RecordBatch>> {
         let mut out = Vec::new();
         for (source, live) in self.sources.iter().zip(self.live()) {
-            let idx: Vec<(usize, usize)> = live
-                .mask
-                .iter()
-                .enumerate()
-                .filter(|(_, l)| **l)
-                .map(|(ord, _)| source.locate(ord))
-                .collect();
+            let idx: Vec<(usize, usize)> = live.rows().map(|ord| source.locate(ord)).collect();
             if idx.is_empty() {
                 continue;
             }

@@ -17,8 +17,6 @@ pub(crate) struct MemtableSource {
     /// How plans and messages name it (`active memtable`, `frozen memtable 3`, `wal`).
     pub(crate) name: String,
     pub(crate) view: MemtableView,
-    /// `(ordinal, key hash)` of the newest version of each key.
-    pub(crate) candidates: Arc<Vec<(usize, u64)>>,
 }
 
 /// One source of a snapshot, newest first in a snapshot: a memtable view (the active one, a
@@ -34,12 +32,10 @@ const SINGLE_BATCH: [usize; 1] = [0];
 
 impl Source {
     /// A source reading a memtable view.
-    pub(crate) fn memtable(name: impl Into<String>, mut view: MemtableView) -> Source {
-        let candidates = Arc::new(std::mem::take(&mut view.candidates));
+    pub(crate) fn memtable(name: impl Into<String>, view: MemtableView) -> Source {
         Source::Memtable(MemtableSource {
             name: name.into(),
             view,
-            candidates,
         })
     }
 
@@ -80,14 +76,6 @@ impl Source {
         match self {
             Source::Memtable(_) => 1,
             Source::Generation(g) => g.meta().flushes,
-        }
-    }
-
-    /// `(ordinal, key hash)` of the newest version of each key in the source.
-    pub(crate) fn candidates(&self) -> &Arc<Vec<(usize, u64)>> {
-        match self {
-            Source::Memtable(m) => &m.candidates,
-            Source::Generation(g) => g.candidates(),
         }
     }
 
