@@ -389,12 +389,14 @@ pub(crate) async fn compact_once(
             }
         }
     };
-    inner.write_state().manifest = next.clone();
-    drop(publish);
-
+    // Cached first, so the first query over the new list finds the merged generation decoded
+    // and the list's block lists computed.
     if let Some(g) = &merged {
         inner.reader.generations.insert(g.clone()).await;
     }
+    inner.reader.warm(&next.generations).await;
+    inner.write_state().manifest = next.clone();
+    drop(publish);
     let report = CompactionReport {
         generations_before: base.generations.len(),
         generations_after: next.generations.len(),

@@ -250,8 +250,10 @@ async fn flush_one(
         }
     };
     let generation = Arc::new(generation);
-    // Cached first, so the first query that sees the generation finds it decoded.
+    // Cached first, so the first query that sees the generation finds it decoded, and its
+    // list's block lists computed.
     inner.reader.generations.insert(generation.clone()).await;
+    inner.reader.warm(&next.generations).await;
     swap(inner, mid, &next)?;
     drop(publish);
     finish(inner, mid, next, generation, &wal_ids).await

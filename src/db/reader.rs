@@ -83,6 +83,23 @@ impl Reader {
         ))
     }
 
+    /// Compute ahead the block lists of the generation list `metas` (oldest first, as a
+    /// manifest lists them) when the cache holds all of them; best effort.
+    pub(crate) async fn warm(&self, metas: &[GenerationMeta]) {
+        let Some(gens) = self.generations.cached(metas).await else {
+            return;
+        };
+        let lists = self.block_lists.clone();
+        let warmed = tokio::task::spawn_blocking(move || {
+            let gens: Vec<&Arc<crate::generation::Generation>> = gens.iter().collect();
+            lists.warm(&gens);
+        })
+        .await;
+        if let Err(e) = warmed {
+            tracing::warn!("computing the block lists of a new generation list failed: {e}");
+        }
+    }
+
     /// Every live row of the snapshot, optionally filtered.
     pub(crate) async fn scan(
         &self,

@@ -125,6 +125,16 @@ impl GenerationCache {
             .map_err(|e| (*e).clone())
     }
 
+    /// The generations `metas` describes when the cache holds every one of them (nothing is
+    /// fetched).
+    pub(crate) async fn cached(&self, metas: &[GenerationMeta]) -> Option<Vec<Arc<Generation>>> {
+        let mut out = Vec::with_capacity(metas.len());
+        for m in metas {
+            out.push(self.inner.cache.get(&(m.id, m.epoch)).await?);
+        }
+        Some(out)
+    }
+
     /// Put a generation this handle built in the cache.
     pub(crate) async fn insert(&self, g: Arc<Generation>) {
         self.inner

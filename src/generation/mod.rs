@@ -287,15 +287,7 @@ impl Generation {
     /// The row holding `key` (whose hash is `hash`), if this generation has one; `key` is only
     /// computed on a hash hit, and a hit is confirmed on the exact key.
     pub(crate) fn row_of_key(&self, hash: u64, key: impl FnOnce() -> Option<Key>) -> Option<usize> {
-        let map = self.row_of_hash.get_or_init(|| {
-            let mut m =
-                HashMap::with_capacity_and_hasher(self.row_hashes.len(), Default::default());
-            for (r, h) in self.row_hashes.iter().enumerate() {
-                m.entry(*h).or_insert(r as u32);
-            }
-            m
-        });
-        let first = *map.get(&hash)? as usize;
+        let first = *self.row_of_hash().get(&hash)? as usize;
         let key = key();
         if self.key_at(first) == key {
             return Some(first);
@@ -303,6 +295,18 @@ impl Generation {
         // Two keys of this generation share the hash (the map keeps the first): look further.
         (first + 1..self.row_hashes.len())
             .find(|r| self.row_hashes[*r] == hash && self.key_at(*r) == key)
+    }
+
+    /// Key hash → the first row with it, built at first use.
+    pub(crate) fn row_of_hash(&self) -> &HashMap<u64, u32, BuildHasherDefault<HashIsKey>> {
+        self.row_of_hash.get_or_init(|| {
+            let mut m =
+                HashMap::with_capacity_and_hasher(self.row_hashes.len(), Default::default());
+            for (r, h) in self.row_hashes.iter().enumerate() {
+                m.entry(*h).or_insert(r as u32);
+            }
+            m
+        })
     }
 }
 

@@ -2,7 +2,9 @@
 //! primary key → newest version map.
 //!
 //! Rows are kept as the stored Arrow batches they arrived in (user columns, `_seq`, `_deleted`);
-//! the key map points at the newest version of each key, tombstones included. The memtable's
+//! the key map points at the newest version of each key, tombstones included, and a flag per row
+//! says whether it is live in the memtable (its key's newest version, not a tombstone), which a
+//! search takes with its view instead of comparing versions itself. The memtable's
 //! full-text index ([`MemTextIndex`]) and vector graph ([`MemVectorIndex`]) hang off this type.
 
 use crate::flags::RowFlags;

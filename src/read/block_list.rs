@@ -238,7 +238,8 @@ type Pairs = Arc<Mutex<(usize, Vec<(u32, u32)>)>>;
 #[derive(Debug, Default)]
 struct MemtableBlocks {
     /// Per older source (and its rows): memtable rows checked so far, and `(older row,
-    /// memtable row)` for each hidden row of the older source.
+    /// memtable row)` for each hidden row of the older source. Kept while the memtable is (a
+    /// source a compaction replaced leaves its few pairs until then).
     per_source: Mutex<HashMap<(SourceKey, usize), Pairs>>,
 }
 
@@ -352,7 +353,8 @@ impl BlockLists {
         lock(&self.memtables).retain(|id, _| mems.contains(id));
         lock(&self.keys).retain(|(id, _), _| mems.contains(id));
         // Lists naming a generation the snapshot does not hold (replaced by a compaction) go:
-        // their key maps are as large as the generations' rows.
+        // their key maps are as large as the generations' rows. The most recent one stays: it
+        // may be the list a flush or a compaction is about to make visible (see `warm`).
         let gens: HashSet<(u64, u64)> = sources
             .iter()
             .filter_map(|s| match s {
@@ -360,12 +362,11 @@ impl BlockLists {
                 Source::Memtable(_) => None,
             })
             .collect();
-        lock(&self.lists).retain(|l| l.ids.iter().all(|k| gens.contains(k)));
+        let mut newest = true;
+        lock(&self.lists)
+            .retain(|l| std::mem::take(&mut newest) || l.ids.iter().all(|k| gens.contains(k)));
         let keys: HashSet<SourceKey> = sources.iter().map(SourceKey::of).collect();
         lock(&self.dead).retain(|k, _| keys.contains(k));
-        for blocks in lock(&self.memtables).values() {
-            lock(&blocks.per_source).retain(|(k, _), _| keys.contains(k));
-        }
     }
 
     /// What `source`'s text index holds of rows that were dead for the last query that asked.
@@ -397,6 +398,16 @@ impl BlockLists {
             .entry(id)
             .or_insert_with(|| Arc::new(MemKeys { first }))
             .clone()
+    }
+
+    /// Compute ahead what the first query over generation list `gens` (oldest first) would:
+    /// what newer generations hide of each, and each one's key lookup. A flush or a compaction
+    /// does this before it makes its list visible, so no query waits for it.
+    pub(crate) fn warm(&self, gens: &[&Arc<Generation>]) {
+        self.generation_masks(gens);
+        for g in gens {
+            g.row_of_hash();
+        }
     }
 
     /// Per generation of `gens` (oldest first): the rows neither tombstones nor superseded by
