@@ -145,6 +145,21 @@ pub(crate) fn dot_half(a: &[f32], b: &[half::f16]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y.to_f32()).sum()
 }
 
+/// Dot product of two half-precision vectors (over the shorter length), for graph construction
+/// over half-precision points; additions in no fixed order, as [`dot_half`]'s.
+#[inline]
+pub(crate) fn dot_halves(a: &[half::f16], b: &[half::f16]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("f16c")
+        && std::arch::is_x86_feature_detected!("fma")
+    {
+        // SAFETY: the CPU supports every feature the function enables.
+        return unsafe { half_avx2::dot_halves(a, b) };
+    }
+    a.iter().zip(b).map(|(x, y)| x.to_f32() * y.to_f32()).sum()
+}
+
 #[cfg(target_arch = "x86_64")]
 mod half_avx2 {
     use std::arch::x86_64::*;
@@ -202,6 +217,31 @@ mod half_avx2 {
         }
         out
     }
+
+    #[target_feature(enable = "avx2,f16c,fma")]
+    pub(super) fn dot_halves(a: &[half::f16], b: &[half::f16]) -> f32 {
+        let n = a.len().min(b.len());
+        let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut i = 0;
+        while i + 16 <= n {
+            // SAFETY: i + 16 <= n, within both slices.
+            unsafe {
+                s0 = _mm256_fmadd_ps(load_half(a, i), load_half(b, i), s0);
+                s1 = _mm256_fmadd_ps(load_half(a, i + 8), load_half(b, i + 8), s1);
+            }
+            i += 16;
+        }
+        if i + 8 <= n {
+            // SAFETY: i + 8 <= n, within both slices.
+            unsafe { s0 = _mm256_fmadd_ps(load_half(a, i), load_half(b, i), s0) };
+            i += 8;
+        }
+        let mut out = sum(_mm256_add_ps(s0, s1));
+        for j in i..n {
+            out += a[j].to_f32() * b[j].to_f32();
+        }
+        out
+    }
 }
 
 /// One minus the cosine similarity; 1 when either vector is zero.
@@ -254,6 +294,11 @@ pub(crate) mod tests {
             let close =
                 |ours: f32, want: f64| (ours as f64 - want).abs() <= 1e-5 * want.abs().max(1.0);
             assert!(close(dot_half(&a, &h), d), "dot, dim {dim}");
+            // Both sides in half precision.
+            let ha: Vec<half::f16> = a.iter().map(|x| half::f16::from_f32(*x)).collect();
+            let ra: Vec<f32> = ha.iter().map(|x| x.to_f32()).collect();
+            let (_, dh, _, _) = f64_ref(&ra, &rounded);
+            assert!(close(dot_halves(&ha, &h), dh), "dot of halves, dim {dim}");
             // Half precision keeps about three decimal digits of the exact kernels.
             assert!((dot_half(&a, &h) - dot(&a, &b)).abs() <= 2e-3 * (dim as f32).sqrt().max(1.0));
         }

@@ -10,7 +10,7 @@
 //! with the HNSW paper's heuristic (a candidate is kept when it is nearer to the new node than
 //! to every neighbour kept so far), both for a new node's lists and when a full list takes
 //! one more link. Distances are the shared kernels of [`distance`], one evaluation each (unit
-//! vectors for cosine), with no allocation per evaluation: the visited set and the heaps live
+//! vectors for cosine, kept in half precision: see [`Point`]), with no allocation per evaluation: the visited set and the heaps live
 //! in a per-thread [`Scratch`].
 
 use super::distance;
@@ -40,9 +40,35 @@ const MAX_LEVEL: usize = 15;
 type Segment = Box<[OnceLock<Node>]>;
 
 struct Node {
-    vector: Box<[f32]>,
+    vector: Point,
     /// Neighbour lists, one per layer the node is in.
     layers: Box<[Mutex<Vec<u32>>]>,
+}
+
+/// A node's point: unit vectors (cosine) are kept in half precision, which halves the bytes
+/// each distance reads (a construction's dominant cost) and keeps about three decimal digits
+/// of their distances; Euclidean points, which have no bound half precision could keep its
+/// precision under, stay in f32.
+enum Point {
+    Full(Box<[f32]>),
+    Half(Box<[half::f16]>),
+}
+
+/// A point borrowed: a node's, or a query's (always f32).
+#[derive(Clone, Copy)]
+enum At<'a> {
+    Full(&'a [f32]),
+    Half(&'a [half::f16]),
+}
+
+impl Point {
+    #[inline]
+    fn at(&self) -> At<'_> {
+        match self {
+            Point::Full(v) => At::Full(v),
+            Point::Half(v) => At::Half(v),
+        }
+    }
 }
 
 /// Per-thread working memory of inserts and searches: a visited set stamped with an epoch
@@ -82,6 +108,14 @@ thread_local! {
 
 fn lock(m: &Mutex<Vec<u32>>) -> MutexGuard<'_, Vec<u32>> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A point in f32, whatever it is kept in.
+fn widen(p: At<'_>) -> std::borrow::Cow<'_, [f32]> {
+    match p {
+        At::Full(v) => std::borrow::Cow::Borrowed(v),
+        At::Half(v) => std::borrow::Cow::Owned(v.iter().map(|x| x.to_f32()).collect()),
+    }
 }
 
 /// A growing HNSW graph (see the module documentation).
@@ -157,10 +191,18 @@ impl HnswBuilder {
     }
 
     #[inline]
-    fn dist(&self, a: &[f32], b: &[f32]) -> f32 {
-        match self.space {
-            Space::UnitDot => 1.0 - distance::dot(a, b),
-            Space::L2 => distance::l2_sq(a, b),
+    fn dist(&self, a: At<'_>, b: At<'_>) -> f32 {
+        match (self.space, a, b) {
+            (Space::UnitDot, At::Half(a), At::Half(b)) => 1.0 - distance::dot_halves(a, b),
+            (Space::UnitDot, At::Full(a), At::Half(b))
+            | (Space::UnitDot, At::Half(b), At::Full(a)) => 1.0 - distance::dot_half(a, b),
+            (Space::UnitDot, At::Full(a), At::Full(b)) => 1.0 - distance::dot(a, b),
+            (Space::L2, At::Full(a), At::Full(b)) => distance::l2_sq(a, b),
+            // Euclidean points are never kept in half precision; for completeness:
+            (Space::L2, a, b) => {
+                let (a, b) = (widen(a), widen(b));
+                distance::l2_sq(&a, &b)
+            }
         }
     }
 
@@ -216,16 +258,15 @@ impl HnswBuilder {
         if vector.len() != self.dim {
             return false;
         }
+        let vector = match self.space {
+            Space::UnitDot => Point::Half(vector.iter().map(|x| half::f16::from_f32(*x)).collect()),
+            Space::L2 => Point::Full(vector.into_boxed_slice()),
+        };
         let Some(segment) = self.segments.get(i / SEGMENT) else {
             return false;
         };
         let segment = segment.get_or_init(|| (0..SEGMENT).map(|_| OnceLock::new()).collect());
-        let added = segment[i % SEGMENT]
-            .set(Node {
-                vector: vector.into_boxed_slice(),
-                layers,
-            })
-            .is_ok();
+        let added = segment[i % SEGMENT].set(Node { vector, layers }).is_ok();
         if added {
             self.bound.fetch_max(i + 1, Ordering::AcqRel);
             self.nodes.fetch_add(1, Ordering::AcqRel);
@@ -258,7 +299,7 @@ impl HnswBuilder {
     /// Greedy descent from `(d, ep)` through layers `top` down to `bottom + 1`.
     fn descend(
         &self,
-        q: &[f32],
+        q: At<'_>,
         mut best: Near,
         top: usize,
         bottom: usize,
@@ -271,7 +312,7 @@ impl HnswBuilder {
                 self.links_into(best.1, layer, &mut links);
                 for &n in &links {
                     if let Some(node) = self.node(n) {
-                        let d = self.dist(q, &node.vector);
+                        let d = self.dist(q, node.vector.at());
                         if d < best.0 {
                             best = Near(d, n);
                             moved = true;
@@ -291,7 +332,7 @@ impl HnswBuilder {
     /// `admit` accepts, nearest first. The walk goes through rejected nodes too.
     fn search_layer(
         &self,
-        q: &[f32],
+        q: At<'_>,
         entries: &[Near],
         ef: usize,
         layer: usize,
@@ -324,7 +365,7 @@ impl HnswBuilder {
                     continue;
                 }
                 let Some(node) = self.node(n) else { continue };
-                let d = self.dist(q, &node.vector);
+                let d = self.dist(q, node.vector.at());
                 let bound = if found.len() >= ef {
                     found.peek().map_or(f32::INFINITY, |w| w.0)
                 } else {
@@ -348,16 +389,16 @@ impl HnswBuilder {
     /// The HNSW heuristic: from `candidates` (nearest first to some point p), keep each one
     /// nearer to p than to every one kept before it, up to `max`.
     fn select(&self, candidates: &[Near], max: usize) -> Vec<Near> {
-        let mut kept: Vec<(Near, &[f32])> = Vec::with_capacity(max);
+        let mut kept: Vec<(Near, At<'_>)> = Vec::with_capacity(max);
         for c in candidates {
             if kept.len() >= max {
                 break;
             }
             let Some(node) = self.node(c.1) else { continue };
-            let v = &node.vector[..];
+            let v = node.vector.at();
             // Kept on a tie (as hnswlib does): with `>`, a duplicate of a kept node would
             // shut out every later candidate, since both are equally far from each.
-            if kept.iter().all(|(_, s)| self.dist(v, s) >= c.0) {
+            if kept.iter().all(|(_, s)| self.dist(v, *s) >= c.0) {
                 kept.push((*c, v));
             }
         }
@@ -384,7 +425,7 @@ impl HnswBuilder {
             .iter()
             .filter_map(|n| {
                 self.node(*n)
-                    .map(|x| Near(self.dist(&node.vector, &x.vector), *n))
+                    .map(|x| Near(self.dist(node.vector.at(), x.vector.at()), *n))
             })
             .collect();
         candidates.push(Near(d, to));
@@ -399,7 +440,7 @@ impl HnswBuilder {
     pub(crate) fn insert(&self, id: u32, scratch: &mut Scratch) {
         let Some(node) = self.node(id) else { return };
         let level = node.layers.len() - 1;
-        let q = &node.vector[..];
+        let q = node.vector.at();
         let read_entry = || {
             let mut e = self.entry.lock().unwrap_or_else(|e| e.into_inner());
             match *e {
@@ -427,7 +468,7 @@ impl HnswBuilder {
             None
         };
         let Some(ep_node) = self.node(ep) else { return };
-        let start = Near(self.dist(q, &ep_node.vector), ep);
+        let start = Near(self.dist(q, ep_node.vector.at()), ep);
         let mut entries = vec![self.descend(q, start, top, level, scratch)];
         for layer in (0..=level.min(top)).rev() {
             let found =
@@ -513,8 +554,9 @@ impl HnswBuilder {
         let Some(ep_node) = self.node(ep) else {
             return Vec::new();
         };
+        let q = At::Full(q);
         SCRATCH.with_borrow_mut(|scratch| {
-            let start = Near(self.dist(q, &ep_node.vector), ep);
+            let start = Near(self.dist(q, ep_node.vector.at()), ep);
             let entry = self.descend(q, start, top, 0, scratch);
             let mut found = self.search_layer(q, &[entry], ef.max(k), 0, scratch, admit);
             found.truncate(k);
@@ -573,7 +615,7 @@ impl HnswBuilder {
                 .into_iter()
                 .filter_map(|x| {
                     self.node(x)
-                        .map(|v| Near(self.dist(&node.vector, &v.vector), x))
+                        .map(|v| Near(self.dist(node.vector.at(), v.vector.at()), x))
                 })
                 .collect();
             near.sort_unstable();
