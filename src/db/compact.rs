@@ -327,6 +327,26 @@ pub(crate) async fn compact_once(
             .map_err(|e| Error::store(&path, e))?;
     }
 
+    // The list it will publish, unless a flush adds to it meanwhile: its block lists computed
+    // now (with the merged generation cached), at the compaction's priority, so that neither
+    // the first query over it nor the publish lock waits for them.
+    if let Some(g) = &merged {
+        inner.reader.generations.insert(g.clone()).await;
+    }
+    let expected = {
+        let mut gens = inner.read_state().manifest.generations.clone();
+        gens.windows(run_metas.len())
+            .position(|w| w == &run_metas[..])
+            .map(|at| {
+                let replacement = merged.iter().map(|g| g.meta().clone());
+                gens.splice(at..at + run_metas.len(), replacement);
+                gens
+            })
+    };
+    if let Some(expected) = expected {
+        inner.reader.warm(&expected, !urgent).await;
+    }
+
     // Publish: the run replaced by the merged generation (or by nothing, when every row of it
     // was a superseded version or a dropped tombstone).
     let publish = inner.publish.lock().await;
@@ -360,6 +380,7 @@ pub(crate) async fn compact_once(
             );
             // No manifest names the merged object: delete it now rather than at the next open.
             if merged.is_some() {
+                inner.reader.generations.remove(id, epoch).await;
                 let path = inner.paths.generation(id, epoch);
                 crate::manifest::delete_all(&inner.loc.store, vec![path], 1).await;
             }
@@ -389,12 +410,6 @@ pub(crate) async fn compact_once(
             }
         }
     };
-    // Cached first, so the first query over the new list finds the merged generation decoded
-    // and the list's block lists computed.
-    if let Some(g) = &merged {
-        inner.reader.generations.insert(g.clone()).await;
-    }
-    inner.reader.warm(&next.generations).await;
     inner.write_state().manifest = next.clone();
     drop(publish);
     let report = CompactionReport {

@@ -232,6 +232,15 @@ async fn flush_one(
         Err(e) => return Err(Error::store(&path, e)),
     };
 
+    // Cached first, so the first query that sees the generation finds it decoded; and the
+    // block lists of the list it will publish (unless a compaction publishes first) computed
+    // before taking the publish lock.
+    let generation = Arc::new(generation);
+    inner.reader.generations.insert(generation.clone()).await;
+    let mut expected = inner.read_state().manifest.generations.clone();
+    expected.push(generation.meta().clone());
+    inner.reader.warm(&expected, false).await;
+
     // Publish, from the latest version (a compaction may have published since the build).
     let publish = inner.publish.lock().await;
     let next = loop {
@@ -249,11 +258,6 @@ async fn flush_one(
             break next;
         }
     };
-    let generation = Arc::new(generation);
-    // Cached first, so the first query that sees the generation finds it decoded, and its
-    // list's block lists computed.
-    inner.reader.generations.insert(generation.clone()).await;
-    inner.reader.warm(&next.generations).await;
     swap(inner, mid, &next)?;
     drop(publish);
     finish(inner, mid, next, generation, &wal_ids).await

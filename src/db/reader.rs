@@ -84,15 +84,17 @@ impl Reader {
     }
 
     /// Compute ahead the block lists of the generation list `metas` (oldest first, as a
-    /// manifest lists them) when the cache holds all of them; best effort.
-    pub(crate) async fn warm(&self, metas: &[GenerationMeta]) {
+    /// manifest lists them) when the cache holds all of them, on a thread of the background's
+    /// priority when `lower`; best effort.
+    pub(crate) async fn warm(&self, metas: &[GenerationMeta], lower: bool) {
         let Some(gens) = self.generations.cached(metas).await else {
             return;
         };
         let lists = self.block_lists.clone();
-        let warmed = tokio::task::spawn_blocking(move || {
+        let warmed = crate::priority::in_background_thread("lsmsearch-warm", lower, move || {
             let gens: Vec<&Arc<crate::generation::Generation>> = gens.iter().collect();
             lists.warm(&gens);
+            Ok(())
         })
         .await;
         if let Err(e) = warmed {

@@ -252,11 +252,11 @@ impl Generation {
     }
 
     /// Approximate bytes it holds in memory, as the cache counts them: the size of its object
-    /// (rows, key set, text index, graph) plus 24 bytes per row of key hashes and their lookup table, plus what
+    /// (rows, key set, text index, graph) plus 32 bytes per row of key hashes (8) and their lookup table, plus what
     /// its graph keeps besides (a half-precision copy of cosine vectors, norms).
     pub(crate) fn weight(&self) -> u64 {
         let graph = self.vector().map_or(0, |v| v.extra_bytes() as u64);
-        self.meta.bytes + 24 * self.meta.rows + graph
+        self.meta.bytes + 32 * self.meta.rows + graph
     }
 
     /// Stored rows: one version per key, tombstones included.

@@ -111,10 +111,16 @@ impl Memtable {
         let keys = batch.column(0).clone();
         let deleted = deleted_flags(&batch);
         let b = self.batches.len() as u32;
+        // Every key first: a batch that fails changes nothing (the key map and the row flags
+        // stay in step with the rows).
+        let batch_keys = (0..batch.num_rows())
+            .map(|row| {
+                Key::from_array(keys.as_ref(), row)
+                    .ok_or_else(|| crate::Error::internal("stored row with a null key"))
+            })
+            .collect::<Result<Vec<Key>>>()?;
         let mut hashes = Vec::with_capacity(batch.num_rows());
-        for row in 0..batch.num_rows() {
-            let key = Key::from_array(keys.as_ref(), row)
-                .ok_or_else(|| crate::Error::internal("stored row with a null key"))?;
+        for (row, key) in batch_keys.into_iter().enumerate() {
             let seq = seqs.value(row);
             self.max_seq = self.max_seq.max(seq);
             let slot = Slot {

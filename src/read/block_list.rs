@@ -41,20 +41,26 @@ pub(crate) struct Live {
 #[derive(Debug, Default)]
 pub(crate) struct Hidden {
     rows: Vec<u32>,
-    /// Bit `r % SIEVE_BITS` set for every hidden row `r`.
+    /// Bit `r % bits` set for every hidden row `r`, with at least eight bits per hidden row
+    /// (a power of two): a row not hidden finds its bit clear seven times in eight or more.
     sieve: Vec<u64>,
 }
 
-/// Bits of [`Hidden`]'s sieve.
+/// Bits of [`Hidden`]'s sieve at least.
 const SIEVE_BITS: usize = 4096;
 
 impl Hidden {
     /// `rows`, ascending and distinct.
     fn new(rows: Vec<u32>) -> Hidden {
         debug_assert!(rows.windows(2).all(|w| w[0] < w[1]));
-        let mut sieve = vec![0u64; if rows.is_empty() { 0 } else { SIEVE_BITS / 64 }];
+        let bits = if rows.is_empty() {
+            0
+        } else {
+            (rows.len() * 8).next_power_of_two().max(SIEVE_BITS)
+        };
+        let mut sieve = vec![0u64; bits / 64];
         for r in &rows {
-            let b = *r as usize % SIEVE_BITS;
+            let b = *r as usize & (bits - 1);
             sieve[b / 64] |= 1 << (b % 64);
         }
         Hidden { rows, sieve }
@@ -65,7 +71,7 @@ impl Hidden {
         if self.rows.is_empty() {
             return false;
         }
-        let b = r % SIEVE_BITS;
+        let b = r & (self.sieve.len() * 64 - 1);
         self.sieve[b / 64] & (1 << (b % 64)) != 0 && self.rows.binary_search(&(r as u32)).is_ok()
     }
 
@@ -89,6 +95,7 @@ impl Live {
     }
 
     /// The rows `mask` admits.
+    #[cfg(test)]
     pub(crate) fn from_vec(mask: Vec<bool>) -> Live {
         Live::new(RowFlags::from_vec(mask), Vec::new())
     }
@@ -118,11 +125,11 @@ impl Live {
 
     /// The live rows `filter` (per row of the source) admits: a mask of the query's own.
     pub(crate) fn and(&self, filter: &[bool]) -> Live {
-        Live::from_vec(
-            (0..self.len())
-                .map(|r| filter.get(r).copied().unwrap_or(false) && self.admits(r))
-                .collect(),
-        )
+        let mut base = RowFlags::default();
+        for r in 0..self.len() {
+            base.push(filter.get(r).copied().unwrap_or(false) && self.admits(r));
+        }
+        Live::new(base, Vec::new())
     }
 
     /// The source's own flags.
@@ -141,39 +148,46 @@ impl Live {
 struct ListMasks {
     /// `(id, epoch)` of the generations, oldest first.
     ids: Vec<(u64, u64)>,
-    /// Key hash → `(generation position, row)` of the newest version in the list.
-    newest: HashMap<u64, (u32, u32), BuildHasherDefault<HashIsKey>>,
+    /// Key hash → `(generation position, row)` of the newest version in the list, kept only
+    /// by the lists most recently computed (see [`KEPT_MAPS`]): what extending a list needs.
+    newest: Option<HashMap<u64, (u32, u32), BuildHasherDefault<HashIsKey>>>,
     /// Per generation, oldest first: per row, neither a tombstone nor superseded by a newer
     /// generation.
     live: Vec<RowFlags>,
 }
 
-/// Lists of generations whose masks a handle keeps: the newest two (queries of an older
-/// snapshot may interleave with the newest).
-const KEPT_LISTS: usize = 2;
+/// Lists of generations whose masks a handle keeps, the most recently computed: the list
+/// queries see, the one a flush or a compaction is about to make visible, and older ones
+/// queries of an older snapshot may still ask for. Their masks share the flag chunks that did
+/// not change between them.
+const KEPT_LISTS: usize = 4;
+
+/// Lists among the kept ones that also keep their key map (as large as their rows), so that a
+/// list they are the start of is computed in O(its new rows): the two most recently computed
+/// (the list queries see and the one about to replace it, or a compaction's list and a
+/// flush's that raced with it).
+const KEPT_MAPS: usize = 2;
 
 impl ListMasks {
     /// The masks of `gens` (oldest first), newest to oldest with a growing map of the keys
     /// seen: O(rows) whatever the number of generations.
     fn build(gens: &[&Arc<Generation>]) -> ListMasks {
-        let mut m = ListMasks {
-            ids: gens.iter().map(|g| key_of(g)).collect(),
-            newest: HashMap::with_capacity_and_hasher(
+        let mut newest: HashMap<u64, (u32, u32), BuildHasherDefault<HashIsKey>> =
+            HashMap::with_capacity_and_hasher(
                 gens.iter().map(|g| g.rows().num_rows()).sum(),
                 Default::default(),
-            ),
-            live: (0..gens.len()).map(|_| RowFlags::default()).collect(),
-        };
+            );
+        let mut live: Vec<RowFlags> = (0..gens.len()).map(|_| RowFlags::default()).collect();
         for pos in (0..gens.len()).rev() {
             let g = gens[pos];
             let deleted = deleted_flags(g.rows());
-            let mut live: Vec<bool> = (0..g.rows().num_rows())
+            let mut flags: Vec<bool> = (0..g.rows().num_rows())
                 .map(|r| !deleted.value(r))
                 .collect();
             for (r, h) in g.row_hashes().iter().enumerate() {
-                match m.newest.get(h) {
+                match newest.get(h) {
                     None => {
-                        m.newest.insert(*h, (pos as u32, r as u32));
+                        newest.insert(*h, (pos as u32, r as u32));
                     }
                     Some(&(np, nr)) => {
                         let key = g.key_at(r);
@@ -182,51 +196,63 @@ impl ListMasks {
                                 .iter()
                                 .any(|n| n.row_of_key(*h, || key.clone()).is_some());
                         if newer {
-                            live[r] = false;
+                            flags[r] = false;
                         }
                     }
                 }
             }
-            m.live[pos] = RowFlags::from_vec(live);
+            live[pos] = RowFlags::from_vec(flags);
         }
-        m
+        ListMasks {
+            ids: gens.iter().map(|g| key_of(g)).collect(),
+            newest: Some(newest),
+            live,
+        }
     }
 
-    /// Add `added` (newer than every generation of the list, oldest first) on top: each of
-    /// their rows hides the version the list held, if any. O(their rows).
-    fn extend(&mut self, all: &[&Arc<Generation>], added: usize) {
+    /// The list extended with `added` generations (newer than every generation of this list,
+    /// oldest first, `all` being the whole new list): each of their rows hides the version the
+    /// list held, if any. O(their rows). The key map moves to the new list; this one keeps its
+    /// masks (flag chunks the new rows leave alone are shared).
+    fn extend(&mut self, all: &[&Arc<Generation>], added: usize) -> Option<ListMasks> {
+        let mut newest = self.newest.take()?;
+        let mut live = self.live.clone();
         let first = all.len() - added;
         for pos in first..all.len() {
             let g = all[pos];
             let deleted = deleted_flags(g.rows());
-            self.live.push(RowFlags::from_vec(
+            live.push(RowFlags::from_vec(
                 (0..g.rows().num_rows())
                     .map(|r| !deleted.value(r))
                     .collect(),
             ));
-            self.ids.push(key_of(g));
             for (r, h) in g.row_hashes().iter().enumerate() {
                 let key = || g.key_at(r);
-                match self.newest.get(h).copied() {
+                match newest.get(h).copied() {
                     Some((np, nr)) if all[np as usize].key_at(nr as usize) == key() => {
-                        self.live[np as usize].clear(nr as usize);
-                        self.newest.insert(*h, (pos as u32, r as u32));
+                        live[np as usize].clear(nr as usize);
+                        newest.insert(*h, (pos as u32, r as u32));
                     }
                     Some(_) => {
                         // A hash collision: look the key up in every older generation.
                         let k = key();
                         for (o, older) in all[..pos].iter().enumerate() {
                             if let Some(x) = older.row_of_key(*h, || k.clone()) {
-                                self.live[o].clear(x);
+                                live[o].clear(x);
                             }
                         }
                     }
                     None => {
-                        self.newest.insert(*h, (pos as u32, r as u32));
+                        newest.insert(*h, (pos as u32, r as u32));
                     }
                 }
             }
         }
+        Some(ListMasks {
+            ids: all.iter().map(|g| key_of(g)).collect(),
+            newest: Some(newest),
+            live,
+        })
     }
 }
 
@@ -305,7 +331,7 @@ fn view_key(v: &MemtableView, ord: usize) -> Option<Key> {
 /// The block lists a handle keeps between queries (a cache: anything dropped is recomputed).
 #[derive(Debug, Default)]
 pub(crate) struct BlockLists {
-    /// What newer generations hide of each generation, for the lists last asked about (most
+    /// What newer generations hide of each generation, for the lists last computed (most
     /// recent first).
     lists: Mutex<Vec<ListMasks>>,
     /// Per memtable id: what its rows hide of each older source.
@@ -314,6 +340,9 @@ pub(crate) struct BlockLists {
     keys: Mutex<HashMap<(u64, usize), Arc<MemKeys>>>,
     /// Per source: the dead rows of its text index last counted.
     dead: Mutex<HashMap<SourceKey, Arc<Mutex<DeadTerms>>>>,
+    /// Lists computed from scratch.
+    #[cfg(test)]
+    builds: std::sync::atomic::AtomicUsize,
 }
 
 /// A source's identity while a handle keeps something for it.
@@ -341,7 +370,7 @@ fn key_of(g: &Generation) -> (u64, u64) {
 
 impl BlockLists {
     /// Drop what is kept for memtables and sources `sources` does not hold (flushed memtables,
-    /// generations no longer listed; the masks of generation lists go as newer lists come).
+    /// generations no longer listed).
     pub(crate) fn retain(&self, sources: &[Source]) {
         let mems: HashSet<u64> = sources
             .iter()
@@ -352,19 +381,9 @@ impl BlockLists {
             .collect();
         lock(&self.memtables).retain(|id, _| mems.contains(id));
         lock(&self.keys).retain(|(id, _), _| mems.contains(id));
-        // Lists naming a generation the snapshot does not hold (replaced by a compaction) go:
-        // their key maps are as large as the generations' rows. The most recent one stays: it
-        // may be the list a flush or a compaction is about to make visible (see `warm`).
-        let gens: HashSet<(u64, u64)> = sources
-            .iter()
-            .filter_map(|s| match s {
-                Source::Generation(g) => Some(key_of(g)),
-                Source::Memtable(_) => None,
-            })
-            .collect();
-        let mut newest = true;
-        lock(&self.lists)
-            .retain(|l| std::mem::take(&mut newest) || l.ids.iter().all(|k| gens.contains(k)));
+        // The masks of generation lists are not dropped here: a list no snapshot names yet may
+        // be the one a flush or a compaction is about to make visible (see `warm`). They go
+        // as newer lists are computed, and at most two keep a key map.
         let keys: HashSet<SourceKey> = sources.iter().map(SourceKey::of).collect();
         lock(&self.dead).retain(|k, _| keys.contains(k));
     }
@@ -411,36 +430,51 @@ impl BlockLists {
     }
 
     /// Per generation of `gens` (oldest first): the rows neither tombstones nor superseded by
-    /// a newer generation of the list. Computed once per list in O(rows), and extended in
-    /// O(new rows) when generations were only added on top (a flush).
+    /// a newer generation of the list. Computed once per list in O(rows), and in O(new rows)
+    /// from a kept list it starts with (a flush adds generations on top).
     fn generation_masks(&self, gens: &[&Arc<Generation>]) -> Vec<RowFlags> {
         let ids: Vec<(u64, u64)> = gens.iter().map(|g| key_of(g)).collect();
         let mut lists = lock(&self.lists);
-        // The exact list, else the longest one this list extends.
-        let found = lists
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| ids.len() >= l.ids.len() && ids[..l.ids.len()] == l.ids[..])
-            .max_by_key(|(_, l)| l.ids.len())
-            .map(|(i, _)| i);
-        let mut entry = match found {
-            Some(i) => lists.remove(i),
+        if let Some(l) = lists.iter().find(|l| l.ids == ids) {
+            return l.live.clone();
+        }
+        // The longest kept list with a key map that this list extends.
+        let start = lists
+            .iter_mut()
+            .filter(|l| {
+                l.newest.is_some() && ids.len() > l.ids.len() && ids[..l.ids.len()] == l.ids[..]
+            })
+            .max_by_key(|l| l.ids.len());
+        let computed = match start {
+            Some(l) => {
+                let added = ids.len() - l.ids.len();
+                l.extend(gens, added)
+            }
+            None => None,
+        };
+        let computed = match computed {
+            Some(c) => c,
             None => {
                 // Built without holding the lock: other queries' lists stay available.
                 drop(lists);
+                #[cfg(test)]
+                self.builds
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let built = ListMasks::build(gens);
                 lists = lock(&self.lists);
+                // Another query may have computed it meanwhile.
+                if let Some(l) = lists.iter().find(|l| l.ids == ids) {
+                    return l.live.clone();
+                }
                 built
             }
         };
-        if entry.ids.len() < ids.len() {
-            let added = ids.len() - entry.ids.len();
-            entry.extend(gens, added);
-        }
-        let masks = entry.live.clone();
-        lists.retain(|l| l.ids != entry.ids);
-        lists.insert(0, entry);
+        let masks = computed.live.clone();
+        lists.insert(0, computed);
         lists.truncate(KEPT_LISTS);
+        for l in lists.iter_mut().skip(KEPT_MAPS) {
+            l.newest = None;
+        }
         masks
     }
 }
@@ -601,6 +635,66 @@ mod tests {
             let m = live_masks(&[newer.clone(), older.clone()], &cache);
             assert_eq!(admitted(&m[1]), expect, "{} rows", newer.rows());
         }
+    }
+
+    fn generation(id: u64, keys: &[&str], deleted: bool) -> Arc<Generation> {
+        let s = IndexSchema::from_json(r#"{"primary_key": "id"}"#).unwrap();
+        let keys: ArrayRef = Arc::new(StringArray::from(keys.to_vec()));
+        let batch = if deleted {
+            s.tombstones(&keys, id).unwrap()
+        } else {
+            let user = RecordBatch::try_new(s.arrow_schema(), vec![keys]).unwrap();
+            s.to_stored(&user, id).unwrap()
+        };
+        let spec = crate::generation::IndexSpec {
+            text: None,
+            vector: None,
+        };
+        let (g, _) = Generation::build(id, 1, batch, &s.stored_schema(), spec, None, 1).unwrap();
+        Arc::new(g)
+    }
+
+    #[test]
+    fn each_list_is_computed_once_and_lists_a_flush_extends_stay_available() {
+        let cache = BlockLists::default();
+        let masks = |gens: &[&Arc<Generation>]| -> Vec<Vec<bool>> {
+            cache
+                .generation_masks(gens)
+                .iter()
+                .map(|f| (0..f.len()).map(|r| f.get(r)).collect())
+                .collect()
+        };
+        let builds = || cache.builds.load(std::sync::atomic::Ordering::Relaxed);
+        let g1 = generation(1, &["a", "b", "c"], false);
+        let g2 = generation(2, &["b"], false);
+        let g3 = generation(3, &["c"], true);
+        let g4 = generation(4, &["a"], false);
+        let l1 = [&g1, &g2];
+        let l2 = [&g1, &g2, &g3];
+        let m1 = vec![vec![true, false, true], vec![true]];
+        assert_eq!(masks(&l1), m1);
+        assert_eq!(builds(), 1);
+        // A flush computes its list ahead from the list queries see, which stays as it was.
+        cache.warm(&l2);
+        let m2 = vec![vec![true, false, false], vec![true], vec![false]];
+        assert_eq!(masks(&l1), m1);
+        assert_eq!(masks(&l2), m2);
+        assert_eq!(builds(), 1);
+        // A compaction merges g1 and g2 and computes its list; a flush that races with it
+        // extends the list queries see; the compaction then publishes on top of the flush.
+        let g12 = generation(12, &["a", "b", "c"], false);
+        let lc = [&g12, &g3];
+        cache.warm(&lc);
+        assert_eq!(builds(), 2, "a compaction's list starts no kept list");
+        let l3 = [&g1, &g2, &g3, &g4];
+        cache.warm(&l3);
+        let lc4 = [&g12, &g3, &g4];
+        assert_eq!(
+            masks(&lc4),
+            vec![vec![false, true, false], vec![false], vec![true]]
+        );
+        assert_eq!(masks(&l2), m2, "an older snapshot's list is kept");
+        assert_eq!(builds(), 2, "every list extended a kept one");
     }
 
     #[test]
