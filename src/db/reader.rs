@@ -91,10 +91,10 @@ impl Reader {
             return;
         };
         let lists = self.block_lists.clone();
+        let ts = self.text_schema.clone();
         let warmed = crate::priority::in_background_thread("lsmsearch-warm", lower, move || {
             let gens: Vec<&Arc<crate::generation::Generation>> = gens.iter().collect();
-            lists.warm(&gens);
-            Ok(())
+            lists.warm(&gens, ts.as_deref())
         })
         .await;
         if let Err(e) = warmed {

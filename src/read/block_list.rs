@@ -22,6 +22,8 @@ use crate::generation::{Generation, HashIsKey};
 use crate::key::Key;
 use crate::memtable::MemtableView;
 use crate::schema::deleted_flags;
+use crate::text::TextSchema;
+use crate::Result;
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasherDefault;
 use std::sync::{Arc, Mutex};
@@ -384,7 +386,15 @@ impl BlockLists {
         // The masks of generation lists are not dropped here: a list no snapshot names yet may
         // be the one a flush or a compaction is about to make visible (see `warm`). They go
         // as newer lists are computed, and at most two keep a key map.
-        let keys: HashSet<SourceKey> = sources.iter().map(SourceKey::of).collect();
+        // What is kept for the generations of the list last computed stays too (`warm`).
+        let mut keys: HashSet<SourceKey> = sources.iter().map(SourceKey::of).collect();
+        if let Some(l) = lock(&self.lists).first() {
+            keys.extend(
+                l.ids
+                    .iter()
+                    .map(|(id, epoch)| SourceKey::Generation(*id, *epoch)),
+            );
+        }
         lock(&self.dead).retain(|k, _| keys.contains(k));
     }
 
@@ -422,11 +432,22 @@ impl BlockLists {
     /// Compute ahead what the first query over generation list `gens` (oldest first) would:
     /// what newer generations hide of each, and each one's key lookup. A flush or a compaction
     /// does this before it makes its list visible, so no query waits for it.
-    pub(crate) fn warm(&self, gens: &[&Arc<Generation>]) {
-        self.generation_masks(gens);
-        for g in gens {
+    ///
+    /// With `ts`, also what each generation's text index holds of the rows newer generations
+    /// hide (as the BM25 statistics count them, see [`DeadTerms`]): a merged generation holds
+    /// many such rows, and counting them is a search's to do otherwise.
+    pub(crate) fn warm(&self, gens: &[&Arc<Generation>], ts: Option<&TextSchema>) -> Result<()> {
+        let masks = self.generation_masks(gens);
+        for (g, base) in gens.iter().zip(masks) {
             g.row_of_hash();
+            if let (Some(ts), Some(ti)) = (ts, g.text()) {
+                let source = Source::Generation(Arc::clone(g));
+                let dead = self.dead_terms(&source);
+                let mut dead = lock(&dead);
+                dead.update(ts, &source, ti, &Live::new(base, Vec::new()))?;
+            }
         }
+        Ok(())
     }
 
     /// Per generation of `gens` (oldest first): the rows neither tombstones nor superseded by
@@ -675,7 +696,7 @@ mod tests {
         assert_eq!(masks(&l1), m1);
         assert_eq!(builds(), 1);
         // A flush computes its list ahead from the list queries see, which stays as it was.
-        cache.warm(&l2);
+        cache.warm(&l2, None).unwrap();
         let m2 = vec![vec![true, false, false], vec![true], vec![false]];
         assert_eq!(masks(&l1), m1);
         assert_eq!(masks(&l2), m2);
@@ -684,10 +705,10 @@ mod tests {
         // extends the list queries see; the compaction then publishes on top of the flush.
         let g12 = generation(12, &["a", "b", "c"], false);
         let lc = [&g12, &g3];
-        cache.warm(&lc);
+        cache.warm(&lc, None).unwrap();
         assert_eq!(builds(), 2, "a compaction's list starts no kept list");
         let l3 = [&g1, &g2, &g3, &g4];
-        cache.warm(&l3);
+        cache.warm(&l3, None).unwrap();
         let lc4 = [&g12, &g3, &g4];
         assert_eq!(
             masks(&lc4),
