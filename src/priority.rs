@@ -56,20 +56,151 @@ pub(crate) fn nice_priority() {}
 #[cfg(not(target_os = "linux"))]
 pub(crate) fn lower_priority() {}
 
-/// Run `work` on a thread of its own, named `name`, at the background's priority when `lower`
-/// (else the foreground's: work appends wait for), and wait for its answer.
+/// Background work whose threads can be raised to the foreground's priority while it runs (a
+/// compaction started when nothing waited for it, which a flush later finds one generation short
+/// of the cap). Each thread doing the work enters it ([`Raisable::enter`]): it is lowered, and
+/// counted in until it ends; [`Raisable::raise`] puts every thread counted in, and every thread
+/// that enters later, at the foreground's priority.
+#[derive(Debug, Default)]
+pub(crate) struct Raisable {
+    /// Whether raised, and the threads counted in (Linux thread ids).
+    state: std::sync::Mutex<(bool, Vec<i64>)>,
+    /// Notified when raised.
+    raised: std::sync::Condvar,
+}
+
+thread_local! {
+    /// The raisable work the calling thread does, if any: threads it starts for the same work
+    /// enter it too (see [`current`]).
+    static CURRENT: std::cell::RefCell<Option<std::sync::Arc<Raisable>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// The raisable work the calling thread does, for a thread it starts to enter.
+pub(crate) fn current() -> Option<std::sync::Arc<Raisable>> {
+    CURRENT.with_borrow(|c| c.clone())
+}
+
+/// A thread counted in a [`Raisable`] until it is dropped (at the end of the thread's work).
+pub(crate) struct Entered {
+    work: std::sync::Arc<Raisable>,
+    tid: i64,
+}
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        let mut st = self.work.lock();
+        st.1.retain(|t| *t != self.tid);
+        CURRENT.set(None);
+    }
+}
+
+impl Raisable {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (bool, Vec<i64>)> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Count the calling thread in: lowered to the background's priority unless the work was
+    /// raised already, until the returned guard is dropped.
+    pub(crate) fn enter(self: &std::sync::Arc<Self>) -> Entered {
+        let tid = thread_id();
+        let mut st = self.lock();
+        if !st.0 {
+            lower_priority();
+            st.1.push(tid);
+        }
+        drop(st);
+        CURRENT.set(Some(self.clone()));
+        Entered {
+            work: self.clone(),
+            tid,
+        }
+    }
+
+    /// Put every thread of the work at the foreground's priority, now and as they enter.
+    pub(crate) fn raise(&self) {
+        let mut st = self.lock();
+        if st.0 {
+            return;
+        }
+        st.0 = true;
+        for tid in st.1.drain(..) {
+            foreground(tid);
+        }
+        self.raised.notify_all();
+    }
+
+    /// Wait until the work is raised (true) or `done` (false), whichever comes first: a thread
+    /// that joins the work only once it runs at the foreground's priority (on every core).
+    pub(crate) fn wait_raised(&self, done: impl Fn() -> bool) -> bool {
+        let mut st = self.lock();
+        loop {
+            if st.0 {
+                return true;
+            }
+            if done() {
+                return false;
+            }
+            st = self
+                .raised
+                .wait_timeout(st, std::time::Duration::from_millis(50))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Whether [`Raisable::raise`] was called.
+    pub(crate) fn raised(&self) -> bool {
+        self.lock().0
+    }
+}
+
+/// The calling thread's id (Linux; elsewhere 0).
+fn thread_id() -> i64 {
+    #[cfg(target_os = "linux")]
+    // SAFETY: gettid takes no arguments and cannot fail.
+    return unsafe { libc::syscall(libc::SYS_gettid) };
+    #[cfg(not(target_os = "linux"))]
+    0
+}
+
+/// Put thread `tid` (of this process, counted in and not yet ended: its id is not reused
+/// meanwhile) at the foreground's priority: the normal class, nice 0 (Linux; elsewhere
+/// nothing). Leaving the idle class for the normal one needs no privilege; a nice value that
+/// the idle class's refusal raised may stay where it is without one.
+fn foreground(tid: i64) {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: sched_setscheduler reads the parameter struct passed by reference for the
+        // duration of the call; setpriority takes no pointers. Both apply to the one thread
+        // whose id they are given, a thread of this process.
+        let ok = unsafe {
+            let param = libc::sched_param { sched_priority: 0 };
+            let class = libc::sched_setscheduler(tid as libc::pid_t, libc::SCHED_OTHER, &param);
+            let nice = libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 0);
+            class == 0 && nice == 0
+        };
+        if !ok {
+            tracing::debug!("could not raise a background thread's priority");
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = tid;
+}
+
+/// Run `work` on a thread of its own, named `name`, as part of the raisable background work
+/// `lower` (at the background's priority until it is raised), or at the foreground's priority
+/// (work appends wait for) without one; and wait for its answer.
 pub(crate) async fn in_background_thread<T: Send + 'static>(
     name: &str,
-    lower: bool,
+    lower: Option<std::sync::Arc<Raisable>>,
     work: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
         .name(name.into())
         .spawn(move || {
-            if lower {
-                lower_priority();
-            }
+            let _entered = lower.as_ref().map(|w| w.enter());
             // A panic becomes an error rather than a lost answer.
             let answer = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
                 .unwrap_or_else(|_| Err(Error::internal("a background thread panicked")));
@@ -78,4 +209,56 @@ pub(crate) async fn in_background_thread<T: Send + 'static>(
         .map_err(|e| Error::internal(format!("cannot start a background thread: {e}")))?;
     rx.await
         .map_err(|_| Error::internal("a background thread stopped without an answer"))?
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    /// The scheduling class of thread `tid` of this process.
+    fn class_of(tid: i64) -> i32 {
+        // SAFETY: sched_getscheduler takes no pointers.
+        unsafe { libc::sched_getscheduler(tid as libc::pid_t) }
+    }
+
+    #[test]
+    fn raised_work_runs_at_the_foreground_priority_in_threads_under_way_and_new_ones() {
+        let work = Arc::new(Raisable::default());
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let w = work.clone();
+        let t = std::thread::spawn(move || {
+            let _in = w.enter();
+            started_tx.send(thread_id()).unwrap();
+            go_rx.recv().unwrap();
+            // A thread started for the same work after the raise enters it raised.
+            let child = current().unwrap();
+            let inner = std::thread::spawn(move || {
+                let _in = child.enter();
+                class_of(thread_id())
+            });
+            (class_of(thread_id()), inner.join().unwrap())
+        });
+        let tid = started_rx.recv().unwrap();
+        let idle = class_of(tid);
+        work.raise();
+        assert!(work.raised());
+        let raised_now = class_of(tid);
+        go_tx.send(()).unwrap();
+        let (own, child) = t.join().unwrap();
+        // Where the idle class is refused (some containers), threads stay in the normal one.
+        assert!(
+            idle == libc::SCHED_IDLE || idle == libc::SCHED_OTHER,
+            "{idle}"
+        );
+        assert_eq!(
+            (raised_now, own, child),
+            (libc::SCHED_OTHER, libc::SCHED_OTHER, libc::SCHED_OTHER)
+        );
+        assert!(
+            work.lock().1.is_empty(),
+            "threads that ended are counted out"
+        );
+    }
 }

@@ -31,7 +31,7 @@ use super::{flush, Inner};
 use crate::format::manifest::Manifest;
 use crate::format::GenerationMeta;
 use crate::generation::{Generation, HashIsKey, IndexSpec};
-use crate::priority::in_background_thread;
+use crate::priority::{in_background_thread, Raisable};
 use crate::schema::deleted_flags;
 use crate::schema::Metric;
 use crate::settings::GraphParams;
@@ -222,12 +222,63 @@ pub(crate) fn continue_largest(
     VectorIndex::continue_graph(rows, col, metric, params, base, &base_rows)
 }
 
+/// The raisable priority of the compaction under way, for as long as it runs.
+struct Running<'a> {
+    inner: &'a Inner,
+}
+
+impl<'a> Running<'a> {
+    fn new(inner: &'a Inner, lower: Option<Arc<Raisable>>) -> Running<'a> {
+        *inner
+            .compaction_priority
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = lower;
+        Running { inner }
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        *self
+            .inner
+            .compaction_priority
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+/// Raise the compaction under way to the foreground's priority when it became urgent: `gens`
+/// generations are one flush short of the cap (where flushes wait for compaction), or
+/// `compact()` waits for it.
+pub(crate) fn raise_if_due(inner: &Inner, gens: Option<usize>) {
+    let due = gens.is_none_or(|n| n + 1 >= inner.reader.settings.compaction_max_generations);
+    if !due {
+        return;
+    }
+    let running = inner
+        .compaction_priority
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    if let Some(r) = running.filter(|r| !r.raised()) {
+        tracing::debug!(
+            "the compaction under way became urgent: raised to the foreground's priority"
+        );
+        r.raise();
+    }
+}
+
 /// Run one compaction if `pick` finds something to merge; `Ok(None)` when it does not. One
 /// compaction runs at a time per writer.
 pub(crate) async fn compact_once(
     inner: &Arc<Inner>,
     pick_by: Pick,
 ) -> Result<Option<CompactionReport>> {
+    if matches!(pick_by, Pick::All) {
+        // Asked for: a background compaction under way finishes first, at the foreground's
+        // priority.
+        raise_if_due(inner, None);
+    }
     let _one = inner.compacting.lock().await;
     if inner.fenced.load(Ordering::SeqCst) {
         return Err(inner.fenced_error());
@@ -286,9 +337,13 @@ pub(crate) async fn compact_once(
             });
     let built_inputs = inputs.clone();
     let continue_graph = inner.reader.settings.compaction_continue_graph;
+    // Not urgent, it runs at the background's priority until a flush finds the generations one
+    // short of the cap (see `raise_if_due`): then at the foreground's, from where it is.
+    let lower = (!urgent).then(|| Arc::new(Raisable::default()));
+    let _running = Running::new(inner, lower.clone());
     let built = in_background_thread(
         "lsmsearch-compact",
-        !urgent,
+        lower.clone(),
         move || -> Result<Option<(Generation, Vec<u8>)>> {
             let (rows, kept) = merge_rows(&built_inputs, drop_tombstones)?;
             if rows.num_rows() == 0 {
@@ -344,7 +399,7 @@ pub(crate) async fn compact_once(
             })
     };
     if let Some(expected) = expected {
-        inner.reader.warm(&expected, !urgent).await;
+        inner.reader.warm(&expected, lower).await;
     }
 
     // Publish: the run replaced by the merged generation (or by nothing, when every row of it

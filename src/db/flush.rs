@@ -166,7 +166,7 @@ async fn flush_one(
     let schema = inner.reader.stored_schema.clone();
     let text = inner.reader.text_schema.clone();
     let vector = inner.reader.schema.vector_spec(&inner.reader.settings);
-    let (generation, bytes) = in_background_thread("lsmsearch-flush", false, move || {
+    let (generation, bytes) = in_background_thread("lsmsearch-flush", None, move || {
         let spec = IndexSpec {
             text: text.as_deref(),
             vector,
@@ -239,7 +239,7 @@ async fn flush_one(
     inner.reader.generations.insert(generation.clone()).await;
     let mut expected = inner.read_state().manifest.generations.clone();
     expected.push(generation.meta().clone());
-    inner.reader.warm(&expected, false).await;
+    inner.reader.warm(&expected, None).await;
 
     // Publish, from the latest version (a compaction may have published since the build).
     let publish = inner.publish.lock().await;
@@ -260,6 +260,7 @@ async fn flush_one(
     };
     swap(inner, mid, &next)?;
     drop(publish);
+    super::compact::raise_if_due(inner, Some(next.generations.len()));
     finish(inner, mid, next, generation, &wal_ids).await
 }
 

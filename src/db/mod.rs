@@ -163,6 +163,9 @@ pub(crate) struct Inner {
     pub unsure_manifest: std::sync::Mutex<Option<Manifest>>,
     /// Held by the compaction under way: one at a time.
     pub compacting: tokio::sync::Mutex<()>,
+    /// The priority of the compaction under way when it runs in the background (a flush raises
+    /// it when it becomes urgent).
+    pub compaction_priority: std::sync::Mutex<Option<Arc<crate::priority::Raisable>>>,
     /// The id the next generation (flushed or merged) gets.
     pub next_generation_id: AtomicU64,
     /// Wakes the compactor (after a flush).
@@ -563,6 +566,7 @@ impl Index {
             append_delay_total_us: AtomicU64::new(0),
             publish: tokio::sync::Mutex::new(()),
             compacting: tokio::sync::Mutex::new(()),
+            compaction_priority: std::sync::Mutex::new(None),
             unsure_manifest: std::sync::Mutex::new(None),
             next_generation_id: AtomicU64::new(next_generation_id),
             compact_wake: Notify::new(),

@@ -84,9 +84,13 @@ impl Reader {
     }
 
     /// Compute ahead the block lists of the generation list `metas` (oldest first, as a
-    /// manifest lists them) when the cache holds all of them, on a thread of the background's
-    /// priority when `lower`; best effort.
-    pub(crate) async fn warm(&self, metas: &[GenerationMeta], lower: bool) {
+    /// manifest lists them) when the cache holds all of them, as part of the background work
+    /// `lower` (at the foreground's priority without it); best effort.
+    pub(crate) async fn warm(
+        &self,
+        metas: &[GenerationMeta],
+        lower: Option<Arc<crate::priority::Raisable>>,
+    ) {
         let Some(gens) = self.generations.cached(metas).await else {
             return;
         };

@@ -513,7 +513,8 @@ impl HnswBuilder {
         self.insert_with(ids, cores);
     }
 
-    /// Insert `ids` (each added before) with up to `threads` threads.
+    /// Insert `ids` (each added before) with up to `threads` threads. Raisable background work
+    /// (a compaction) that is raised while it inserts goes on with one thread per core.
     pub(crate) fn insert_with(&self, ids: &[u32], threads: usize) {
         let threads = threads.min(ids.len().div_ceil(64)).max(1);
         let next = AtomicUsize::new(0);
@@ -524,13 +525,29 @@ impl HnswBuilder {
                 self.insert(*id, scratch);
             })
         };
-        if threads == 1 {
+        // Threads doing raisable background work start threads that do it too; those beyond
+        // `threads` wait for the raise.
+        let lower = crate::priority::current();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let waiting = match &lower {
+            Some(_) if ids.len() > 64 => cores.saturating_sub(threads),
+            _ => 0,
+        };
+        if threads == 1 && waiting == 0 {
             work();
             return;
         }
+        let done = || next.load(Ordering::Relaxed) >= ids.len();
         std::thread::scope(|s| {
-            for _ in 1..threads {
-                s.spawn(work);
+            for t in 1..threads + waiting {
+                let lower = lower.clone();
+                s.spawn(move || {
+                    if t >= threads && !lower.as_ref().is_some_and(|w| w.wait_raised(done)) {
+                        return;
+                    }
+                    let _entered = lower.as_ref().map(|w| w.enter());
+                    work()
+                });
             }
             work();
         });
@@ -707,6 +724,46 @@ mod tests {
             );
         }
         assert!(total / 50.0 >= 0.95, "recall@10 {}", total / 50.0);
+    }
+
+    #[test]
+    fn a_build_raised_midway_inserts_every_node_once_on_more_threads() {
+        // Cosine points (kept in half precision), inserted by raisable background work on one
+        // thread, raised while it inserts: the waiting threads join, and the graph is as good.
+        let data: Vec<Vec<f32>> = points(3000, 24, 3)
+            .into_iter()
+            .map(|v| {
+                let n = distance::dot(&v, &v).sqrt();
+                v.iter().map(|x| x / n).collect()
+            })
+            .collect();
+        let g = std::sync::Arc::new(HnswBuilder::new(24, Space::UnitDot, 16, 100));
+        for (i, v) in data.iter().enumerate() {
+            assert!(g.add(i as u32, v.clone()));
+        }
+        let work = std::sync::Arc::new(crate::priority::Raisable::default());
+        let (w, b) = (work.clone(), g.clone());
+        let build = std::thread::spawn(move || {
+            let _in = w.enter();
+            let ids: Vec<u32> = (0..3000).collect();
+            b.insert_with(&ids, 1);
+        });
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        work.raise();
+        build.join().unwrap();
+        let mut total = 0.0;
+        for q in points(50, 24, 4) {
+            let want: Vec<u32> = {
+                let mut all: Vec<Near> = (0..data.len() as u32)
+                    .map(|i| Near(1.0 - distance::dot(&q, &data[i as usize]), i))
+                    .collect();
+                all.sort_unstable();
+                all.iter().take(10).map(|n| n.1).collect()
+            };
+            total += recall(&g.search(&q, 10, 64, &|_| true), &want);
+        }
+        assert!(total / 50.0 >= 0.95, "recall@10 {}", total / 50.0);
+        assert_eq!(g.nodes.load(Ordering::Relaxed), 3000);
     }
 
     #[test]
