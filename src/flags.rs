@@ -32,6 +32,15 @@ impl RowFlags {
         }
     }
 
+    /// The flags as one vector.
+    pub(crate) fn to_vec(&self) -> Vec<bool> {
+        let mut out = Vec::with_capacity(self.len);
+        for c in &self.chunks {
+            out.extend_from_slice(c);
+        }
+        out
+    }
+
     /// Rows with a flag.
     pub(crate) fn len(&self) -> usize {
         self.len
@@ -136,6 +145,7 @@ mod tests {
             "the last chunk grew"
         );
         let same = RowFlags::from_vec(plain.clone());
+        assert_eq!(same.to_vec(), plain);
         assert_eq!((same.len(), same.count()), (n, flags.count() - 1));
         assert!((0..n).all(|r| same.get(r) == plain[r]));
     }

@@ -127,11 +127,17 @@ impl Live {
 
     /// The live rows `filter` (per row of the source) admits: a mask of the query's own.
     pub(crate) fn and(&self, filter: &[bool]) -> Live {
-        let mut base = RowFlags::default();
-        for r in 0..self.len() {
-            base.push(filter.get(r).copied().unwrap_or(false) && self.admits(r));
+        let mut mask = self.base.to_vec();
+        for (m, f) in mask.iter_mut().zip(filter) {
+            *m &= *f;
         }
-        Live::new(base, Vec::new())
+        if let Some(past) = mask.get_mut(filter.len()..) {
+            past.fill(false);
+        }
+        for r in self.hidden.rows() {
+            mask[*r as usize] = false;
+        }
+        Live::new(RowFlags::from_vec(mask), Vec::new())
     }
 
     /// The source's own flags.
@@ -655,6 +661,11 @@ mod tests {
         ] {
             let m = live_masks(&[newer.clone(), older.clone()], &cache);
             assert_eq!(admitted(&m[1]), expect, "{} rows", newer.rows());
+            // A filter (shorter than the rows: the rest fail it) selects among the live rows.
+            let filtered = admitted(&m[1].and(&[false, true]));
+            assert_eq!(filtered, [false, expect[1], false]);
+            let filtered = admitted(&m[1].and(&[true, true, true]));
+            assert_eq!(filtered, expect);
         }
     }
 
