@@ -105,7 +105,10 @@ impl Raisable {
     pub(crate) fn enter(self: &std::sync::Arc<Self>) -> Entered {
         let tid = thread_id();
         let mut st = self.lock();
-        if !st.0 {
+        if st.0 {
+            // Raised already: a thread started by a lowered one inherited its class.
+            foreground(tid);
+        } else {
             lower_priority();
             st.1.push(tid);
         }
@@ -166,8 +169,10 @@ fn thread_id() -> i64 {
 
 /// Put thread `tid` (of this process, counted in and not yet ended: its id is not reused
 /// meanwhile) at the foreground's priority: the normal class, nice 0 (Linux; elsewhere
-/// nothing). Leaving the idle class for the normal one needs no privilege; a nice value that
-/// the idle class's refusal raised may stay where it is without one.
+/// nothing). Linux lets a thread leave the idle class, or lower its nice value, only with
+/// `CAP_SYS_NICE` or an `RLIMIT_NICE` of 20 or more (`ulimit -e 20`); without either the thread
+/// stays where it is (logged at debug), and a raised compaction only gains the threads that
+/// join its graph build.
 fn foreground(tid: i64) {
     #[cfg(target_os = "linux")]
     {
@@ -247,15 +252,28 @@ mod tests {
         let raised_now = class_of(tid);
         go_tx.send(()).unwrap();
         let (own, child) = t.join().unwrap();
-        // Where the idle class is refused (some containers), threads stay in the normal one.
+        // Where the idle class is refused, threads stay in the normal one; where leaving it is
+        // refused (no CAP_SYS_NICE, RLIMIT_NICE below 20), they stay in the idle class.
         assert!(
             idle == libc::SCHED_IDLE || idle == libc::SCHED_OTHER,
             "{idle}"
         );
-        assert_eq!(
-            (raised_now, own, child),
-            (libc::SCHED_OTHER, libc::SCHED_OTHER, libc::SCHED_OTHER)
-        );
+        let may_leave = {
+            let mut lim = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: getrlimit writes the struct passed by reference.
+            let got = unsafe { libc::getrlimit(libc::RLIMIT_NICE, &mut lim) } == 0;
+            // SAFETY: geteuid takes no arguments.
+            (got && lim.rlim_cur >= 20) || unsafe { libc::geteuid() } == 0
+        };
+        if idle == libc::SCHED_IDLE && may_leave {
+            assert_eq!(
+                (raised_now, own, child),
+                (libc::SCHED_OTHER, libc::SCHED_OTHER, libc::SCHED_OTHER)
+            );
+        }
         assert!(
             work.lock().1.is_empty(),
             "threads that ended are counted out"

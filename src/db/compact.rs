@@ -247,6 +247,17 @@ impl Drop for Running<'_> {
     }
 }
 
+/// Drop a merged generation no manifest names (nor may name) from the cache.
+async fn forget(inner: &Inner, merged: Option<&Arc<Generation>>) {
+    if let Some(g) = merged {
+        inner
+            .reader
+            .generations
+            .remove(g.meta().id, g.meta().epoch)
+            .await;
+    }
+}
+
 /// Raise the compaction under way to the foreground's priority when it became urgent: `gens`
 /// generations are one flush short of the cap (where flushes wait for compaction), or
 /// `compact()` waits for it.
@@ -406,7 +417,10 @@ pub(crate) async fn compact_once(
     // was a superseded version or a dropped tombstone).
     let publish = inner.publish.lock().await;
     let (base, next) = loop {
-        flush::settle(inner).await?;
+        if let Err(e) = flush::settle(inner).await {
+            forget(inner, merged.as_ref()).await;
+            return Err(e);
+        }
         let base = inner.read_state().manifest.clone();
         let unsure = inner
             .unsure_manifest
@@ -455,7 +469,9 @@ pub(crate) async fn compact_once(
             Err(e) => {
                 // The PUT may have landed although it reported an error: the next publish
                 // finds out.
-                if !super::is_fenced(&e) {
+                if super::is_fenced(&e) {
+                    forget(inner, merged.as_ref()).await;
+                } else {
                     *inner
                         .unsure_manifest
                         .lock()

@@ -33,6 +33,9 @@ pub(crate) async fn run_flusher(inner: Arc<Inner>) {
         // At the generation cap, the flush waits for compaction (appends slow down through the
         // frozen-memtable queue meanwhile), unless compaction is failing.
         if over_cap(&inner) {
+            // The compaction under way (if it started before the count reached the cap) is
+            // what this flush waits for.
+            super::compact::raise_if_due(&inner, None);
             inner.compact_wake.notify_one();
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(20)) => {}

@@ -444,15 +444,30 @@ impl BlockLists {
     /// many such rows, and counting them is a search's to do otherwise.
     pub(crate) fn warm(&self, gens: &[&Arc<Generation>], ts: Option<&TextSchema>) -> Result<()> {
         let masks = self.generation_masks(gens);
+        // Statistics only for a handle that counts them (one that ran a full-text search).
+        let ts = ts.filter(|_| !lock(&self.dead).is_empty());
         for (g, base) in gens.iter().zip(masks) {
             g.row_of_hash();
-            if let (Some(ts), Some(ti)) = (ts, g.text()) {
-                let source = Source::Generation(Arc::clone(g));
-                let dead = self.dead_terms(&source);
-                let mut dead = lock(&dead);
-                dead.update(ts, &source, ti, &Live::new(base, Vec::new()))?;
-            }
+            let (Some(ts), Some(ti)) = (ts, g.text()) else {
+                continue;
+            };
+            // Only a generation no search counted yet (the flushed or merged one): one a search
+            // counted has the rows memtables hide counted too, which this would count back.
+            let source = Source::Generation(Arc::clone(g));
+            let dead = match lock(&self.dead).entry(SourceKey::of(&source)) {
+                std::collections::hash_map::Entry::Occupied(_) => continue,
+                std::collections::hash_map::Entry::Vacant(e) => e.insert(Arc::default()).clone(),
+            };
+            lock(&dead).update(ts, &source, ti, &Live::new(base, Vec::new()))?;
         }
+        // What is kept for generations no kept list names goes (a handle that no longer
+        // searches would otherwise keep it for every list it computes).
+        let kept: HashSet<SourceKey> = lock(&self.lists)
+            .iter()
+            .flat_map(|l| l.ids.iter())
+            .map(|(id, epoch)| SourceKey::Generation(*id, *epoch))
+            .collect();
+        lock(&self.dead).retain(|k, _| matches!(k, SourceKey::Memtable(_)) || kept.contains(k));
         Ok(())
     }
 

@@ -190,6 +190,11 @@ impl HnswBuilder {
             .get()
     }
 
+    /// Whether points are kept in half precision (see [`Point`]).
+    fn half(&self) -> bool {
+        self.space == Space::UnitDot && self.dim >= super::HALF_MIN_DIM
+    }
+
     #[inline]
     fn dist(&self, a: At<'_>, b: At<'_>) -> f32 {
         match (self.space, a, b) {
@@ -258,9 +263,10 @@ impl HnswBuilder {
         if vector.len() != self.dim {
             return false;
         }
-        let vector = match self.space {
-            Space::UnitDot => Point::Half(vector.iter().map(|x| half::f16::from_f32(*x)).collect()),
-            Space::L2 => Point::Full(vector.into_boxed_slice()),
+        let vector = if self.half() {
+            Point::Half(vector.iter().map(|x| half::f16::from_f32(*x)).collect())
+        } else {
+            Point::Full(vector.into_boxed_slice())
         };
         let Some(segment) = self.segments.get(i / SEGMENT) else {
             return false;
@@ -537,24 +543,44 @@ impl HnswBuilder {
             work();
             return;
         }
-        let done = || next.load(Ordering::Relaxed) >= ids.len();
+        // Working threads still at it: a waiting thread also stops once none is (all ids taken,
+        // or a worker panicked).
+        let active = AtomicUsize::new(threads);
+        struct Leaving<'a>(&'a AtomicUsize);
+        impl Drop for Leaving<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        let done =
+            || next.load(Ordering::Relaxed) >= ids.len() || active.load(Ordering::Acquire) == 0;
+        let active = &active;
         std::thread::scope(|s| {
             for t in 1..threads + waiting {
                 let lower = lower.clone();
                 s.spawn(move || {
-                    if t >= threads && !lower.as_ref().is_some_and(|w| w.wait_raised(done)) {
-                        return;
+                    if t >= threads {
+                        if !lower.as_ref().is_some_and(|w| w.wait_raised(done)) {
+                            return;
+                        }
+                    } else {
+                        let _leaving = Leaving(active);
+                        let _entered = lower.as_ref().map(|w| w.enter());
+                        return work();
                     }
                     let _entered = lower.as_ref().map(|w| w.enter());
                     work()
                 });
             }
+            let _leaving = Leaving(active);
             work();
         });
     }
 
     /// Up to `k` nodes near `q` (transformed as the points were) that `admit` accepts, nearest
-    /// first, from a walk with candidate list `max(ef, k)`.
+    /// first, from a walk with candidate list `max(ef, k)`; with points in half precision, the
+    /// whole list (nearest first by half-precision distances), for the caller to re-score: its
+    /// top k by exact distances may differ at near-ties.
     pub(crate) fn search(
         &self,
         q: &[f32],
@@ -576,7 +602,9 @@ impl HnswBuilder {
             let start = Near(self.dist(q, ep_node.vector.at()), ep);
             let entry = self.descend(q, start, top, 0, scratch);
             let mut found = self.search_layer(q, &[entry], ef.max(k), 0, scratch, admit);
-            found.truncate(k);
+            if !self.half() {
+                found.truncate(k);
+            }
             found.into_iter().map(|n| n.1).collect()
         })
     }
@@ -730,14 +758,15 @@ mod tests {
     fn a_build_raised_midway_inserts_every_node_once_on_more_threads() {
         // Cosine points (kept in half precision), inserted by raisable background work on one
         // thread, raised while it inserts: the waiting threads join, and the graph is as good.
-        let data: Vec<Vec<f32>> = points(3000, 24, 3)
+        let data: Vec<Vec<f32>> = points(3000, 48, 3)
             .into_iter()
             .map(|v| {
                 let n = distance::dot(&v, &v).sqrt();
                 v.iter().map(|x| x / n).collect()
             })
             .collect();
-        let g = std::sync::Arc::new(HnswBuilder::new(24, Space::UnitDot, 16, 100));
+        let g = std::sync::Arc::new(HnswBuilder::new(48, Space::UnitDot, 16, 100));
+        assert!(g.half());
         for (i, v) in data.iter().enumerate() {
             assert!(g.add(i as u32, v.clone()));
         }
@@ -752,15 +781,19 @@ mod tests {
         work.raise();
         build.join().unwrap();
         let mut total = 0.0;
-        for q in points(50, 24, 4) {
-            let want: Vec<u32> = {
-                let mut all: Vec<Near> = (0..data.len() as u32)
-                    .map(|i| Near(1.0 - distance::dot(&q, &data[i as usize]), i))
-                    .collect();
-                all.sort_unstable();
-                all.iter().take(10).map(|n| n.1).collect()
-            };
-            total += recall(&g.search(&q, 10, 64, &|_| true), &want);
+        // The caller's exact re-scoring of the list a half-precision walk returns.
+        let top = |q: &[f32], rows: &mut dyn Iterator<Item = u32>| -> Vec<u32> {
+            let mut all: Vec<Near> = rows
+                .map(|i| Near(1.0 - distance::dot(q, &data[i as usize]), i))
+                .collect();
+            all.sort_unstable();
+            all.iter().take(10).map(|n| n.1).collect()
+        };
+        for q in points(50, 48, 4) {
+            let want = top(&q, &mut (0..data.len() as u32));
+            let got = g.search(&q, 10, 64, &|_| true);
+            assert_eq!(got.len(), 64, "the whole list, for the caller to re-score");
+            total += recall(&top(&q, &mut got.into_iter()), &want);
         }
         assert!(total / 50.0 >= 0.95, "recall@10 {}", total / 50.0);
         assert_eq!(g.nodes.load(Ordering::Relaxed), 3000);

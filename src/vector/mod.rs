@@ -26,6 +26,11 @@ use hnsw_rs::prelude::{Distance, Hnsw, HnswIo};
 /// Name of the bundle section holding a generation's graph.
 pub(crate) const GRAPH_SECTION: &str = "vector/graph";
 
+/// Dimensions from which `cosine` graphs keep their points in half precision for walks and
+/// construction. Below, distances between near neighbours are as small as half precision's
+/// rounding (about 5e-4) on dense data, and a distance reads few bytes anyway.
+pub(crate) const HALF_MIN_DIM: usize = 32;
+
 fn hn(e: impl std::fmt::Display) -> Error {
     Error::internal(format!("hnsw: {e}"))
 }
@@ -592,9 +597,10 @@ impl MemVectorIndex {
         }
     }
 
-    /// Up to `k` candidate rows near `query` among rows `[0, indexed)` that `admit` accepts
-    /// (graph distances: callers re-score), and `indexed`, read before the walk: rows inserted
-    /// while the walk runs are left to the caller's scan of `[indexed, rows)`.
+    /// Candidate rows near `query` among rows `[0, indexed)` that `admit` accepts (up to `k`,
+    /// or the walk's whole list of up to `max(k, ef)` for half-precision points: callers
+    /// re-score exactly), and `indexed`, read before the walk: rows inserted while the walk runs
+    /// are left to the caller's scan of `[indexed, rows)`.
     pub(crate) fn candidates(
         &self,
         query: &[f32],
