@@ -192,8 +192,16 @@ async fn run(ops: Vec<Op>, ks: Vec<usize>) {
     assert_same_ranking(&ours, &reference.search("shock layer", true), 10, "AND");
 }
 
+/// Cases of the property test: 32, or `PROPTEST_CASES` (the long mode).
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(32)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn any_split_ranks_like_one_index(
