@@ -96,9 +96,10 @@ impl Reader {
         };
         let lists = self.block_lists.clone();
         let ts = self.text_schema.clone();
+        let recount = lower.is_none();
         let warmed = crate::priority::in_background_thread("lsmsearch-warm", lower, move || {
             let gens: Vec<&Arc<crate::generation::Generation>> = gens.iter().collect();
-            lists.warm(&gens, ts.as_deref())
+            lists.warm(&gens, ts.as_deref(), recount)
         })
         .await;
         if let Err(e) = warmed {

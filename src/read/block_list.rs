@@ -442,7 +442,18 @@ impl BlockLists {
     /// With `ts`, also what each generation's text index holds of the rows newer generations
     /// hide (as the BM25 statistics count them, see [`DeadTerms`]): a merged generation holds
     /// many such rows, and counting them is a search's to do otherwise.
-    pub(crate) fn warm(&self, gens: &[&Arc<Generation>], ts: Option<&TextSchema>) -> Result<()> {
+    ///
+    /// With `recount`, the generations searches counted are counted again with the new list's
+    /// flags and the rows memtables hid at the last search (a flush's list: the rows its
+    /// generation hides are counted then, not by a search). Without it (a compaction's, at the
+    /// background's priority) they are left alone: a search would wait for the lock held
+    /// meanwhile.
+    pub(crate) fn warm(
+        &self,
+        gens: &[&Arc<Generation>],
+        ts: Option<&TextSchema>,
+        recount: bool,
+    ) -> Result<()> {
         let masks = self.generation_masks(gens);
         // Statistics only for a handle that counts them (one that ran a full-text search).
         let ts = ts.filter(|_| !lock(&self.dead).is_empty());
@@ -451,14 +462,17 @@ impl BlockLists {
             let (Some(ts), Some(ti)) = (ts, g.text()) else {
                 continue;
             };
-            // Only a generation no search counted yet (the flushed or merged one): one a search
-            // counted has the rows memtables hide counted too, which this would count back.
+            // A generation a search counted is counted with the rows memtables hid then (else
+            // they would be counted back in, and out again by the next search).
             let source = Source::Generation(Arc::clone(g));
             let dead = match lock(&self.dead).entry(SourceKey::of(&source)) {
+                std::collections::hash_map::Entry::Occupied(e) if recount => e.get().clone(),
                 std::collections::hash_map::Entry::Occupied(_) => continue,
                 std::collections::hash_map::Entry::Vacant(e) => e.insert(Arc::default()).clone(),
             };
-            lock(&dead).update(ts, &source, ti, &Live::new(base, Vec::new()))?;
+            let mut dead = lock(&dead);
+            let hidden = dead.last_hidden();
+            dead.update(ts, &source, ti, &Live::new(base, hidden))?;
         }
         // What is kept for generations no kept list names goes (a handle that no longer
         // searches would otherwise keep it for every list it computes).
@@ -722,7 +736,7 @@ mod tests {
         assert_eq!(masks(&l1), m1);
         assert_eq!(builds(), 1);
         // A flush computes its list ahead from the list queries see, which stays as it was.
-        cache.warm(&l2, None).unwrap();
+        cache.warm(&l2, None, true).unwrap();
         let m2 = vec![vec![true, false, false], vec![true], vec![false]];
         assert_eq!(masks(&l1), m1);
         assert_eq!(masks(&l2), m2);
@@ -731,10 +745,10 @@ mod tests {
         // extends the list queries see; the compaction then publishes on top of the flush.
         let g12 = generation(12, &["a", "b", "c"], false);
         let lc = [&g12, &g3];
-        cache.warm(&lc, None).unwrap();
+        cache.warm(&lc, None, false).unwrap();
         assert_eq!(builds(), 2, "a compaction's list starts no kept list");
         let l3 = [&g1, &g2, &g3, &g4];
-        cache.warm(&l3, None).unwrap();
+        cache.warm(&l3, None, true).unwrap();
         let lc4 = [&g12, &g3, &g4];
         assert_eq!(
             masks(&lc4),

@@ -161,6 +161,14 @@ impl DeadTerms {
         Ok(())
     }
 
+    /// The rows hidden besides the flags at the last update (none before one).
+    pub(crate) fn last_hidden(&self) -> Vec<u32> {
+        self.last
+            .as_ref()
+            .map(|(live, _)| live.hidden().rows().to_vec())
+            .unwrap_or_default()
+    }
+
     /// Counted rows holding `term`.
     pub(crate) fn doc_freq(&self, term: &Term) -> u64 {
         self.doc_freq.get(term).copied().unwrap_or(0)
