@@ -1272,6 +1272,13 @@ mod tests {
         assert_eq!(t.doc_freq(&red).unwrap(), 2);
     }
 
+    /// `n` batches of [`red_fox_batches`] and an empty memtable text index for them.
+    fn red_fox_index(n: usize) -> (Vec<RecordBatch>, Arc<MemTextIndex>) {
+        let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t"]}"#).unwrap();
+        let mem = Arc::new(MemTextIndex::new(TextSchema::new(&s).unwrap()).unwrap());
+        (red_fox_batches(&s, n), mem)
+    }
+
     /// `n` one-row stored batches, keys `k{i}`, texts `red fox {i}`.
     fn red_fox_batches(s: &IndexSchema, n: usize) -> Vec<RecordBatch> {
         (0..n as u64)
@@ -1291,10 +1298,8 @@ mod tests {
 
     #[test]
     fn a_search_indexes_only_rows_new_to_it_and_never_commits() {
-        let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t"]}"#).unwrap();
         let n = TAIL_COMMIT_SEGMENTS + 4;
-        let batches = red_fox_batches(&s, n);
-        let mem = Arc::new(MemTextIndex::new(TextSchema::new(&s).unwrap()).unwrap());
+        let (batches, mem) = red_fox_index(n);
         let red = Term::from_field_text(mem.schema.fields()[0], "red");
         let indexed = || mem.state.lock().unwrap().indexed_rows;
         mem.commit(&batches[..2], 2).unwrap();
@@ -1345,10 +1350,8 @@ mod tests {
 
     #[test]
     fn the_background_tokenizes_the_tail_for_searches_and_commits_when_due() {
-        let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t"]}"#).unwrap();
         let n = TAIL_COMMIT_SEGMENTS + 4;
-        let batches = red_fox_batches(&s, n);
-        let mem = Arc::new(MemTextIndex::new(TextSchema::new(&s).unwrap()).unwrap());
+        let (batches, mem) = red_fox_index(n);
         let red = Term::from_field_text(mem.schema.fields()[0], "red");
         let indexed = || mem.state.lock().unwrap().indexed_rows;
         mem.commit(&batches[..2], 2).unwrap();

@@ -449,7 +449,7 @@ pub(crate) async fn compact_once(
             );
             // No manifest names the merged object: delete it now rather than at the next open.
             if merged.is_some() {
-                inner.reader.generations.remove(id, epoch).await;
+                forget(inner, merged.as_ref()).await;
                 let path = inner.paths.generation(id, epoch);
                 crate::manifest::delete_all(&inner.loc.store, vec![path], 1).await;
             }

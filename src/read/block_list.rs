@@ -288,7 +288,8 @@ struct MemKeys {
 /// A source newer memtables may hide rows of, with its key lookup.
 enum Older<'a> {
     Generation(&'a Generation),
-    Memtable(&'a MemtableSource, Arc<MemKeys>),
+    /// A memtable source, its live rows and their key lookup.
+    Memtable(&'a Source, &'a RowFlags, Arc<MemKeys>),
 }
 
 impl Older<'_> {
@@ -298,7 +299,7 @@ impl Older<'_> {
                 let (id, epoch) = key_of(g);
                 (SourceKey::Generation(id, epoch), g.rows().num_rows())
             }
-            Older::Memtable(m, _) => (SourceKey::Memtable(m.view.id), m.view.rows),
+            Older::Memtable(s, _, _) => (SourceKey::of(s), s.rows()),
         }
     }
 
@@ -307,33 +308,19 @@ impl Older<'_> {
     fn row_of_key(&self, hash: u64, key: impl FnOnce() -> Option<Key>) -> Option<usize> {
         match self {
             Older::Generation(g) => g.row_of_key(hash, key),
-            Older::Memtable(m, keys) => {
+            Older::Memtable(s, live, keys) => {
                 let first = *keys.first.get(&hash)? as usize;
                 let key = key();
-                let v = &m.view;
-                if view_key(v, first) == key {
+                if s.key_at(first) == key {
                     return Some(first);
                 }
                 // Two live keys share the hash (the map keeps the first): look further.
-                v.live
-                    .iter_set()
+                live.iter_set()
                     .filter(|r| *r > first)
-                    .find(|r| view_hash(v, *r) == hash && view_key(v, *r) == key)
+                    .find(|r| s.row_hash(*r) == hash && s.key_at(*r) == key)
             }
         }
     }
-}
-
-/// The key hash of row `ord` of a memtable view.
-fn view_hash(v: &MemtableView, ord: usize) -> u64 {
-    let b = v.offsets.partition_point(|o| *o <= ord) - 1;
-    v.row_hashes[b][ord - v.offsets[b]]
-}
-
-/// The key of row `ord` of a memtable view.
-fn view_key(v: &MemtableView, ord: usize) -> Option<Key> {
-    let b = v.offsets.partition_point(|o| *o <= ord) - 1;
-    Key::from_array(v.batches[b].column(0).as_ref(), ord - v.offsets[b])
 }
 
 /// The block lists a handle keeps between queries (a cache: anything dropped is recomputed).
@@ -344,8 +331,8 @@ pub(crate) struct BlockLists {
     lists: Mutex<Vec<ListMasks>>,
     /// Per memtable id: what its rows hide of each older source.
     memtables: Mutex<HashMap<u64, Arc<MemtableBlocks>>>,
-    /// Per `(memtable id, rows)` of a memtable newer ones hide rows of: its key lookup.
-    keys: Mutex<HashMap<(u64, usize), Arc<MemKeys>>>,
+    /// Per memtable (and its rows) newer ones hide rows of: its key lookup.
+    keys: Mutex<HashMap<(SourceKey, usize), Arc<MemKeys>>>,
     /// Per source: the dead rows of its text index last counted.
     dead: Mutex<HashMap<SourceKey, Arc<Mutex<DeadTerms>>>>,
     /// Lists computed from scratch.
@@ -388,20 +375,23 @@ impl BlockLists {
             })
             .collect();
         lock(&self.memtables).retain(|id, _| mems.contains(id));
-        lock(&self.keys).retain(|(id, _), _| mems.contains(id));
         // The masks of generation lists are not dropped here: a list no snapshot names yet may
         // be the one a flush or a compaction is about to make visible (see `warm`). They go
         // as newer lists are computed, and at most two keep a key map.
-        // What is kept for the generations of the list last computed stays too (`warm`).
-        let mut keys: HashSet<SourceKey> = sources.iter().map(SourceKey::of).collect();
-        if let Some(l) = lock(&self.lists).first() {
-            keys.extend(
-                l.ids
-                    .iter()
-                    .map(|(id, epoch)| SourceKey::Generation(*id, *epoch)),
-            );
-        }
-        lock(&self.dead).retain(|k, _| keys.contains(k));
+        let keys: HashSet<SourceKey> = sources.iter().map(SourceKey::of).collect();
+        lock(&self.keys).retain(|(k, _), _| keys.contains(k));
+        // What is kept for the generations of the kept lists stays too (`warm`).
+        let kept = self.listed();
+        lock(&self.dead).retain(|k, _| keys.contains(k) || kept.contains(k));
+    }
+
+    /// The generations the kept lists name.
+    fn listed(&self) -> HashSet<SourceKey> {
+        lock(&self.lists)
+            .iter()
+            .flat_map(|l| l.ids.iter())
+            .map(|(id, epoch)| SourceKey::Generation(*id, *epoch))
+            .collect()
     }
 
     /// What `source`'s text index holds of rows that were dead for the last query that asked.
@@ -416,18 +406,17 @@ impl BlockLists {
         lock(&self.memtables).entry(id).or_default().clone()
     }
 
-    /// The key lookup of memtable `m`'s live rows.
-    fn mem_keys(&self, m: &MemtableSource) -> Arc<MemKeys> {
-        let id = (m.view.id, m.view.rows);
+    /// The key lookup of the `live` rows of memtable source `s`.
+    fn mem_keys(&self, s: &Source, live: &RowFlags) -> Arc<MemKeys> {
+        let id = (SourceKey::of(s), s.rows());
         if let Some(k) = lock(&self.keys).get(&id) {
             return k.clone();
         }
         // Built without holding the lock; two queries may both build it, one is kept.
-        let v = &m.view;
         let mut first: HashMap<u64, u32, BuildHasherDefault<HashIsKey>> =
-            HashMap::with_capacity_and_hasher(v.live.count(), Default::default());
-        for r in v.live.iter_set() {
-            first.entry(view_hash(v, r)).or_insert(r as u32);
+            HashMap::with_capacity_and_hasher(live.count(), Default::default());
+        for r in live.iter_set() {
+            first.entry(s.row_hash(r)).or_insert(r as u32);
         }
         lock(&self.keys)
             .entry(id)
@@ -476,11 +465,7 @@ impl BlockLists {
         }
         // What is kept for generations no kept list names goes (a handle that no longer
         // searches would otherwise keep it for every list it computes).
-        let kept: HashSet<SourceKey> = lock(&self.lists)
-            .iter()
-            .flat_map(|l| l.ids.iter())
-            .map(|(id, epoch)| SourceKey::Generation(*id, *epoch))
-            .collect();
+        let kept = self.listed();
         lock(&self.dead).retain(|k, _| matches!(k, SourceKey::Memtable(_)) || kept.contains(k));
         Ok(())
     }
@@ -605,8 +590,12 @@ pub(crate) fn live_masks(sources: &[Source], cache: &BlockLists) -> Vec<Live> {
         .map(|i| {
             let (base, older) = match &sources[i] {
                 Source::Memtable(mt) => {
-                    let keys = (i > 0).then(|| cache.mem_keys(mt));
-                    (mt.view.live.clone(), keys.map(|k| Older::Memtable(mt, k)))
+                    let live = &mt.view.live;
+                    let keys = (i > 0).then(|| cache.mem_keys(&sources[i], live));
+                    (
+                        live.clone(),
+                        keys.map(|k| Older::Memtable(&sources[i], live, k)),
+                    )
                 }
                 Source::Generation(g) => (bases[i - m].clone(), Some(Older::Generation(g))),
             };

@@ -86,6 +86,17 @@ impl Source {
         (b, ord - offsets[b])
     }
 
+    /// The key hash of the row at an ordinal.
+    pub(crate) fn row_hash(&self, ord: usize) -> u64 {
+        match self {
+            Source::Memtable(m) => {
+                let (b, r) = self.locate(ord);
+                m.view.row_hashes[b][r]
+            }
+            Source::Generation(g) => g.row_hashes()[ord],
+        }
+    }
+
     /// The key at an ordinal.
     pub(crate) fn key_at(&self, ord: usize) -> Option<Key> {
         let (b, r) = self.locate(ord);

@@ -559,14 +559,10 @@ impl HnswBuilder {
             for t in 1..threads + waiting {
                 let lower = lower.clone();
                 s.spawn(move || {
-                    if t >= threads {
-                        if !lower.as_ref().is_some_and(|w| w.wait_raised(done)) {
-                            return;
-                        }
-                    } else {
-                        let _leaving = Leaving(active);
-                        let _entered = lower.as_ref().map(|w| w.enter());
-                        return work();
+                    let waits = t >= threads;
+                    let _leaving = (!waits).then(|| Leaving(active));
+                    if waits && !lower.as_ref().is_some_and(|w| w.wait_raised(done)) {
+                        return;
                     }
                     let _entered = lower.as_ref().map(|w| w.enter());
                     work()
