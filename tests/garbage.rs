@@ -95,3 +95,47 @@ async fn a_writer_open_collects_leaked_objects_and_keeps_live_ones() {
     let reopened = Index::open(loc, small_settings()).await.unwrap();
     assert_eq!(live(&reopened).await, expected);
 }
+
+#[tokio::test]
+async fn probes_are_aged_by_the_stores_clock_not_this_machines() {
+    // The store's clock runs an hour behind this machine's (or this one runs ahead): every
+    // object looks an hour older than it is. A probe written just now by an open in progress
+    // must survive the collection; one written an hour earlier by a crashed open must not.
+    use common::faulty::FaultyStore;
+    use object_store::{ObjectStoreExt, PutPayload};
+    let store = FaultyStore::new(std::sync::Arc::new(object_store::memory::InMemory::new()));
+    store.skew("", 3600);
+    store.skew("probe/crashed", 3600);
+    let loc = Location::from_store(store.clone(), "idx");
+    let s = schema();
+    let index = Index::create(loc.clone(), s.clone(), small_settings())
+        .await
+        .unwrap();
+    index.close().await.unwrap();
+    for name in ["idx/probe/opening", "idx/probe/crashed"] {
+        store
+            .put(&name.into(), PutPayload::from_static(b"probe"))
+            .await
+            .unwrap();
+    }
+    let exists = |name: &'static str| {
+        let store = store.clone();
+        async move { store.head(&name.into()).await.is_ok() }
+    };
+    let writer = Index::open(loc, small_settings()).await.unwrap();
+    for _ in 0..200 {
+        if !exists("idx/probe/crashed").await {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !exists("idx/probe/crashed").await,
+        "an hour-old probe is collected"
+    );
+    assert!(
+        exists("idx/probe/opening").await,
+        "a probe written just now (by the store's clock) was deleted"
+    );
+    writer.close().await.unwrap();
+}

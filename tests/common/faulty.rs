@@ -39,6 +39,9 @@ pub struct FaultyStore {
     rules: Mutex<Vec<Rule>>,
     puts: Mutex<Vec<String>>,
     landed: Mutex<Vec<String>>,
+    /// Seconds subtracted from the `last_modified` of objects whose path contains the string
+    /// (every matching entry adds up): a store whose clock runs behind this machine's.
+    skews: Mutex<Vec<(String, u64)>>,
 }
 
 impl std::fmt::Display for FaultyStore {
@@ -54,6 +57,7 @@ impl FaultyStore {
             rules: Mutex::new(Vec::new()),
             puts: Mutex::new(Vec::new()),
             landed: Mutex::new(Vec::new()),
+            skews: Mutex::new(Vec::new()),
         })
     }
 
@@ -85,6 +89,25 @@ impl FaultyStore {
             .iter()
             .filter(|p| p.contains(path_contains))
             .count()
+    }
+
+    /// Report objects whose path contains `path_contains` as modified `secs` seconds earlier
+    /// than they were (LIST and HEAD/GET metadata), on top of any other skew that matches.
+    pub fn skew(&self, path_contains: &str, secs: u64) {
+        self.skews
+            .lock()
+            .unwrap()
+            .push((path_contains.to_string(), secs));
+    }
+
+    fn skewed(skews: &[(String, u64)], mut meta: ObjectMeta) -> ObjectMeta {
+        let secs: u64 = skews
+            .iter()
+            .filter(|(p, _)| meta.location.as_ref().contains(p.as_str()))
+            .map(|(_, s)| s)
+            .sum();
+        meta.last_modified -= std::time::Duration::from_secs(secs);
+        meta
     }
 
     pub fn clear(&self) {
@@ -191,7 +214,9 @@ impl ObjectStore for FaultyStore {
         options: GetOptions,
     ) -> object_store::Result<GetResult> {
         self.check("get", location).await?;
-        self.inner.get_opts(location, options).await
+        let mut r = self.inner.get_opts(location, options).await?;
+        r.meta = Self::skewed(&self.skews.lock().unwrap(), r.meta);
+        Ok(r)
     }
 
     fn delete_stream(
@@ -202,7 +227,12 @@ impl ObjectStore for FaultyStore {
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.inner.list(prefix)
+        use futures::StreamExt;
+        let skews = self.skews.lock().unwrap().clone();
+        self.inner
+            .list(prefix)
+            .map(move |m| m.map(|m| Self::skewed(&skews, m)))
+            .boxed()
     }
 
     fn list_with_offset(
