@@ -447,3 +447,49 @@ async fn a_fenced_writer_stops_retrying_its_buffered_writes() {
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Fenced, "{e}");
 }
+
+#[tokio::test]
+async fn a_fenced_writers_retried_flush_never_adopts_a_manifest_it_recreated() {
+    // A holds a0 and a1 in its WAL. B and C open in turn (retention 0: each prunes the version
+    // before its own), so the version A's flush creates next is free again. A's manifest PUT
+    // re-creates it and reports an error; the retry must find a newer version and give up as
+    // fenced, not adopt that manifest and delete the WAL objects C still replays from.
+    use common::faulty::{Action, FaultyStore};
+    let inner: std::sync::Arc<dyn object_store::ObjectStore> =
+        std::sync::Arc::new(object_store::memory::InMemory::new());
+    let faulty = FaultyStore::new(inner.clone());
+    let s = schema();
+    let settings = lsmsearch::Settings {
+        manifest_retention: 0,
+        memtable_max_rows: 1_000,
+        ..small_settings()
+    };
+    let a = Index::create(
+        Location::from_store(faulty.clone(), "idx"),
+        s.clone(),
+        settings.clone(),
+    )
+    .await
+    .unwrap();
+    a.append(&batch(&s, &[Row::new("a0", 1)])).await.unwrap();
+    a.append(&batch(&s, &[Row::new("a1", 1)])).await.unwrap();
+    let direct = Location::from_store(inner.clone(), "idx");
+    let b = Index::open(direct.clone(), settings.clone()).await.unwrap();
+    b.close().await.unwrap();
+    let c = Index::open(direct.clone(), settings.clone()).await.unwrap();
+
+    faulty.on("put", "manifest/", Action::SucceedThenFailOnce);
+    let first = a.flush().await;
+    assert!(first.is_err(), "the PUT reported an error: {first:?}");
+    let retried = tokio::time::timeout(std::time::Duration::from_secs(20), a.flush())
+        .await
+        .expect("the retried flush ends");
+    let e = retried.expect_err("a newer version exists: A is fenced");
+    assert_eq!(e.kind(), ErrorKind::Fenced, "{e}");
+
+    // C's rows are whole: a new writer replays a0 and a1.
+    drop(c);
+    let d = Index::open(direct, settings).await.unwrap();
+    let keys: Vec<String> = live(&d).await.into_keys().collect();
+    assert_eq!(keys, ["a0", "a1"]);
+}
