@@ -457,3 +457,33 @@ async fn a_fenced_writer_publishes_no_compaction() {
     assert_eq!(reopened.stats().generations.len(), 6);
     assert_eq!(live(&reopened).await, model);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generations_a_compaction_replaced_leave_the_caches() {
+    // The writer deletes the replaced objects after the grace period, and a read-only handle
+    // refreshes past them: neither cache keeps them (only the byte budget would evict them).
+    let dir = tempfile::tempdir().unwrap();
+    let loc = Location::parse(&dir.path().display().to_string()).unwrap();
+    let index = Index::create(loc.clone(), schema(), settings(false))
+        .await
+        .unwrap();
+    six_generations(&index).await;
+    let ro = Index::open_read_only(loc, Settings::default())
+        .await
+        .unwrap();
+    assert_eq!(ro.cache_stats().await.generations, 6);
+    index.compact().await.unwrap().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while index.stats().bytes_reclaimable > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(index.stats().bytes_reclaimable, 0);
+    assert_eq!(index.cache_stats().await.generations, 1, "the writer's cache");
+    ro.refresh().await.unwrap();
+    ro.scan(lsmsearch::ScanOptions::default()).await.unwrap();
+    assert_eq!(
+        ro.cache_stats().await.generations,
+        1,
+        "the read-only handle's cache"
+    );
+}
