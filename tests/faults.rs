@@ -595,3 +595,73 @@ async fn a_compaction_manifest_that_landed_but_reported_an_error_does_not_wedge_
     assert_eq!(reopened.stats().generations.len(), 2);
     assert_eq!(live(&reopened).await.len(), 25);
 }
+
+#[tokio::test]
+async fn a_failed_compact_at_the_cap_does_not_stop_the_writer() {
+    // compact() merges while a flush brings the generations to the cap; its manifest PUT then
+    // fails without landing. The background compactor and the flusher (waiting at the cap)
+    // must not wait for each other forever: once the store is healthy again, an append and a
+    // flush complete and the generations go back under the cap.
+    let (store, loc) = faulty();
+    let s = schema();
+    let settings = Settings {
+        memtable_max_rows: 1_000_000,
+        compaction_fanout: 2,
+        compaction_max_generations: 3,
+        ..Settings::default()
+    };
+    let index = Arc::new(
+        Index::create(loc.clone(), s.clone(), settings.clone())
+            .await
+            .unwrap(),
+    );
+    // 20 rows, then 5: the policy merges neither (20 > 1.5 × 5), and two are under the cap.
+    index.append(&batch(&s, &rows("g0-", 20))).await.unwrap();
+    index.flush().await.unwrap();
+    index.append(&batch(&s, &rows("g1-", 5))).await.unwrap();
+    index.flush().await.unwrap();
+    assert_eq!(index.stats().generations.len(), 2);
+
+    let held = Arc::new(Semaphore::new(0));
+    store.on("put", "generations/", Action::HoldOnce(held.clone()));
+    let compacting = {
+        let index = index.clone();
+        tokio::spawn(async move { index.compact().await })
+    };
+    // The merged generation's PUT is held.
+    while store.puts("generations/") < 3 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // A flush meanwhile: the generations reach the cap.
+    index.append(&batch(&s, &rows("g2-", 2))).await.unwrap();
+    index.flush().await.unwrap();
+    assert_eq!(index.stats().generations.len(), 3);
+    // The compaction's manifest PUT fails without landing.
+    store.on("put", "manifest/", Action::Fail);
+    held.add_permits(1);
+    let failed = compacting.await.unwrap();
+    assert!(failed.is_err(), "the manifest PUT failed: {failed:?}");
+    store.clear();
+
+    index.append(&batch(&s, &rows("after-", 3))).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), index.flush())
+        .await
+        .expect("a flush completes once the store is healthy again")
+        .unwrap();
+    // The background compactor brings the count back under the cap.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while index.stats().generations.len() >= 3 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stats = index.stats();
+    assert!(
+        stats.generations.len() < 3,
+        "the generations go back under the cap: {}",
+        stats.generations.len()
+    );
+    assert!(stats.compactions >= 1, "a compaction was published");
+    assert_eq!(live(&index).await.len(), 30);
+    index.close().await.unwrap();
+    let reopened = Index::open(loc, settings).await.unwrap();
+    assert_eq!(live(&reopened).await.len(), 30);
+}
