@@ -665,3 +665,58 @@ async fn a_failed_compact_at_the_cap_does_not_stop_the_writer() {
     let reopened = Index::open(loc, settings).await.unwrap();
     assert_eq!(live(&reopened).await.len(), 30);
 }
+
+#[tokio::test]
+async fn a_compaction_manifest_installed_late_has_its_run_collected() {
+    // compact()'s manifest lands but the writer sees an error; the next flush installs it.
+    // The generations it replaced are then this writer's to delete after the grace period,
+    // as after any compaction, not left to the next open.
+    use futures::TryStreamExt;
+    use object_store::ObjectStore;
+    let (store, loc) = faulty();
+    let s = schema();
+    let settings = Settings {
+        memtable_max_rows: 1_000_000,
+        compaction: false,
+        compaction_grace_ms: 0,
+        ..Settings::default()
+    };
+    let index = Index::create(loc.clone(), s.clone(), settings.clone())
+        .await
+        .unwrap();
+    for g in 0..4 {
+        index
+            .append(&batch(&s, &rows(&format!("g{g}-"), 5)))
+            .await
+            .unwrap();
+        index.flush().await.unwrap();
+    }
+    store.on("put", "manifest/", Action::SucceedThenFailOnce);
+    assert!(index.compact().await.is_err(), "the PUT reported an error");
+    store.clear();
+    index.append(&batch(&s, &rows("after-", 5))).await.unwrap();
+    index.flush().await.unwrap();
+    assert_eq!(index.stats().generations.len(), 2);
+    let objects = || async {
+        store
+            .list(Some(&object_store::path::Path::from("idx/generations")))
+            .try_collect::<Vec<_>>()
+            .await
+            .unwrap()
+            .len()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while objects().await > 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        objects().await,
+        2,
+        "the four replaced objects are deleted: only the merged and the new generation remain"
+    );
+    assert_eq!(index.stats().bytes_reclaimable, 0);
+    assert_eq!(live(&index).await.len(), 25);
+    index.close().await.unwrap();
+    let reopened = Index::open(loc, settings).await.unwrap();
+    assert_eq!(live(&reopened).await.len(), 25);
+}
