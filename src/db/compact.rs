@@ -297,6 +297,18 @@ pub(crate) async fn compact_once(
     if inner.closed.load(Ordering::SeqCst) {
         return Err(Error::closed());
     }
+    // An earlier compaction's manifest whose PUT reported an error is settled first (see
+    // `flush::settle`): the list to pick from is the one after it, and no merge is built that
+    // could not be published while that version is unsure.
+    let unsure = inner
+        .unsure_manifest
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .is_some();
+    if unsure {
+        let _publish = inner.publish.lock().await;
+        flush::settle(inner).await?;
+    }
     let started = Instant::now();
     let metas = inner.read_state().manifest.generations.clone();
     let run = match pick_by {
@@ -416,71 +428,55 @@ pub(crate) async fn compact_once(
     // Publish: the run replaced by the merged generation (or by nothing, when every row of it
     // was a superseded version or a dropped tombstone).
     let publish = inner.publish.lock().await;
-    let (base, next) = loop {
-        if let Err(e) = flush::settle(inner).await {
-            forget(inner, merged.as_ref()).await;
-            return Err(e);
-        }
-        let base = inner.read_state().manifest.clone();
-        let unsure = inner
-            .unsure_manifest
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some();
-        let at = base
-            .generations
-            .windows(run_metas.len())
-            .position(|w| w == &run_metas[..]);
-        let given_up = match at {
-            // An earlier compaction's manifest may still land at the next version: one unsure
-            // manifest at a time (the next flush settles it).
-            _ if unsure => Some("an earlier compaction's manifest is not settled"),
-            None => Some("the list changed"),
-            // Tombstones may only go when nothing older remains below them.
-            Some(at) if drop_tombstones && at != 0 => Some("generations appeared below its run"),
-            Some(_) => None,
-        };
-        let Some(at) = at.filter(|_| given_up.is_none()) else {
-            drop(publish);
-            tracing::info!(
-                "compaction of {} generations given up: {}",
-                run_metas.len(),
-                given_up.unwrap_or("the list changed")
-            );
-            // No manifest names the merged object: delete it now rather than at the next open.
-            if merged.is_some() {
-                forget(inner, merged.as_ref()).await;
-                let path = inner.paths.generation(id, epoch);
-                crate::manifest::delete_all(&inner.loc.store, vec![path], 1).await;
-            }
-            return Ok(None);
-        };
-        let mut next: Manifest = base.clone();
-        next.version += 1;
-        next.next_generation_id = next.next_generation_id.max(id + 1);
-        let replacement: Vec<GenerationMeta> = merged.iter().map(|g| g.meta().clone()).collect();
-        next.generations
-            .splice(at..at + run_metas.len(), replacement);
-        match flush::publish(inner, &next).await {
-            Ok(true) => break (base, next),
-            // The version was taken by an earlier compaction's manifest landing late (now
-            // installed): look at the list again.
-            Ok(false) => continue,
-            Err(e) => {
-                // The PUT may have landed although it reported an error: the next publish
-                // finds out.
-                if super::is_fenced(&e) {
-                    forget(inner, merged.as_ref()).await;
-                } else {
-                    *inner
-                        .unsure_manifest
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner()) = Some(next);
-                }
-                return Err(e);
-            }
-        }
+    if let Err(e) = flush::settle(inner).await {
+        forget(inner, merged.as_ref()).await;
+        return Err(e);
+    }
+    let base = inner.read_state().manifest.clone();
+    let at = base
+        .generations
+        .windows(run_metas.len())
+        .position(|w| w == &run_metas[..]);
+    let given_up = match at {
+        None => Some("the list changed"),
+        // Tombstones may only go when nothing older remains below them.
+        Some(at) if drop_tombstones && at != 0 => Some("generations appeared below its run"),
+        Some(_) => None,
     };
+    let Some(at) = at.filter(|_| given_up.is_none()) else {
+        drop(publish);
+        tracing::info!(
+            "compaction of {} generations given up: {}",
+            run_metas.len(),
+            given_up.unwrap_or("the list changed")
+        );
+        // No manifest names the merged object: delete it now rather than at the next open.
+        if merged.is_some() {
+            forget(inner, merged.as_ref()).await;
+            let path = inner.paths.generation(id, epoch);
+            crate::manifest::delete_all(&inner.loc.store, vec![path], 1).await;
+        }
+        return Ok(None);
+    };
+    let mut next: Manifest = base.clone();
+    next.version += 1;
+    next.next_generation_id = next.next_generation_id.max(id + 1);
+    let replacement: Vec<GenerationMeta> = merged.iter().map(|g| g.meta().clone()).collect();
+    next.generations
+        .splice(at..at + run_metas.len(), replacement);
+    if let Err(e) = flush::publish(inner, &next).await {
+        // The PUT may have landed although it reported an error, or may still: the next
+        // publish (or compaction) settles it.
+        if super::is_fenced(&e) {
+            forget(inner, merged.as_ref()).await;
+        } else {
+            *inner
+                .unsure_manifest
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(next);
+        }
+        return Err(e);
+    }
     inner.write_state().manifest = next.clone();
     drop(publish);
     let report = CompactionReport {

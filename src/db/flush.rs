@@ -246,31 +246,28 @@ async fn flush_one(
 
     // Publish, from the latest version (a compaction may have published since the build).
     let publish = inner.publish.lock().await;
-    let next = loop {
-        settle(inner).await?;
-        let mut next = inner.read_state().manifest.clone();
-        next.version += 1;
-        next.generations.push(generation.meta().clone());
-        next.next_generation_id = next.next_generation_id.max(gen_id + 1);
-        if let Some(w) = last_wal_id {
-            next.wal_replay_from = next.wal_replay_from.max(w + 1);
-        }
-        next.last_seq = next.last_seq.max(max_seq);
-        // `false`: a compaction's manifest took the version (now installed): again from it.
-        if self::publish(inner, &next).await? {
-            break next;
-        }
-    };
+    settle(inner).await?;
+    let mut next = inner.read_state().manifest.clone();
+    next.version += 1;
+    next.generations.push(generation.meta().clone());
+    next.next_generation_id = next.next_generation_id.max(gen_id + 1);
+    if let Some(w) = last_wal_id {
+        next.wal_replay_from = next.wal_replay_from.max(w + 1);
+    }
+    next.last_seq = next.last_seq.max(max_seq);
+    self::publish(inner, &next).await?;
     swap(inner, mid, &next)?;
     drop(publish);
     super::compact::raise_if_due(inner, Some(next.generations.len()));
     finish(inner, mid, next, generation, &wal_ids).await
 }
 
-/// Before a publish (under the publish lock): find out whether the compaction manifest whose
-/// PUT reported an error landed after all, and install it if it did. While its version is the
-/// next one it may still land (a PUT completing late), so it is kept until that version is
-/// taken; [`publish`] recognises it then.
+/// Before a publish (under the publish lock): settle the compaction manifest whose PUT
+/// reported an error. While its version is the next one it may still land (a PUT completing
+/// late), and nothing else may be published at that version meanwhile, so its outcome is made
+/// certain here: if it landed it is installed; if not, it is written again (a conditional
+/// create: whichever of the two PUTs lands first makes it this writer's), and installed. Only
+/// a newer writer can take the version instead: then this writer is fenced.
 pub(crate) async fn settle(inner: &Inner) -> Result<()> {
     let unsure = inner
         .unsure_manifest
@@ -288,28 +285,39 @@ pub(crate) async fn settle(inner: &Inner) -> Result<()> {
             .unwrap_or_else(|e| e.into_inner()) = None;
         return Ok(());
     }
-    match inner.manifests.read(m.version).await {
-        Ok(landed) => {
-            if landed == m {
-                tracing::info!("manifest {} of a compaction landed after all", m.version);
-                inner.write_state().manifest = m;
-            }
-            *inner
-                .unsure_manifest
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = None;
-            Ok(())
-        }
-        Err(e) if e.is_not_found() => Ok(()),
-        Err(e) => Err(e),
+    let landed = match inner.manifests.read(m.version).await {
+        Ok(landed) => landed == m,
+        Err(e) if e.is_not_found() => match inner.manifests.write(&m).await? {
+            WriteOutcome::Written => true,
+            // The late PUT landed meanwhile, or another handle took the version.
+            WriteOutcome::Conflict => inner.manifests.read(m.version).await? == m,
+        },
+        Err(e) => return Err(e),
+    };
+    if !landed {
+        // Another handle of a newer epoch published that version: this writer is fenced.
+        let latest = inner.manifests.load_latest().await?;
+        return Err(match latest {
+            Some(l) if l.epoch > inner.epoch => inner.fenced_error(),
+            _ => Error::internal(format!(
+                "manifest version {} was created by another handle of epoch {}",
+                m.version, inner.epoch
+            )),
+        });
     }
+    tracing::info!("manifest {} of a compaction settled as published", m.version);
+    inner.write_state().manifest = m;
+    *inner
+        .unsure_manifest
+        .lock()
+        .unwrap_or_else(|e| e.into_inner()) = None;
+    Ok(())
 }
 
-/// Create manifest version `next.version` (the version after this writer's latest): `Ok(true)`
-/// once it is this writer's; `Ok(false)` when this writer's own compaction manifest, whose PUT
-/// reported an error, had landed at that version (it is installed: compute `next` again); a
-/// fenced error when a newer writer owns the index.
-pub(crate) async fn publish(inner: &Inner, next: &Manifest) -> Result<bool> {
+/// Create manifest version `next.version` (the version after this writer's latest, with any
+/// unsure compaction manifest settled): `Ok` once it is this writer's; a fenced error when a
+/// newer writer owns the index.
+pub(crate) async fn publish(inner: &Inner, next: &Manifest) -> Result<()> {
     let epoch = inner.epoch;
     match inner.manifests.write(next).await? {
         // Created, but a newer version may exist: a newer writer pruned this one after moving
@@ -324,33 +332,15 @@ pub(crate) async fn publish(inner: &Inner, next: &Manifest) -> Result<bool> {
             {
                 return Err(inner.fenced_error());
             }
-            Ok(true)
+            Ok(())
         }
         // A PUT retried inside the store client after its first try landed: ours.
         WriteOutcome::Conflict
             if inner.manifests.read(next.version).await.ok().as_ref() == Some(next) =>
         {
-            Ok(true)
+            Ok(())
         }
         WriteOutcome::Conflict => {
-            // This writer's own compaction manifest, whose PUT reported an error and landed
-            // late: install it; the caller starts over from it.
-            let unsure = inner
-                .unsure_manifest
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone();
-            if let Some(m) = unsure.filter(|m| m.version == next.version) {
-                if inner.manifests.read(m.version).await.ok().as_ref() == Some(&m) {
-                    tracing::info!("manifest {} of a compaction landed late", m.version);
-                    inner.write_state().manifest = m;
-                    *inner
-                        .unsure_manifest
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner()) = None;
-                    return Ok(false);
-                }
-            }
             let latest = inner.manifests.load_latest().await?;
             Err(match latest {
                 Some(l) if l.epoch > epoch => inner.fenced_error(),
