@@ -99,7 +99,9 @@ fn over_cap(inner: &Inner) -> bool {
 
 /// The manifest version after `base` when this writer already published it (an earlier
 /// attempt whose manifest PUT landed but reported an error): the next version, of this epoch,
-/// holding `base`'s generations and generation `gen_id`.
+/// holding `base`'s generations and generation `gen_id`. Fenced when a newer version exists:
+/// that PUT may have re-created a version a newer writer had pruned (see
+/// [`fenced_if_superseded`]).
 async fn published_earlier(
     inner: &Inner,
     base: &Manifest,
@@ -113,11 +115,32 @@ async fn published_earlier(
                 && m.generations[..n] == base.generations[..]
                 && m.generations[n].id == gen_id
                 && m.generations[n].epoch == inner.epoch;
-            Ok(ours.then_some(m))
+            if !ours {
+                return Ok(None);
+            }
+            fenced_if_superseded(inner, m.version).await?;
+            Ok(Some(m))
         }
         Err(e) if e.is_not_found() => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+/// Fail as fenced when a manifest version newer than `version` (one this writer created)
+/// exists. A newer writer claims a version when it opens and may prune the older ones; a
+/// stalled writer's PUT can then re-create a pruned version, and succeed. Such a version is
+/// not this writer's to build on: adopting it would delete WAL objects the newer writer
+/// replays from, and installing a compaction's would delete generations its list names.
+pub(crate) async fn fenced_if_superseded(inner: &Inner, version: u64) -> Result<()> {
+    if inner
+        .manifests
+        .latest_version()
+        .await?
+        .is_some_and(|v| v > version)
+    {
+        return Err(inner.fenced_error());
+    }
+    Ok(())
 }
 
 async fn flush_one(
@@ -305,6 +328,7 @@ pub(crate) async fn settle(inner: &Inner) -> Result<()> {
             )),
         });
     }
+    fenced_if_superseded(inner, m.version).await?;
     tracing::info!("manifest {} of a compaction settled as published", m.version);
     inner.write_state().manifest = m;
     *inner
@@ -323,22 +347,12 @@ pub(crate) async fn publish(inner: &Inner, next: &Manifest) -> Result<()> {
         // Created, but a newer version may exist: a newer writer pruned this one after moving
         // past it, and this writer (stalled) re-created it. Then it is fenced, and must neither
         // clean up nor move LATEST.
-        WriteOutcome::Written => {
-            if inner
-                .manifests
-                .latest_version()
-                .await?
-                .is_some_and(|v| v > next.version)
-            {
-                return Err(inner.fenced_error());
-            }
-            Ok(())
-        }
+        WriteOutcome::Written => fenced_if_superseded(inner, next.version).await,
         // A PUT retried inside the store client after its first try landed: ours.
         WriteOutcome::Conflict
             if inner.manifests.read(next.version).await.ok().as_ref() == Some(next) =>
         {
-            Ok(())
+            fenced_if_superseded(inner, next.version).await
         }
         WriteOutcome::Conflict => {
             let latest = inner.manifests.load_latest().await?;
