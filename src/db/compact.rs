@@ -82,6 +82,50 @@ impl Replaced {
     }
 }
 
+/// A compaction's manifest whose PUT reported an error (it may have landed, or may still), with
+/// the run it replaces: settled before anything else is published (see `flush::settle`), and
+/// recorded as a compaction of this writer once it is.
+#[derive(Debug, Clone)]
+pub(crate) struct Unsure {
+    pub(crate) manifest: Manifest,
+    run: Vec<GenerationMeta>,
+    inputs: Vec<Weak<Generation>>,
+    started: Instant,
+}
+
+impl Unsure {
+    /// Record the compaction as published (its manifest is installed).
+    pub(crate) fn published(&self, inner: &Inner) {
+        published(
+            inner,
+            &self.run,
+            self.inputs.iter().cloned(),
+            self.started.elapsed(),
+        );
+    }
+}
+
+/// Record a compaction whose manifest is installed: the generations of `run` (`inputs`, the
+/// decoded ones this handle holds) await deletion after the grace period.
+fn published(
+    inner: &Inner,
+    run: &[GenerationMeta],
+    inputs: impl Iterator<Item = Weak<Generation>>,
+    took: Duration,
+) {
+    let mut st = inner.compaction_state();
+    let now = Instant::now();
+    st.replaced
+        .extend(run.iter().zip(inputs).map(|(meta, g)| Replaced {
+            meta: meta.clone(),
+            since: now,
+            generation: g,
+        }));
+    st.last_ms = took.as_millis() as u64;
+    st.compactions += 1;
+    st.last_error = None;
+}
+
 /// Compaction telemetry and the replaced generations awaiting deletion.
 #[derive(Debug, Default)]
 pub(crate) struct CompactionState {
@@ -473,7 +517,12 @@ pub(crate) async fn compact_once(
             *inner
                 .unsure_manifest
                 .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some(next);
+                .unwrap_or_else(|e| e.into_inner()) = Some(Unsure {
+                manifest: next,
+                run: run_metas,
+                inputs: inputs.iter().map(Arc::downgrade).collect(),
+                started,
+            });
         }
         return Err(e);
     }
@@ -488,19 +537,12 @@ pub(crate) async fn compact_once(
         bytes_out: merged.as_ref().map_or(0, |g| g.meta().bytes),
         millis: started.elapsed().as_millis() as u64,
     };
-    {
-        let mut st = inner.compaction_state();
-        let now = Instant::now();
-        st.replaced
-            .extend(run_metas.iter().zip(&inputs).map(|(meta, g)| Replaced {
-                meta: meta.clone(),
-                since: now,
-                generation: Arc::downgrade(g),
-            }));
-        st.last_ms = report.millis;
-        st.compactions += 1;
-        st.last_error = None;
-    }
+    published(
+        inner,
+        &run_metas,
+        inputs.iter().map(Arc::downgrade),
+        started.elapsed(),
+    );
     drop(inputs);
     tracing::debug!(
         "compacted {} generations ({} rows) into {} rows (manifest {})",

@@ -297,9 +297,10 @@ pub(crate) async fn settle(inner: &Inner) -> Result<()> {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .clone();
-    let Some(m) = unsure else {
+    let Some(unsure) = unsure else {
         return Ok(());
     };
+    let m = unsure.manifest.clone();
     if m.version <= inner.read_state().manifest.version {
         // That version is taken: this manifest can never land.
         *inner
@@ -335,6 +336,8 @@ pub(crate) async fn settle(inner: &Inner) -> Result<()> {
         .unsure_manifest
         .lock()
         .unwrap_or_else(|e| e.into_inner()) = None;
+    // Its run is replaced like any compaction's: deleted after the grace period.
+    unsure.published(inner);
     Ok(())
 }
 

@@ -160,7 +160,7 @@ pub(crate) struct Inner {
     pub publish: tokio::sync::Mutex<()>,
     /// A compaction's manifest whose PUT reported an error (it may have landed): settled
     /// before the next publish.
-    pub unsure_manifest: std::sync::Mutex<Option<Manifest>>,
+    pub unsure_manifest: std::sync::Mutex<Option<compact::Unsure>>,
     /// Held by the compaction under way: one at a time.
     pub compacting: tokio::sync::Mutex<()>,
     /// The priority of the compaction under way when it runs in the background (a flush raises
