@@ -592,9 +592,9 @@ pub(crate) async fn delete_replaced(inner: &Arc<Inner>) {
     if due.is_empty() {
         return;
     }
-    // Out of the cache first: then only queries hold them.
+    // Out of the cache for good first: then only queries hold them.
     for m in &due {
-        inner.reader.generations.remove(m.id, m.epoch).await;
+        inner.reader.generations.retire(m.id, m.epoch).await;
     }
     let doomed: Vec<GenerationMeta> = {
         let mut st = inner.compaction_state();

@@ -132,14 +132,36 @@ impl ReadOnlyIndex {
         }
     }
 
-    /// Move to the newest manifest and WAL. Cached generations are reused. A view never moves
-    /// backwards: when a concurrent refresh already installed a newer view, this one keeps it.
+    /// Move to the newest manifest and WAL. Cached generations are reused; those the newest
+    /// manifest no longer lists (a compaction replaced them) leave the cache for good. A view
+    /// never moves backwards: when a concurrent refresh already installed a newer view, this
+    /// one keeps it.
     pub async fn refresh(&self) -> Result<()> {
         let view = self.load_view(None).await?;
-        let mut current = self.view.write().await;
-        let newness = |v: &View| (v.manifest.version, v.wal_next);
-        if newness(&view) >= newness(&current) {
+        let gone: Vec<(u64, u64)> = {
+            let mut current = self.view.write().await;
+            let newness = |v: &View| (v.manifest.version, v.wal_next);
+            if newness(&view) < newness(&current) {
+                return Ok(());
+            }
+            let listed: std::collections::HashSet<(u64, u64)> = view
+                .manifest
+                .generations
+                .iter()
+                .map(|g| (g.id, g.epoch))
+                .collect();
+            let gone = current
+                .manifest
+                .generations
+                .iter()
+                .map(|g| (g.id, g.epoch))
+                .filter(|k| !listed.contains(k))
+                .collect();
             *current = view;
+            gone
+        };
+        for (id, epoch) in gone {
+            self.reader.generations.retire(id, epoch).await;
         }
         Ok(())
     }

@@ -48,7 +48,20 @@ struct Loader {
     concurrency: usize,
     budget: u64,
     cache: moka::future::Cache<(u64, u64), Arc<Generation>>,
+    /// Generations no list of this handle will name again (see [`GenerationCache::retire`]).
+    retired: std::sync::Mutex<Retired>,
 }
+
+/// The most recent [`RETIRED`] retired generations, oldest first. Ids are never reused, so a
+/// retired generation stays retired; the bound only has to outlast the fetches under way.
+#[derive(Debug, Default)]
+struct Retired {
+    keys: std::collections::HashSet<(u64, u64)>,
+    order: std::collections::VecDeque<(u64, u64)>,
+}
+
+/// Retired generations a cache remembers.
+const RETIRED: usize = 4096;
 
 impl std::fmt::Debug for GenerationCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -86,6 +99,7 @@ impl GenerationCache {
                 concurrency: concurrency.max(1),
                 budget,
                 cache,
+                retired: Default::default(),
             }),
         }
     }
@@ -117,12 +131,31 @@ impl GenerationCache {
             return Ok(g);
         }
         missed.store(true, std::sync::atomic::Ordering::Relaxed);
+        if self.is_retired(key) {
+            // A query of an older list: it gets the generation, the cache does not keep it.
+            return self.inner.load(meta).await;
+        }
         let loader = self.inner.clone();
-        self.inner
+        let g = self
+            .inner
             .cache
             .try_get_with(key, async move { loader.load(meta).await })
             .await
-            .map_err(|e| (*e).clone())
+            .map_err(|e| (*e).clone())?;
+        // Retired while it was fetched: out again.
+        if self.is_retired(key) {
+            self.inner.cache.invalidate(&key).await;
+        }
+        Ok(g)
+    }
+
+    fn is_retired(&self, key: (u64, u64)) -> bool {
+        self.inner
+            .retired
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys
+            .contains(&key)
     }
 
     /// The generations `metas` describes when the cache holds every one of them (nothing is
@@ -135,8 +168,11 @@ impl GenerationCache {
         Some(out)
     }
 
-    /// Put a generation this handle built in the cache.
+    /// Put a generation this handle built in the cache (unless it is retired).
     pub(crate) async fn insert(&self, g: Arc<Generation>) {
+        if self.is_retired((g.meta().id, g.meta().epoch)) {
+            return;
+        }
         self.inner
             .cache
             .insert((g.meta().id, g.meta().epoch), g)
@@ -149,6 +185,29 @@ impl GenerationCache {
         self.inner.cache.invalidate(&(id, epoch)).await;
         // The cache's bookkeeping holds the value until its pending tasks run.
         self.inner.cache.run_pending_tasks().await;
+    }
+
+    /// Drop a generation from the cache for good: no list of this handle will name it again
+    /// (a compaction replaced it). A query of an older list that still asks for it fetches it
+    /// without caching it, and a fetch under way when it is retired does not keep it either:
+    /// otherwise it would stay until the byte budget evicts it.
+    pub(crate) async fn retire(&self, id: u64, epoch: u64) {
+        {
+            let mut r = self
+                .inner
+                .retired
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if r.keys.insert((id, epoch)) {
+                r.order.push_back((id, epoch));
+                if r.order.len() > RETIRED {
+                    if let Some(old) = r.order.pop_front() {
+                        r.keys.remove(&old);
+                    }
+                }
+            }
+        }
+        self.remove(id, epoch).await;
     }
 
     /// What the cache holds (after applying pending evictions).
@@ -185,5 +244,75 @@ impl Loader {
             ));
         }
         Ok(Arc::new(g))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::IndexSchema;
+    use crate::storage::latency::{LatencyConfig, LatencyStore};
+    use arrow::array::{ArrayRef, RecordBatch, StringArray};
+    use object_store::ObjectStoreExt;
+    use std::time::Duration;
+
+    /// A cache over a store answering every read after 200 ms, holding generation 1.
+    async fn cache_with_one_generation() -> (GenerationCache, GenerationMeta) {
+        let s = IndexSchema::from_json(r#"{"primary_key": "id"}"#).unwrap();
+        let keys: ArrayRef = Arc::new(StringArray::from(vec!["a", "b"]));
+        let user = RecordBatch::try_new(s.arrow_schema(), vec![keys]).unwrap();
+        let rows = s.to_stored(&user, 1).unwrap();
+        let spec = IndexSpec {
+            text: None,
+            vector: None,
+        };
+        let (g, bytes) =
+            Generation::build(1, 1, rows, &s.stored_schema(), spec, None, 1).unwrap();
+        let memory: Arc<dyn object_store::ObjectStore> =
+            Arc::new(object_store::memory::InMemory::new());
+        let slow = LatencyStore::new(
+            memory,
+            LatencyConfig {
+                read: Duration::from_millis(200),
+                write: Duration::ZERO,
+                bytes_per_second: None,
+            },
+        );
+        let loc = Location::from_store(slow, "idx");
+        let paths = Paths::new(loc.root.clone());
+        loc.store
+            .put(&paths.generation(1, 1), bytes.into())
+            .await
+            .unwrap();
+        let cache = GenerationCache::new(loc, paths, s.stored_schema(), None, None, 4, 1 << 30);
+        (cache, g.meta().clone())
+    }
+
+    #[tokio::test]
+    async fn a_retired_generation_is_fetched_but_never_cached_again() {
+        let (cache, meta) = cache_with_one_generation().await;
+        cache.get_all(std::slice::from_ref(&meta)).await.unwrap();
+        assert_eq!(cache.stats().await.generations, 1);
+        cache.retire(meta.id, meta.epoch).await;
+        assert_eq!(cache.stats().await.generations, 0);
+        // A query of an older list asks for it again.
+        let again = cache.get_all(std::slice::from_ref(&meta)).await.unwrap();
+        assert_eq!(again[0].meta(), &meta);
+        assert_eq!(cache.stats().await.generations, 0, "not cached again");
+    }
+
+    #[tokio::test]
+    async fn a_generation_retired_while_it_is_fetched_is_not_kept() {
+        let (cache, meta) = cache_with_one_generation().await;
+        let fetching = {
+            let cache = cache.clone();
+            let meta = meta.clone();
+            tokio::spawn(async move { cache.get_all(&[meta]).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        cache.retire(meta.id, meta.epoch).await;
+        let fetched = fetching.await.unwrap().unwrap();
+        assert_eq!(fetched[0].meta(), &meta, "the query gets its generation");
+        assert_eq!(cache.stats().await.generations, 0, "the cache does not keep it");
     }
 }
