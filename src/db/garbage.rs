@@ -13,8 +13,8 @@
 //! - generation objects of an older epoch that only older kept versions name (a compaction
 //!   replaced them, and its writer closed or crashed before deleting them): deleted after
 //!   [`crate::Settings::compaction_grace_ms`], as a compaction's replaced objects are;
-//! - probe objects older than [`STALE`]: writers that crashed while opening (a young probe may
-//!   belong to an open in progress);
+//! - probe objects older than [`STALE`] by the store's clock: writers that crashed while
+//!   opening (a young probe may belong to an open in progress);
 //! - on a local directory, staging files (`<name>#<digits>`) older than [`STALE`]: PUTs cut off
 //!   by a crash, which the store's LIST never shows.
 //!
@@ -29,10 +29,10 @@ use crate::manifest::delete_all;
 use crate::storage::paths::{parse_generation, parse_manifest, parse_wal};
 use futures::TryStreamExt;
 use object_store::path::Path;
-use object_store::{ObjectMeta, ObjectStore};
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 /// Age past which a probe or a staging file is taken as left by a crash.
 pub(crate) const STALE: Duration = Duration::from_secs(10 * 60);
@@ -88,16 +88,27 @@ pub(crate) async fn collect(inner: Arc<Inner>, manifest: Manifest) {
         Err(e) => tracing::warn!("garbage collection: cannot read the kept manifests: {e}"),
     }
 
-    match list(store, &inner.paths.probe_dir()).await {
-        Ok(objects) => {
-            let now = unix_now();
-            doomed.extend(
-                objects
-                    .into_iter()
-                    .filter(|m| now - m.last_modified.timestamp() > STALE.as_secs() as i64)
-                    .map(|m| m.location),
-            )
-        }
+    // Probes are aged by the store's clock, never this machine's: a local clock running ahead
+    // would take a concurrent open's probe for a stale one, and that open would fail. The
+    // store's "now" is the time it gave the manifest version this open just created.
+    let claimed = inner.paths.manifest(manifest.version);
+    let probes = match store.head(&claimed).await {
+        Ok(meta) => list(store, &inner.paths.probe_dir())
+            .await
+            .map(|objects| (meta.last_modified, objects)),
+        Err(e) => Err(crate::Error::store(&claimed, e)),
+    };
+    match probes {
+        Ok((now, objects)) => doomed.extend(
+            objects
+                .into_iter()
+                .filter(|m| {
+                    (now - m.last_modified)
+                        .to_std()
+                        .is_ok_and(|age| age > STALE)
+                })
+                .map(|m| m.location),
+        ),
         Err(e) => tracing::warn!("garbage collection: {e}"),
     }
 
@@ -115,12 +126,6 @@ pub(crate) async fn collect(inner: Arc<Inner>, manifest: Manifest) {
             Err(e) => tracing::warn!("garbage collection of staging files: {e}"),
         }
     }
-}
-
-fn unix_now() -> i64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
 }
 
 async fn list(store: &Arc<dyn ObjectStore>, dir: &Path) -> crate::Result<Vec<ObjectMeta>> {
