@@ -338,6 +338,10 @@ pub(crate) struct BlockLists {
     /// Lists computed from scratch.
     #[cfg(test)]
     builds: std::sync::atomic::AtomicUsize,
+    /// Called where `warm` computes (extends a list, counts dead rows): what a test checks
+    /// there.
+    #[cfg(test)]
+    computing: Mutex<Option<fn(&BlockLists)>>,
 }
 
 /// A source's identity while a handle keeps something for it.
@@ -461,6 +465,10 @@ impl BlockLists {
             };
             let mut dead = lock(&dead);
             let hidden = dead.last_hidden();
+            #[cfg(test)]
+            if let Some(f) = *lock(&self.computing) {
+                f(self);
+            }
             dead.update(ts, &source, ti, &Live::new(base, hidden))?;
         }
         // What is kept for generations no kept list names goes (a handle that no longer
@@ -489,6 +497,10 @@ impl BlockLists {
         let computed = match start {
             Some(l) => {
                 let added = ids.len() - l.ids.len();
+                #[cfg(test)]
+                if let Some(f) = *lock(&self.computing) {
+                    f(self);
+                }
                 l.extend(gens, added)
             }
             None => None,
@@ -647,6 +659,72 @@ mod tests {
             (0..live.len()).filter(|r| flags[*r]).collect::<Vec<_>>()
         );
         flags
+    }
+
+    /// A generation `id` of rows with keys `keys` and text `text`.
+    fn text_generation(ts: &TextSchema, id: u64, keys: &[&str], text: &str) -> Arc<Generation> {
+        let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t"]}"#).unwrap();
+        let texts: ArrayRef = Arc::new(StringArray::from(vec![text; keys.len()]));
+        let keys: ArrayRef = Arc::new(StringArray::from(keys.to_vec()));
+        let user = RecordBatch::try_new(s.arrow_schema(), vec![keys, texts]).unwrap();
+        let spec = crate::generation::IndexSpec {
+            text: Some(ts),
+            vector: None,
+        };
+        let rows = s.to_stored(&user, id).unwrap();
+        let (g, _) = Generation::build(id, 1, rows, &s.stored_schema(), spec, None, 1).unwrap();
+        Arc::new(g)
+    }
+
+    #[test]
+    fn a_compactions_warm_computes_holding_no_lock_a_search_takes() {
+        // A compaction computes its list ahead on a thread of the background's priority:
+        // while it extends a list or counts dead rows, a search must find every lock it takes
+        // (the kept lists, the dead-row statistics and each source's) free.
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static CALLS: AtomicUsize = AtomicUsize::new(0);
+        static HELD: AtomicUsize = AtomicUsize::new(0);
+        fn check(lists: &BlockLists) {
+            CALLS.fetch_add(1, Ordering::SeqCst);
+            let free = lists.lists.try_lock().is_ok()
+                && lists
+                    .dead
+                    .try_lock()
+                    .is_ok_and(|d| d.values().all(|s| s.try_lock().is_ok()));
+            if !free {
+                HELD.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t"]}"#).unwrap();
+        let ts = TextSchema::new(&s).unwrap();
+        let ts: &TextSchema = &ts;
+        let g1 = text_generation(ts, 1, &["a", "b", "c"], "one two");
+        let g2 = text_generation(ts, 2, &["a", "d"], "two three");
+        let g3 = text_generation(ts, 3, &["b", "e"], "three four");
+        let lists = BlockLists::default();
+        // A handle that searched [g1, g2]: their list and dead rows are kept.
+        lists.dead_terms(&Source::Generation(g1.clone()));
+        lists.warm(&[&g1, &g2], Some(ts), true).unwrap();
+        *lock(&lists.computing) = Some(check);
+        // A list extending it, computed ahead at the background's priority.
+        lists.warm(&[&g1, &g2, &g3], Some(ts), false).unwrap();
+        assert!(
+            CALLS.load(Ordering::SeqCst) >= 2,
+            "the list was extended and g3 counted"
+        );
+        assert_eq!(HELD.load(Ordering::SeqCst), 0, "a lock was held");
+        // What it computed is kept: g3's dead rows and the extended list.
+        assert!(lock(&lists.dead).contains_key(&SourceKey::Generation(3, 1)));
+        let masks = lists.generation_masks(&[&g1, &g2, &g3]);
+        let flags: Vec<Vec<bool>> = masks.iter().map(RowFlags::to_vec).collect();
+        assert_eq!(
+            flags,
+            vec![
+                vec![false, false, true],
+                vec![true, true],
+                vec![true, true]
+            ]
+        );
     }
 
     #[test]
