@@ -455,21 +455,32 @@ impl BlockLists {
             let (Some(ts), Some(ti)) = (ts, g.text()) else {
                 continue;
             };
-            // A generation a search counted is counted with the rows memtables hid then (else
-            // they would be counted back in, and out again by the next search).
             let source = Source::Generation(Arc::clone(g));
-            let dead = match lock(&self.dead).entry(SourceKey::of(&source)) {
-                std::collections::hash_map::Entry::Occupied(e) if recount => e.get().clone(),
-                std::collections::hash_map::Entry::Occupied(_) => continue,
-                std::collections::hash_map::Entry::Vacant(e) => e.insert(Arc::default()).clone(),
-            };
-            let mut dead = lock(&dead);
-            let hidden = dead.last_hidden();
-            #[cfg(test)]
-            if let Some(f) = *lock(&self.computing) {
-                f(self);
+            let key = SourceKey::of(&source);
+            let counted = lock(&self.dead).get(&key).cloned();
+            match counted {
+                // A generation a search counted is counted with the rows memtables hid then
+                // (else they would be counted back in, and out again by the next search).
+                Some(dead) if recount => {
+                    let mut dead = lock(&dead);
+                    let hidden = dead.last_hidden();
+                    dead.update(ts, &source, ti, &Live::new(base, hidden))?;
+                }
+                Some(_) => {}
+                // Counted before any search can see it, then made visible: a search never
+                // waits for this count (a compaction's runs at the background's priority).
+                None => {
+                    let mut fresh = DeadTerms::default();
+                    #[cfg(test)]
+                    if let Some(f) = *lock(&self.computing) {
+                        f(self);
+                    }
+                    fresh.update(ts, &source, ti, &Live::new(base, Vec::new()))?;
+                    lock(&self.dead)
+                        .entry(key)
+                        .or_insert_with(|| Arc::new(Mutex::new(fresh)));
+                }
             }
-            dead.update(ts, &source, ti, &Live::new(base, hidden))?;
         }
         // What is kept for generations no kept list names goes (a handle that no longer
         // searches would otherwise keep it for every list it computes).
@@ -483,45 +494,51 @@ impl BlockLists {
     /// from a kept list it starts with (a flush adds generations on top).
     fn generation_masks(&self, gens: &[&Arc<Generation>]) -> Vec<RowFlags> {
         let ids: Vec<(u64, u64)> = gens.iter().map(|g| key_of(g)).collect();
-        let mut lists = lock(&self.lists);
-        if let Some(l) = lists.iter().find(|l| l.ids == ids) {
-            return l.live.clone();
-        }
-        // The longest kept list with a key map that this list extends.
-        let start = lists
-            .iter_mut()
-            .filter(|l| {
-                l.newest.is_some() && ids.len() > l.ids.len() && ids[..l.ids.len()] == l.ids[..]
-            })
-            .max_by_key(|l| l.ids.len());
-        let computed = match start {
-            Some(l) => {
-                let added = ids.len() - l.ids.len();
-                #[cfg(test)]
-                if let Some(f) = *lock(&self.computing) {
-                    f(self);
-                }
-                l.extend(gens, added)
+        let start = {
+            let mut lists = lock(&self.lists);
+            if let Some(l) = lists.iter().find(|l| l.ids == ids) {
+                return l.live.clone();
             }
-            None => None,
+            // The longest kept list with a key map that this list extends: its map moves out
+            // (as extending always moved it to the new list), its masks stay.
+            lists
+                .iter_mut()
+                .filter(|l| {
+                    l.newest.is_some()
+                        && ids.len() > l.ids.len()
+                        && ids[..l.ids.len()] == l.ids[..]
+                })
+                .max_by_key(|l| l.ids.len())
+                .map(|l| ListMasks {
+                    ids: l.ids.clone(),
+                    newest: l.newest.take(),
+                    live: l.live.clone(),
+                })
         };
-        let computed = match computed {
+        // Computed without holding the lock: other queries' lists stay available, and no
+        // search waits for a computation at the background's priority.
+        let extended = start.and_then(|mut l| {
+            #[cfg(test)]
+            if let Some(f) = *lock(&self.computing) {
+                f(self);
+            }
+            let added = ids.len() - l.ids.len();
+            l.extend(gens, added)
+        });
+        let computed = match extended {
             Some(c) => c,
             None => {
-                // Built without holding the lock: other queries' lists stay available.
-                drop(lists);
                 #[cfg(test)]
                 self.builds
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let built = ListMasks::build(gens);
-                lists = lock(&self.lists);
-                // Another query may have computed it meanwhile.
-                if let Some(l) = lists.iter().find(|l| l.ids == ids) {
-                    return l.live.clone();
-                }
-                built
+                ListMasks::build(gens)
             }
         };
+        let mut lists = lock(&self.lists);
+        // Another query may have computed it meanwhile.
+        if let Some(l) = lists.iter().find(|l| l.ids == ids) {
+            return l.live.clone();
+        }
         let masks = computed.live.clone();
         lists.insert(0, computed);
         lists.truncate(KEPT_LISTS);
