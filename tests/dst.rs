@@ -1,15 +1,21 @@
 //! Deterministic simulation: a seeded run of a writer appending and deleting (durable and
-//! buffered) over a small key space, flushing, closing and reopening, crashing (its store dies
-//! at a random request: a crash between any two requests, mid-flush or mid-open included) and
-//! restarting from the store, a second writer taking over while the first still runs (which must
-//! then acknowledge nothing), and read-only handles opening and refreshing; every process talks
-//! to the store through its own `SimStore`, which adds latency, fails requests and reports
-//! errors for PUTs that landed (ambiguous outcomes).
+//! buffered) over a small key space, flushing, compacting (in the background and on demand,
+//! with a small generation cap), closing and reopening, crashing (its store dies at a random
+//! request: a crash between any two requests, mid-flush, mid-compaction or mid-open included)
+//! and restarting from the store, a second writer taking over while the first still runs (which
+//! must then acknowledge nothing), and read-only handles opening and refreshing; every process
+//! talks to the store through its own `SimStore`, which adds latency, fails requests, reports
+//! errors for PUTs that landed (ambiguous outcomes), and fails manifest PUTs more often, some
+//! of them landing later.
 //!
 //! Every read is checked against a model of each key's history: what it returns for a key is
 //! the newest version acknowledged (durably, or on this handle) or something written after it
 //! whose outcome is unknown; never an older version (no stale row), never nothing when a version
 //! was acknowledged (never short), and never a write made by a writer after it was taken over.
+//!
+//! Liveness is checked too: once the faults stop, the writer's append and `flush()` complete
+//! within [`LIVENESS`], and the generation count goes back under the cap (with compaction on).
+//! A stuck writer is a violation like a lost write.
 //!
 //! `cargo test --test dst` runs 200 seeds; `LSMSEARCH_DST_SEEDS=N` (and `LSMSEARCH_DST_FIRST`,
 //! `LSMSEARCH_DST_THREADS`) run more; `LSMSEARCH_DST_SEED=S` replays one, printing its steps. Fault decisions come from
@@ -33,7 +39,17 @@ use std::time::Instant;
 
 const KEYS: usize = 12;
 const STEPS: usize = 60;
-const SEED_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+const SEED_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+/// How long a writer may take, once the faults stop, to acknowledge an append, to finish a
+/// flush, and to bring its generations back under the cap (the compactor backs off for at most
+/// 30 s after failures).
+const LIVENESS: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Figures of a run: seeds in which the writer reached the generation cap, compactions
+/// published, liveness checks passed.
+static AT_CAP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static COMPACTIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static LIVE_CHECKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Status {
@@ -141,6 +157,10 @@ struct Sim {
     settings: Settings,
     verbose: bool,
     log: Arc<std::sync::Mutex<Vec<String>>>,
+    /// The writer reached the generation cap at some step.
+    hit_cap: bool,
+    /// Compactions published by writers that are gone.
+    compactions: u64,
 }
 
 fn write_error_ok(e: &lsmsearch::Error) -> Result<(), String> {
@@ -214,23 +234,121 @@ impl Sim {
     }
 
     async fn step(&mut self, step: usize) -> Result<(), String> {
-        let roll = self.rng.random_range(0..100);
+        let roll = self.rng.random_range(0..110);
         if self.writer.is_none() {
             let w = self.open_writer().await?;
             self.writer = Some(w);
             return self.check_writer("after a restart").await;
         }
-        match roll {
+        let r = match roll {
             0..=39 => self.append(step).await,
             40..=47 => self.delete(step).await,
-            48..=55 => self.flush().await,
-            56..=67 => self.check_writer("read").await,
-            68..=77 => self.read_only().await,
-            78..=83 => self.crash(step).await,
-            84..=88 => self.takeover().await,
-            89..=93 => self.close_and_reopen().await,
+            48..=57 => self.flush().await,
+            58..=63 => self.compact().await,
+            64..=67 => self.liveness(step).await,
+            68..=77 => self.check_writer("read").await,
+            78..=87 => self.read_only().await,
+            88..=93 => self.crash(step).await,
+            94..=98 => self.takeover().await,
+            99..=103 => self.close_and_reopen().await,
             _ => self.zombie_write(step).await,
+        };
+        if let Some(w) = &self.writer {
+            let cap = self.settings.compaction_max_generations;
+            if w.index.stats().generations.len() >= cap {
+                self.hit_cap = true;
+            }
         }
+        r
+    }
+
+    /// Everything the writer does (before it goes) that the run's figures count.
+    fn retire(&mut self, w: &Writer) {
+        self.compactions += w.index.stats().compactions;
+    }
+
+    async fn compact(&mut self) -> Result<(), String> {
+        let w = self.writer.as_ref().expect("a writer");
+        let r = w.index.compact().await;
+        let id = w.id;
+        if let Err(e) = &r {
+            write_error_ok(e)?;
+        }
+        self.note(format!(
+            "writer {id} compacts -> {:?}",
+            r.map(|r| r.map(|r| (r.generations_before, r.generations_after)))
+                .map_err(|e| e.kind())
+        ));
+        Ok(())
+    }
+
+    /// The faults stop for the writer: an append and a flush complete, and (compaction on) the
+    /// generations go back under the cap, each within [`LIVENESS`]; then the faults resume.
+    async fn liveness(&mut self, step: usize) -> Result<(), String> {
+        let key = format!("k{:02}", self.rng.random_range(0..KEYS));
+        let row = self.value(&key, step);
+        let w = self.writer.as_ref().expect("a writer");
+        let id = w.id;
+        let faults = w.store.faults();
+        w.store.set_faults(Faults::NONE);
+        let started = Instant::now();
+        let appended = tokio::time::timeout(
+            LIVENESS,
+            w.index.append(&batch(&schema(), std::slice::from_ref(&row))),
+        )
+        .await;
+        let appended = match appended {
+            Err(_) => {
+                return Err(format!(
+                    "writer {id} is stuck: an append without faults took over {LIVENESS:?}"
+                ))
+            }
+            Ok(r) => r.map_err(|e| format!("writer {id}: an append without faults failed: {e}")),
+        };
+        self.history.record(
+            step,
+            &key,
+            Some(row),
+            if appended.is_ok() {
+                Status::Durable
+            } else {
+                Status::Maybe
+            },
+        );
+        appended?;
+        self.history.promote(id, Status::Durable);
+        let w = self.writer.as_ref().expect("a writer");
+        match tokio::time::timeout(LIVENESS, w.index.flush()).await {
+            Err(_) => {
+                return Err(format!(
+                    "writer {id} is stuck: a flush without faults took over {LIVENESS:?}"
+                ))
+            }
+            Ok(Err(e)) => return Err(format!("writer {id}: a flush without faults failed: {e}")),
+            Ok(Ok(())) => {}
+        }
+        let cap = self.settings.compaction_max_generations;
+        let mut gens = w.index.stats().generations.len();
+        if self.settings.compaction {
+            while gens >= cap && started.elapsed() < LIVENESS {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                gens = w.index.stats().generations.len();
+            }
+            if gens >= cap {
+                return Err(format!(
+                    "writer {id} is stuck at {gens} generations (cap {cap}) {LIVENESS:?} after \
+                     the faults stopped"
+                ));
+            }
+        }
+        w.store.set_faults(faults);
+        LIVE_CHECKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.note(format!(
+            "step {step}: writer {id} without faults: append and flush in {:?}, {gens} \
+             generations",
+            started.elapsed()
+        ));
+        Ok(())
     }
 
     async fn append(&mut self, step: usize) -> Result<(), String> {
@@ -394,6 +512,7 @@ impl Sim {
             w = self.writer.take();
         }
         let w = w.expect("the crashing writer");
+        self.retire(&w);
         w.store.kill();
         self.history.promote(w.id, Status::Maybe);
         self.note(format!(
@@ -411,6 +530,7 @@ impl Sim {
             drop(z.index);
         }
         let old = self.writer.take().expect("a writer");
+        self.retire(&old);
         let new = self.open_writer().await?;
         // What the old writer buffered may be lost; what it acknowledged durably is not.
         self.history.promote(old.id, Status::Maybe);
@@ -480,6 +600,7 @@ impl Sim {
 
     async fn close_and_reopen(&mut self) -> Result<(), String> {
         let w = self.writer.take().expect("a writer");
+        self.retire(&w);
         let r = w.index.close().await;
         match &r {
             Ok(()) => self.history.promote(w.id, Status::Durable),
@@ -503,9 +624,14 @@ impl Sim {
             z.store.kill();
         }
         if let Some(w) = self.writer.take() {
+            self.retire(&w);
             w.store.kill();
             self.history.promote(w.id, Status::Maybe);
         }
+        if self.hit_cap {
+            AT_CAP.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        COMPACTIONS.fetch_add(self.compactions, std::sync::atomic::Ordering::Relaxed);
         self.faults = Faults::NONE;
         let w = self.open_writer().await?;
         let found = to_model(
@@ -553,14 +679,21 @@ async fn run_seed(seed: u64, verbose: bool, log: Log) -> Result<(), String> {
         fail: [0.0, 0.01, 0.03, 0.06][rng.random_range(0..4)],
         ambiguous: [0.0, 0.02, 0.05][rng.random_range(0..3)],
         latency_us: [0, 200, 2_000][rng.random_range(0..3)],
+        manifest_fail: [0.0, 0.05, 0.15][rng.random_range(0..3)],
+        manifest_late: [0.0, 0.03, 0.1][rng.random_range(0..3)],
     };
+    let fanout = rng.random_range(2..4);
     let settings = Settings {
         memtable_max_rows: rng.random_range(4..40),
         max_frozen_memtables: rng.random_range(1..3),
         wal_buffer_interval_ms: rng.random_range(1..30),
         wal_buffer_max_rows: rng.random_range(2..20),
-        manifest_retention: rng.random_range(1..4),
+        manifest_retention: rng.random_range(0..4),
         io_concurrency: rng.random_range(1..8),
+        compaction: rng.random_bool(0.85),
+        compaction_fanout: fanout,
+        compaction_max_generations: fanout + rng.random_range(1..4),
+        compaction_grace_ms: [0, 20, 500][rng.random_range(0..3)],
         ..Settings::default()
     };
     let shared: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
@@ -577,6 +710,8 @@ async fn run_seed(seed: u64, verbose: bool, log: Log) -> Result<(), String> {
         settings: settings.clone(),
         verbose,
         log,
+        hit_cap: false,
+        compactions: 0,
     };
     sim.note(format!(
         "seed {seed}: faults {faults:?}, settings {settings:?}"
@@ -665,11 +800,16 @@ fn simulation() {
         }
     });
     let failures = failures.into_inner().unwrap();
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
     println!(
-        "{seeds} seeds ({first}..{}) in {:.1} s: {} violations",
+        "{seeds} seeds ({first}..{}) in {:.1} s: {} violations; {} seeds reached the generation \
+         cap, {} compactions published, {} liveness checks passed",
         first + seeds,
         started.elapsed().as_secs_f64(),
-        failures.len()
+        failures.len(),
+        load(&AT_CAP),
+        load(&COMPACTIONS),
+        load(&LIVE_CHECKS)
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -1,8 +1,9 @@
 //! A simulated object store for the deterministic simulation (`tests/dst.rs`): every request
 //! of one process goes through its own `SimStore` over the shared store, which decides from a
 //! seeded generator whether the request is delayed, fails before it happens, or happens and
-//! reports an error anyway (an ambiguous outcome); and which can kill the process at its N-th
-//! next request (every later request fails: nothing it sends lands any more).
+//! reports an error anyway (an ambiguous outcome), or, for a manifest PUT, reports an error and
+//! lands later; and which can kill the process at its N-th next request (every later request
+//! fails: nothing it sends lands any more).
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
@@ -27,6 +28,12 @@ pub struct Faults {
     pub ambiguous: f64,
     /// Upper bound of the latency added to a request, in microseconds.
     pub latency_us: u64,
+    /// A manifest PUT fails before it reaches the store (on top of `fail`): flushes and
+    /// compactions lose their publication more often than other requests fail.
+    pub manifest_fail: f64,
+    /// A manifest PUT reports an error at once and lands up to 20 ms later (a request the
+    /// client gave up on that the store still carries out).
+    pub manifest_late: f64,
 }
 
 impl Faults {
@@ -34,6 +41,8 @@ impl Faults {
         fail: 0.0,
         ambiguous: 0.0,
         latency_us: 0,
+        manifest_fail: 0.0,
+        manifest_late: 0.0,
     };
 }
 
@@ -71,6 +80,10 @@ impl SimStore {
             dies_in: AtomicI64::new(-1),
             requests: AtomicU64::new(0),
         })
+    }
+
+    pub fn faults(&self) -> Faults {
+        *self.faults.lock().unwrap()
     }
 
     pub fn set_faults(&self, faults: Faults) {
@@ -145,6 +158,28 @@ impl ObjectStore for SimStore {
         opts: PutOptions,
     ) -> object_store::Result<PutResult> {
         let ambiguous = self.fate("put", location.as_ref()).await?;
+        if location.as_ref().contains("/manifest/") {
+            let (fail, late, delay) = {
+                let faults = *self.faults.lock().unwrap();
+                let mut rng = self.rng.lock().unwrap();
+                (
+                    rng.random_bool(faults.manifest_fail),
+                    rng.random_bool(faults.manifest_late),
+                    rng.random_range(1..20_000u64),
+                )
+            };
+            if late {
+                let (inner, path) = (self.inner.clone(), location.clone());
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_micros(delay)).await;
+                    let _ = inner.put_opts(&path, payload, opts).await;
+                });
+                return Err(injected(format!("put {location}: timed out (lands later)")));
+            }
+            if fail {
+                return Err(injected(format!("injected failure of put {location}")));
+            }
+        }
         let r = self.inner.put_opts(location, payload, opts).await?;
         if ambiguous || self.dead.load(Ordering::SeqCst) {
             return Err(injected(format!("put {location} landed, then an error")));
