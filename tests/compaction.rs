@@ -478,7 +478,11 @@ async fn generations_a_compaction_replaced_leave_the_caches() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(index.stats().bytes_reclaimable, 0);
-    assert_eq!(index.cache_stats().await.generations, 1, "the writer's cache");
+    assert_eq!(
+        index.cache_stats().await.generations,
+        1,
+        "the writer's cache"
+    );
     ro.refresh().await.unwrap();
     ro.scan(lsmsearch::ScanOptions::default()).await.unwrap();
     assert_eq!(

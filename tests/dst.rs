@@ -294,7 +294,8 @@ impl Sim {
         let started = Instant::now();
         let appended = tokio::time::timeout(
             LIVENESS,
-            w.index.append(&batch(&schema(), std::slice::from_ref(&row))),
+            w.index
+                .append(&batch(&schema(), std::slice::from_ref(&row))),
         )
         .await;
         let appended = match appended {

@@ -90,6 +90,8 @@ pub(crate) struct Unsure {
     pub(crate) manifest: Manifest,
     run: Vec<GenerationMeta>,
     inputs: Vec<Weak<Generation>>,
+    /// `(id, epoch)` of the merged generation, if any.
+    merged: Option<(u64, u64)>,
     started: Instant,
 }
 
@@ -102,6 +104,16 @@ impl Unsure {
             self.inputs.iter().cloned(),
             self.started.elapsed(),
         );
+    }
+
+    /// The compaction published nothing: its merged generation leaves the cache, and its
+    /// object (which no manifest names) is deleted.
+    pub(crate) async fn given_up(&self, inner: &Inner) {
+        if let Some((id, epoch)) = self.merged {
+            inner.reader.generations.remove(id, epoch).await;
+            let path = inner.paths.generation(id, epoch);
+            crate::manifest::delete_all(&inner.loc.store, vec![path], 1).await;
+        }
     }
 }
 
@@ -508,23 +520,44 @@ pub(crate) async fn compact_once(
     let replacement: Vec<GenerationMeta> = merged.iter().map(|g| g.meta().clone()).collect();
     next.generations
         .splice(at..at + run_metas.len(), replacement);
-    if let Err(e) = flush::publish(inner, &next).await {
-        // The PUT may have landed although it reported an error, or may still: the next
-        // publish (or compaction) settles it.
-        if super::is_fenced(&e) {
-            forget(inner, merged.as_ref()).await;
-        } else {
-            *inner
-                .unsure_manifest
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some(Unsure {
-                manifest: next,
-                run: run_metas,
-                inputs: inputs.iter().map(Arc::downgrade).collect(),
-                started,
-            });
+    match flush::publish(inner, &next).await {
+        Ok(flush::Published::Ours) => {}
+        Ok(flush::Published::Taken) => {
+            // A flush's earlier attempt holds the version (its PUT reported an error, and
+            // landed): its retry adopts it, and this run is given up.
+            drop(publish);
+            tracing::info!(
+                "compaction of {} generations given up: a flush's earlier attempt holds \
+                 manifest {}",
+                run_metas.len(),
+                next.version
+            );
+            if let Some(g) = &merged {
+                forget(inner, Some(g)).await;
+                let path = inner.paths.generation(g.meta().id, g.meta().epoch);
+                crate::manifest::delete_all(&inner.loc.store, vec![path], 1).await;
+            }
+            return Ok(None);
         }
-        return Err(e);
+        Err(e) => {
+            // The PUT may have landed although it reported an error, or may still: the next
+            // publish (or compaction) settles it.
+            if super::is_fenced(&e) {
+                forget(inner, merged.as_ref()).await;
+            } else {
+                *inner
+                    .unsure_manifest
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = Some(Unsure {
+                    manifest: next,
+                    run: run_metas,
+                    inputs: inputs.iter().map(Arc::downgrade).collect(),
+                    merged: merged.as_ref().map(|g| (g.meta().id, g.meta().epoch)),
+                    started,
+                });
+            }
+            return Err(e);
+        }
     }
     inner.write_state().manifest = next.clone();
     drop(publish);

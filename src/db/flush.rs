@@ -278,7 +278,14 @@ async fn flush_one(
         next.wal_replay_from = next.wal_replay_from.max(w + 1);
     }
     next.last_seq = next.last_seq.max(max_seq);
-    self::publish(inner, &next).await?;
+    if self::publish(inner, &next).await? == Published::Taken {
+        // An earlier attempt of this flush landed after its retry looked for it: the retry
+        // adopts it.
+        return Err(Error::io(format!(
+            "manifest version {} holds an earlier attempt of this flush",
+            next.version
+        )));
+    }
     swap(inner, mid, &next)?;
     drop(publish);
     super::compact::raise_if_due(inner, Some(next.generations.len()));
@@ -309,28 +316,34 @@ pub(crate) async fn settle(inner: &Inner) -> Result<()> {
             .unwrap_or_else(|e| e.into_inner()) = None;
         return Ok(());
     }
-    let landed = match inner.manifests.read(m.version).await {
-        Ok(landed) => landed == m,
+    let taker = match inner.manifests.read(m.version).await {
+        Ok(_) => taken_by(inner, &m).await?,
         Err(e) if e.is_not_found() => match inner.manifests.write(&m).await? {
-            WriteOutcome::Written => true,
-            // The late PUT landed meanwhile, or another handle took the version.
-            WriteOutcome::Conflict => inner.manifests.read(m.version).await? == m,
+            WriteOutcome::Written => Taker::Same,
+            // The late PUT landed meanwhile, or another PUT took the version.
+            WriteOutcome::Conflict => taken_by(inner, &m).await?,
         },
         Err(e) => return Err(e),
     };
-    if !landed {
-        // Another handle of a newer epoch published that version: this writer is fenced.
-        let latest = inner.manifests.load_latest().await?;
-        return Err(match latest {
-            Some(l) if l.epoch > inner.epoch => inner.fenced_error(),
-            _ => Error::internal(format!(
-                "manifest version {} was created by another handle of epoch {}",
-                m.version, inner.epoch
-            )),
-        });
+    if let Taker::ThisWriter = taker {
+        // A flush's earlier attempt (its PUT reported an error, and landed) holds the version:
+        // the compaction published nothing, and the flush's retry adopts that manifest.
+        tracing::info!(
+            "manifest {} of a compaction did not land: a flush's earlier attempt holds it",
+            m.version
+        );
+        *inner
+            .unsure_manifest
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
+        unsure.given_up(inner).await;
+        return Ok(());
     }
     fenced_if_superseded(inner, m.version).await?;
-    tracing::info!("manifest {} of a compaction settled as published", m.version);
+    tracing::info!(
+        "manifest {} of a compaction settled as published",
+        m.version
+    );
     inner.write_state().manifest = m;
     *inner
         .unsure_manifest
@@ -341,33 +354,65 @@ pub(crate) async fn settle(inner: &Inner) -> Result<()> {
     Ok(())
 }
 
+/// How a publish of this writer ended when it did not fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Published {
+    /// The version is this manifest.
+    Ours,
+    /// The version holds another manifest of this writer: an earlier attempt of a flush whose
+    /// PUT reported an error and landed (its retry adopts it). Nothing was published.
+    Taken,
+}
+
 /// Create manifest version `next.version` (the version after this writer's latest, with any
-/// unsure compaction manifest settled): `Ok` once it is this writer's; a fenced error when a
-/// newer writer owns the index.
-pub(crate) async fn publish(inner: &Inner, next: &Manifest) -> Result<()> {
-    let epoch = inner.epoch;
+/// unsure compaction manifest settled). A fenced error when a newer writer owns the index; any
+/// other error leaves the outcome unknown (the PUT may have landed, or may still).
+pub(crate) async fn publish(inner: &Inner, next: &Manifest) -> Result<Published> {
     match inner.manifests.write(next).await? {
         // Created, but a newer version may exist: a newer writer pruned this one after moving
         // past it, and this writer (stalled) re-created it. Then it is fenced, and must neither
         // clean up nor move LATEST.
-        WriteOutcome::Written => fenced_if_superseded(inner, next.version).await,
-        // A PUT retried inside the store client after its first try landed: ours.
-        WriteOutcome::Conflict
-            if inner.manifests.read(next.version).await.ok().as_ref() == Some(next) =>
-        {
-            fenced_if_superseded(inner, next.version).await
+        WriteOutcome::Written => {
+            fenced_if_superseded(inner, next.version).await?;
+            Ok(Published::Ours)
         }
-        WriteOutcome::Conflict => {
-            let latest = inner.manifests.load_latest().await?;
-            Err(match latest {
-                Some(l) if l.epoch > epoch => inner.fenced_error(),
-                _ => Error::internal(format!(
-                    "manifest version {} was created by another handle of epoch {epoch}",
-                    next.version
-                )),
-            })
-        }
+        WriteOutcome::Conflict => match taken_by(inner, next).await? {
+            // A PUT retried inside the store client after its first try landed: ours.
+            Taker::Same => {
+                fenced_if_superseded(inner, next.version).await?;
+                Ok(Published::Ours)
+            }
+            Taker::ThisWriter => Ok(Published::Taken),
+        },
     }
+}
+
+/// Who holds version `m.version`, which a PUT of `m` found taken.
+enum Taker {
+    /// `m` itself.
+    Same,
+    /// Another manifest of this writer's epoch.
+    ThisWriter,
+}
+
+/// Who holds version `m.version`: `m`, or another manifest of this writer; fenced when a newer
+/// writer does.
+async fn taken_by(inner: &Inner, m: &Manifest) -> Result<Taker> {
+    let held = inner.manifests.read(m.version).await?;
+    if &held == m {
+        return Ok(Taker::Same);
+    }
+    if held.epoch == inner.epoch {
+        return Ok(Taker::ThisWriter);
+    }
+    let latest = inner.manifests.load_latest().await?;
+    Err(match latest {
+        Some(l) if l.epoch > inner.epoch => inner.fenced_error(),
+        _ => Error::internal(format!(
+            "manifest version {} was created by another handle of epoch {}",
+            m.version, held.epoch
+        )),
+    })
 }
 
 /// The visibility point of a flush: swap the frozen memtable `mid` for manifest `next` (which

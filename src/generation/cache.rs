@@ -193,11 +193,7 @@ impl GenerationCache {
     /// otherwise it would stay until the byte budget evicts it.
     pub(crate) async fn retire(&self, id: u64, epoch: u64) {
         {
-            let mut r = self
-                .inner
-                .retired
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut r = self.inner.retired.lock().unwrap_or_else(|e| e.into_inner());
             if r.keys.insert((id, epoch)) {
                 r.order.push_back((id, epoch));
                 if r.order.len() > RETIRED {
@@ -266,8 +262,7 @@ mod tests {
             text: None,
             vector: None,
         };
-        let (g, bytes) =
-            Generation::build(1, 1, rows, &s.stored_schema(), spec, None, 1).unwrap();
+        let (g, bytes) = Generation::build(1, 1, rows, &s.stored_schema(), spec, None, 1).unwrap();
         let memory: Arc<dyn object_store::ObjectStore> =
             Arc::new(object_store::memory::InMemory::new());
         let slow = LatencyStore::new(
@@ -313,6 +308,10 @@ mod tests {
         cache.retire(meta.id, meta.epoch).await;
         let fetched = fetching.await.unwrap().unwrap();
         assert_eq!(fetched[0].meta(), &meta, "the query gets its generation");
-        assert_eq!(cache.stats().await.generations, 0, "the cache does not keep it");
+        assert_eq!(
+            cache.stats().await.generations,
+            0,
+            "the cache does not keep it"
+        );
     }
 }

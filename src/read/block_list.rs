@@ -504,9 +504,7 @@ impl BlockLists {
             lists
                 .iter_mut()
                 .filter(|l| {
-                    l.newest.is_some()
-                        && ids.len() > l.ids.len()
-                        && ids[..l.ids.len()] == l.ids[..]
+                    l.newest.is_some() && ids.len() > l.ids.len() && ids[..l.ids.len()] == l.ids[..]
                 })
                 .max_by_key(|l| l.ids.len())
                 .map(|l| ListMasks {
@@ -736,11 +734,7 @@ mod tests {
         let flags: Vec<Vec<bool>> = masks.iter().map(RowFlags::to_vec).collect();
         assert_eq!(
             flags,
-            vec![
-                vec![false, false, true],
-                vec![true, true],
-                vec![true, true]
-            ]
+            vec![vec![false, false, true], vec![true, true], vec![true, true]]
         );
     }
 
