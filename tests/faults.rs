@@ -720,3 +720,47 @@ async fn a_compaction_manifest_installed_late_has_its_run_collected() {
     let reopened = Index::open(loc, settings).await.unwrap();
     assert_eq!(live(&reopened).await.len(), 25);
 }
+
+#[tokio::test]
+async fn a_compact_dropped_while_its_manifest_lands_does_not_wedge_the_writer() {
+    // The caller gives up on compact() (a timeout) while its manifest PUT is in flight; the
+    // PUT lands. The writer must account for that version: the next flush installs the
+    // compaction and publishes after it, instead of failing on it forever.
+    let (store, loc) = faulty();
+    let s = schema();
+    let settings = Settings {
+        memtable_max_rows: 1_000_000,
+        compaction: false,
+        ..Settings::default()
+    };
+    let index = Index::create(loc.clone(), s.clone(), settings.clone())
+        .await
+        .unwrap();
+    for g in 0..4 {
+        index
+            .append(&batch(&s, &rows(&format!("g{g}-"), 5)))
+            .await
+            .unwrap();
+        index.flush().await.unwrap();
+    }
+    let held = Arc::new(Semaphore::new(0));
+    store.on("put", "manifest/", Action::LandThenHoldOnce(held.clone()));
+    let cancelled = tokio::time::timeout(Duration::from_secs(2), index.compact()).await;
+    assert!(cancelled.is_err(), "compact() was given up: {cancelled:?}");
+    held.add_permits(1);
+    index.append(&batch(&s, &rows("after-", 5))).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), index.flush())
+        .await
+        .expect("the flush after it finishes")
+        .unwrap();
+    assert_eq!(
+        index.stats().generations.len(),
+        2,
+        "the merged generation (installed) and the new one"
+    );
+    assert_eq!(live(&index).await.len(), 25);
+    index.close().await.unwrap();
+    let reopened = Index::open(loc, settings).await.unwrap();
+    assert_eq!(reopened.stats().generations.len(), 2);
+    assert_eq!(live(&reopened).await.len(), 25);
+}

@@ -24,6 +24,9 @@ pub enum Action {
     /// Treat a conditional create as a plain overwrite, as S3-compatible stores that ignore
     /// `If-None-Match` do.
     IgnoreCreate,
+    /// Let the first matching PUT land, then hold its answer until the semaphore gets a
+    /// permit (a caller that gives up meanwhile leaves a PUT that landed); later ones pass.
+    LandThenHoldOnce(Arc<Semaphore>),
 }
 
 #[derive(Debug, Clone)]
@@ -121,7 +124,12 @@ impl FaultyStore {
                 .iter()
                 .position(|r| r.op == op && location.as_ref().contains(&r.path_contains));
             match at.map(|i| (i, rules[i].action.clone())) {
-                Some((i, a @ (Action::HoldOnce(_) | Action::SucceedThenFailOnce))) => {
+                Some((
+                    i,
+                    a @ (Action::HoldOnce(_)
+                    | Action::SucceedThenFailOnce
+                    | Action::LandThenHoldOnce(_)),
+                )) => {
                     rules.remove(i);
                     Some(a)
                 }
@@ -129,7 +137,7 @@ impl FaultyStore {
             }
         };
         match action {
-            None | Some(Action::IgnoreCreate) => Ok(()),
+            None | Some(Action::IgnoreCreate) | Some(Action::LandThenHoldOnce(_)) => Ok(()),
             Some(Action::Fail) => Err(object_store::Error::Generic {
                 store: "FaultyStore",
                 source: format!("injected failure of {op} {location}").into(),
@@ -156,6 +164,20 @@ impl FaultyStore {
     ) -> object_store::Result<PutResult> {
         if ignores_create {
             return self.inner.put_opts(location, payload, opts).await;
+        }
+        let land_then_hold = {
+            let mut rules = self.rules.lock().unwrap();
+            let at = rules.iter().position(|r| {
+                r.op == "put"
+                    && matches!(r.action, Action::LandThenHoldOnce(_))
+                    && location.as_ref().contains(&r.path_contains)
+            });
+            at.map(|i| rules.remove(i).action)
+        };
+        if let Some(Action::LandThenHoldOnce(s)) = land_then_hold {
+            let r = self.inner.put_opts(location, payload, opts).await;
+            s.acquire().await.unwrap().forget();
+            return r;
         }
         let check = self.check("put", location).await;
         if let Err(object_store::Error::NotImplemented { .. }) = check {
