@@ -520,7 +520,31 @@ pub(crate) async fn compact_once(
     let replacement: Vec<GenerationMeta> = merged.iter().map(|g| g.meta().clone()).collect();
     next.generations
         .splice(at..at + run_metas.len(), replacement);
-    match flush::publish(inner, &next).await {
+    // Recorded as unsure before the PUT: if this call is cancelled while the PUT is in flight
+    // (a caller's timeout drops `compact()`), the version stays unsure and the next publish
+    // settles it, instead of finding a manifest it cannot account for.
+    let unsure = |inner: &Inner, u: Option<Unsure>| {
+        *inner
+            .unsure_manifest
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = u;
+    };
+    unsure(
+        inner,
+        Some(Unsure {
+            manifest: next.clone(),
+            run: run_metas.clone(),
+            inputs: inputs.iter().map(Arc::downgrade).collect(),
+            merged: merged.as_ref().map(|g| (g.meta().id, g.meta().epoch)),
+            started,
+        }),
+    );
+    let outcome = flush::publish(inner, &next).await;
+    if !matches!(&outcome, Err(e) if !super::is_fenced(e)) {
+        // Any outcome but an unknown one: the version is settled.
+        unsure(inner, None);
+    }
+    match outcome {
         Ok(flush::Published::Ours) => {}
         Ok(flush::Published::Taken) => {
             // A flush's earlier attempt holds the version (its PUT reported an error, and
@@ -540,21 +564,11 @@ pub(crate) async fn compact_once(
             return Ok(None);
         }
         Err(e) => {
-            // The PUT may have landed although it reported an error, or may still: the next
-            // publish (or compaction) settles it.
+            // Fenced, it publishes nothing; otherwise the PUT may have landed although it
+            // reported an error, or may still: it stays unsure, and the next publish (or
+            // compaction) settles it.
             if super::is_fenced(&e) {
                 forget(inner, merged.as_ref()).await;
-            } else {
-                *inner
-                    .unsure_manifest
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner()) = Some(Unsure {
-                    manifest: next,
-                    run: run_metas,
-                    inputs: inputs.iter().map(Arc::downgrade).collect(),
-                    merged: merged.as_ref().map(|g| (g.meta().id, g.meta().epoch)),
-                    started,
-                });
             }
             return Err(e);
         }
