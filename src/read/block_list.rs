@@ -447,7 +447,7 @@ impl BlockLists {
         ts: Option<&TextSchema>,
         recount: bool,
     ) -> Result<()> {
-        let masks = self.generation_masks(gens);
+        let masks = self.generation_masks(gens, !recount);
         // Statistics only for a handle that counts them (one that ran a full-text search).
         let ts = ts.filter(|_| !lock(&self.dead).is_empty());
         for (g, base) in gens.iter().zip(masks) {
@@ -492,47 +492,65 @@ impl BlockLists {
     /// Per generation of `gens` (oldest first): the rows neither tombstones nor superseded by
     /// a newer generation of the list. Computed once per list in O(rows), and in O(new rows)
     /// from a kept list it starts with (a flush adds generations on top).
-    fn generation_masks(&self, gens: &[&Arc<Generation>]) -> Vec<RowFlags> {
+    ///
+    /// In the `background` (a compaction's list, computed ahead at the background's
+    /// priority), a list is extended without holding the lock, so no search waits for that
+    /// thread; a search or a flush that wants to extend the same kept list meanwhile builds
+    /// its own. Otherwise it is extended under the lock: queries asking for the same new list
+    /// at once (after a read-only handle's refresh) wait for one extension instead of each
+    /// building the list from scratch.
+    fn generation_masks(&self, gens: &[&Arc<Generation>], background: bool) -> Vec<RowFlags> {
         let ids: Vec<(u64, u64)> = gens.iter().map(|g| key_of(g)).collect();
-        let start = {
-            let mut lists = lock(&self.lists);
-            if let Some(l) = lists.iter().find(|l| l.ids == ids) {
-                return l.live.clone();
+        let extends = |l: &ListMasks| {
+            l.newest.is_some() && ids.len() > l.ids.len() && ids[..l.ids.len()] == l.ids[..]
+        };
+        let mut lists = lock(&self.lists);
+        if let Some(l) = lists.iter().find(|l| l.ids == ids) {
+            return l.live.clone();
+        }
+        // The longest kept list with a key map that this list extends.
+        let start = lists
+            .iter_mut()
+            .filter(|l| extends(l))
+            .max_by_key(|l| l.ids.len());
+        let computed = match start {
+            Some(l) if !background => {
+                let added = ids.len() - l.ids.len();
+                l.extend(gens, added)
             }
-            // The longest kept list with a key map that this list extends: its map moves out
-            // (as extending always moved it to the new list), its masks stay.
-            lists
-                .iter_mut()
-                .filter(|l| {
-                    l.newest.is_some() && ids.len() > l.ids.len() && ids[..l.ids.len()] == l.ids[..]
-                })
-                .max_by_key(|l| l.ids.len())
-                .map(|l| ListMasks {
+            Some(l) => {
+                // Its map moves out (as extending always moved it to the new list); its masks
+                // stay.
+                let mut l = ListMasks {
                     ids: l.ids.clone(),
                     newest: l.newest.take(),
                     live: l.live.clone(),
-                })
-        };
-        // Computed without holding the lock: other queries' lists stay available, and no
-        // search waits for a computation at the background's priority.
-        let extended = start.and_then(|mut l| {
-            #[cfg(test)]
-            if let Some(f) = *lock(&self.computing) {
-                f(self);
+                };
+                drop(lists);
+                #[cfg(test)]
+                if let Some(f) = *lock(&self.computing) {
+                    f(self);
+                }
+                let added = ids.len() - l.ids.len();
+                let extended = l.extend(gens, added);
+                lists = lock(&self.lists);
+                extended
             }
-            let added = ids.len() - l.ids.len();
-            l.extend(gens, added)
-        });
-        let computed = match extended {
+            None => None,
+        };
+        let computed = match computed {
             Some(c) => c,
             None => {
+                // Built without holding the lock: other queries' lists stay available.
+                drop(lists);
                 #[cfg(test)]
                 self.builds
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                ListMasks::build(gens)
+                let built = ListMasks::build(gens);
+                lists = lock(&self.lists);
+                built
             }
         };
-        let mut lists = lock(&self.lists);
         // Another query may have computed it meanwhile.
         if let Some(l) = lists.iter().find(|l| l.ids == ids) {
             return l.live.clone();
@@ -609,7 +627,7 @@ pub(crate) fn live_masks(sources: &[Source], cache: &BlockLists) -> Vec<Live> {
     debug_assert_eq!(gens.len(), sources.len() - m, "memtables come first");
     // The generations' own masks (what newer generations hide), oldest first.
     let oldest_first: Vec<&Arc<Generation>> = gens.iter().rev().copied().collect();
-    let mut bases = cache.generation_masks(&oldest_first);
+    let mut bases = cache.generation_masks(&oldest_first, false);
     bases.reverse();
     use rayon::prelude::*;
     (0..sources.len())
@@ -730,7 +748,7 @@ mod tests {
         assert_eq!(HELD.load(Ordering::SeqCst), 0, "a lock was held");
         // What it computed is kept: g3's dead rows and the extended list.
         assert!(lock(&lists.dead).contains_key(&SourceKey::Generation(3, 1)));
-        let masks = lists.generation_masks(&[&g1, &g2, &g3]);
+        let masks = lists.generation_masks(&[&g1, &g2, &g3], false);
         let flags: Vec<Vec<bool>> = masks.iter().map(RowFlags::to_vec).collect();
         assert_eq!(
             flags,
@@ -798,7 +816,7 @@ mod tests {
         let cache = BlockLists::default();
         let masks = |gens: &[&Arc<Generation>]| -> Vec<Vec<bool>> {
             cache
-                .generation_masks(gens)
+                .generation_masks(gens, false)
                 .iter()
                 .map(|f| (0..f.len()).map(|r| f.get(r)).collect())
                 .collect()
