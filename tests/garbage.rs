@@ -139,3 +139,48 @@ async fn probes_are_aged_by_the_stores_clock_not_this_machines() {
     );
     writer.close().await.unwrap();
 }
+
+#[tokio::test]
+async fn probes_are_collected_when_the_opens_manifest_is_pruned_first() {
+    // Retention 0: the writer's first flush prunes the manifest version its open created,
+    // before the collection (held here) reads that version's time as the store's clock.
+    // Stale probes must be collected all the same.
+    use common::faulty::{Action, FaultyStore};
+    use object_store::{ObjectStoreExt, PutPayload};
+    let store = FaultyStore::new(std::sync::Arc::new(object_store::memory::InMemory::new()));
+    store.skew("probe/crashed", 3600);
+    let loc = Location::from_store(store.clone(), "idx");
+    let s = schema();
+    let settings = lsmsearch::Settings {
+        manifest_retention: 0,
+        ..small_settings()
+    };
+    let index = Index::create(loc.clone(), s.clone(), settings.clone())
+        .await
+        .unwrap();
+    index.close().await.unwrap();
+    store
+        .put(&"idx/probe/crashed".into(), PutPayload::from_static(b"probe"))
+        .await
+        .unwrap();
+    // Create wrote version 1 and its open claimed 2; this open claims 3.
+    let held = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    store.on(
+        "get",
+        "manifest/00000000000000000003",
+        Action::HoldOnce(held.clone()),
+    );
+    let writer = Index::open(loc, settings).await.unwrap();
+    writer.append(&batch(&s, &[Row::new("a", 1)])).await.unwrap();
+    writer.flush().await.unwrap();
+    held.add_permits(1);
+    let exists = || async { store.head(&"idx/probe/crashed".into()).await.is_ok() };
+    for _ in 0..200 {
+        if !exists().await {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!exists().await, "an hour-old probe is collected");
+    writer.close().await.unwrap();
+}
