@@ -160,7 +160,10 @@ async fn probes_are_collected_when_the_opens_manifest_is_pruned_first() {
         .unwrap();
     index.close().await.unwrap();
     store
-        .put(&"idx/probe/crashed".into(), PutPayload::from_static(b"probe"))
+        .put(
+            &"idx/probe/crashed".into(),
+            PutPayload::from_static(b"probe"),
+        )
         .await
         .unwrap();
     // Create wrote version 1 and its open claimed 2; this open claims 3.
@@ -171,7 +174,10 @@ async fn probes_are_collected_when_the_opens_manifest_is_pruned_first() {
         Action::HoldOnce(held.clone()),
     );
     let writer = Index::open(loc, settings).await.unwrap();
-    writer.append(&batch(&s, &[Row::new("a", 1)])).await.unwrap();
+    writer
+        .append(&batch(&s, &[Row::new("a", 1)]))
+        .await
+        .unwrap();
     writer.flush().await.unwrap();
     held.add_permits(1);
     let exists = || async { store.head(&"idx/probe/crashed".into()).await.is_ok() };

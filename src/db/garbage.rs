@@ -89,14 +89,12 @@ pub(crate) async fn collect(inner: Arc<Inner>, manifest: Manifest) {
     }
 
     // Probes are aged by the store's clock, never this machine's: a local clock running ahead
-    // would take a concurrent open's probe for a stale one, and that open would fail. The
-    // store's "now" is the time it gave the manifest version this open just created.
-    let claimed = inner.paths.manifest(manifest.version);
-    let probes = match store.head(&claimed).await {
-        Ok(meta) => list(store, &inner.paths.probe_dir())
+    // would take a concurrent open's probe for a stale one, and that open would fail.
+    let probes = match store_now(&inner, &manifest).await {
+        Ok(now) => list(store, &inner.paths.probe_dir())
             .await
-            .map(|objects| (meta.last_modified, objects)),
-        Err(e) => Err(crate::Error::store(&claimed, e)),
+            .map(|objects| (now.last_modified, objects)),
+        Err(e) => Err(e),
     };
     match probes {
         Ok((now, objects)) => doomed.extend(
@@ -126,6 +124,29 @@ pub(crate) async fn collect(inner: Arc<Inner>, manifest: Manifest) {
             Err(e) => tracing::warn!("garbage collection of staging files: {e}"),
         }
     }
+}
+
+/// An object whose `last_modified` is the store's "now", by its own clock: the manifest
+/// version this open created, or, when that version was pruned already (a retention of 0, a
+/// flush or a newer writer moving on), the newest version.
+async fn store_now(inner: &Inner, claimed: &Manifest) -> crate::Result<ObjectMeta> {
+    let store = &inner.loc.store;
+    let path = inner.paths.manifest(claimed.version);
+    match store.head(&path).await {
+        Ok(meta) => return Ok(meta),
+        Err(object_store::Error::NotFound { .. }) => {}
+        Err(e) => return Err(crate::Error::store(&path, e)),
+    }
+    let latest = inner
+        .manifests
+        .latest_version()
+        .await?
+        .ok_or_else(|| crate::Error::internal("the index has no manifest version left"))?;
+    let path = inner.paths.manifest(latest);
+    store
+        .head(&path)
+        .await
+        .map_err(|e| crate::Error::store(&path, e))
 }
 
 async fn list(store: &Arc<dyn ObjectStore>, dir: &Path) -> crate::Result<Vec<ObjectMeta>> {
