@@ -283,51 +283,81 @@ impl Sim {
     }
 
     /// The faults stop for the writer: an append and a flush complete, and (compaction on) the
-    /// generations go back under the cap, each within [`LIVENESS`]; then the faults resume.
+    /// generations go back under the cap, all within [`LIVENESS`]; then the faults resume.
+    /// Requests already under way when the faults stop may still fail (their fate was drawn
+    /// before): a failed append or flush is retried, and only the outcome at the deadline
+    /// counts.
     async fn liveness(&mut self, step: usize) -> Result<(), String> {
-        let key = format!("k{:02}", self.rng.random_range(0..KEYS));
-        let row = self.value(&key, step);
-        let w = self.writer.as_ref().expect("a writer");
-        let id = w.id;
-        let faults = w.store.faults();
-        w.store.set_faults(Faults::NONE);
-        let started = Instant::now();
-        let appended = tokio::time::timeout(
-            LIVENESS,
-            w.index
-                .append(&batch(&schema(), std::slice::from_ref(&row))),
-        )
-        .await;
-        let appended = match appended {
-            Err(_) => {
-                return Err(format!(
-                    "writer {id} is stuck: an append without faults took over {LIVENESS:?}"
-                ))
-            }
-            Ok(r) => r.map_err(|e| format!("writer {id}: an append without faults failed: {e}")),
+        let (id, faults) = {
+            let w = self.writer.as_ref().expect("a writer");
+            (w.id, w.store.faults())
         };
-        self.history.record(
-            step,
-            &key,
-            Some(row),
-            if appended.is_ok() {
-                Status::Durable
-            } else {
-                Status::Maybe
-            },
-        );
-        appended?;
-        self.history.promote(id, Status::Durable);
-        let w = self.writer.as_ref().expect("a writer");
-        match tokio::time::timeout(LIVENESS, w.index.flush()).await {
-            Err(_) => {
-                return Err(format!(
-                    "writer {id} is stuck: a flush without faults took over {LIVENESS:?}"
-                ))
+        self.writer
+            .as_ref()
+            .expect("a writer")
+            .store
+            .set_faults(Faults::NONE);
+        let started = Instant::now();
+        let left = || LIVENESS.saturating_sub(started.elapsed());
+        let mut attempt = 0;
+        loop {
+            let key = format!("k{:02}", self.rng.random_range(0..KEYS));
+            let row = self.value(&key, step);
+            let w = self.writer.as_ref().expect("a writer");
+            let appended = tokio::time::timeout(
+                left(),
+                w.index
+                    .append(&batch(&schema(), std::slice::from_ref(&row))),
+            )
+            .await;
+            match appended {
+                Ok(Ok(_)) => {
+                    self.history.record(step, &key, Some(row), Status::Durable);
+                    self.history.promote(id, Status::Durable);
+                    break;
+                }
+                Ok(Err(e)) if started.elapsed() < LIVENESS => {
+                    write_error_ok(&e)?;
+                    self.history.record(step, &key, Some(row), Status::Maybe);
+                }
+                Ok(Err(e)) => {
+                    return Err(format!(
+                        "writer {id} is stuck: appends without faults still fail after \
+                         {LIVENESS:?}: {e}"
+                    ))
+                }
+                Err(_) => {
+                    self.history.record(step, &key, Some(row), Status::Maybe);
+                    return Err(format!(
+                        "writer {id} is stuck: an append without faults took over {LIVENESS:?}"
+                    ));
+                }
             }
-            Ok(Err(e)) => return Err(format!("writer {id}: a flush without faults failed: {e}")),
-            Ok(Ok(())) => {}
+            attempt += 1;
+            tokio::time::sleep(std::time::Duration::from_millis(20 * attempt.min(10))).await;
         }
+        let mut attempt = 0;
+        loop {
+            let w = self.writer.as_ref().expect("a writer");
+            match tokio::time::timeout(left(), w.index.flush()).await {
+                Ok(Ok(())) => break,
+                Ok(Err(e)) if started.elapsed() < LIVENESS => write_error_ok(&e)?,
+                Ok(Err(e)) => {
+                    return Err(format!(
+                        "writer {id} is stuck: flushes without faults still fail after \
+                         {LIVENESS:?}: {e}"
+                    ))
+                }
+                Err(_) => {
+                    return Err(format!(
+                        "writer {id} is stuck: a flush without faults took over {LIVENESS:?}"
+                    ))
+                }
+            }
+            attempt += 1;
+            tokio::time::sleep(std::time::Duration::from_millis(20 * attempt.min(10))).await;
+        }
+        let w = self.writer.as_ref().expect("a writer");
         let cap = self.settings.compaction_max_generations;
         let mut gens = w.index.stats().generations.len();
         if self.settings.compaction {
