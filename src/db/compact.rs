@@ -92,18 +92,14 @@ pub(crate) struct Unsure {
     inputs: Vec<Weak<Generation>>,
     /// `(id, epoch)` of the merged generation, if any.
     merged: Option<(u64, u64)>,
-    started: Instant,
+    /// How long the compaction took up to its publication.
+    took: Duration,
 }
 
 impl Unsure {
     /// Record the compaction as published (its manifest is installed).
     pub(crate) fn published(&self, inner: &Inner) {
-        published(
-            inner,
-            &self.run,
-            self.inputs.iter().cloned(),
-            self.started.elapsed(),
-        );
+        published(inner, &self.run, self.inputs.iter().cloned(), self.took);
     }
 
     /// The compaction published nothing: its merged generation leaves the cache, and its
@@ -536,7 +532,7 @@ pub(crate) async fn compact_once(
             run: run_metas.clone(),
             inputs: inputs.iter().map(Arc::downgrade).collect(),
             merged: merged.as_ref().map(|g| (g.meta().id, g.meta().epoch)),
-            started,
+            took: started.elapsed(),
         }),
     );
     let outcome = flush::publish(inner, &next).await;
