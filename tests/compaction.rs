@@ -491,3 +491,39 @@ async fn generations_a_compaction_replaced_leave_the_caches() {
         "the read-only handle's cache"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_that_loses_a_generation_to_a_compaction_starts_over() {
+    // A second writer opens while the running one compacts: it read the list before the
+    // compaction, and the replaced objects are deleted (grace 0) before it fetches them. The
+    // open must start over on the newer list, not fail as if the index were corrupt.
+    use common::faulty::{Action, FaultyStore};
+    let inner: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let running = Index::create(
+        Location::from_store(inner.clone(), "idx"),
+        schema(),
+        settings(false),
+    )
+    .await
+    .unwrap();
+    let model = six_generations(&running).await;
+    let faulty = FaultyStore::new(inner.clone());
+    let held = Arc::new(tokio::sync::Semaphore::new(0));
+    faulty.on("get", "generations/", Action::HoldOnce(held.clone()));
+    let opening = tokio::spawn(Index::open(
+        Location::from_store(faulty.clone(), "idx"),
+        settings(false),
+    ));
+    // It has read the list and waits for its first generation.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    running.compact().await.unwrap().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while running.stats().bytes_reclaimable > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(running.stats().bytes_reclaimable, 0, "the run is deleted");
+    held.add_permits(1);
+    let opened = opening.await.unwrap().expect("the open starts over");
+    assert_eq!(opened.stats().generations.len(), 1);
+    assert_eq!(live(&opened).await, model);
+}
