@@ -462,7 +462,20 @@ impl Index {
                 )?);
             }
             let r = reader.as_mut().expect("just set");
-            let generations = r.generations.get_all(&cur.generations).await?;
+            let generations = match r.generations.get_all(&cur.generations).await {
+                Ok(g) => g,
+                // A compaction of the running writer replaced it and deleted it (its grace
+                // period was shorter than this gap) after the list was read: start again on
+                // the newer list. Otherwise the object really is missing.
+                Err(e) if e.is_not_found() => {
+                    let now = manifests.load_latest().await?.map(|m| m.version);
+                    if now == Some(cur.version) {
+                        return Err(e);
+                    }
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let checked = match replay(
                 &loc.store,
                 &paths,
