@@ -402,7 +402,10 @@ async fn taken_by(inner: &Inner, m: &Manifest) -> Result<Taker> {
     if &held == m {
         return Ok(Taker::Same);
     }
+    // This writer's, unless a newer writer moved past it (and this writer, stalled,
+    // re-created a version it had pruned).
     if held.epoch == inner.epoch {
+        fenced_if_superseded(inner, m.version).await?;
         return Ok(Taker::ThisWriter);
     }
     let latest = inner.manifests.load_latest().await?;

@@ -960,7 +960,11 @@ impl Index {
     /// background compaction under way finishes first. See [`Settings::compaction`].
     pub async fn compact(&self) -> Result<Option<CompactionReport>> {
         self.check_open()?;
-        compact::compact_once(&self.inner, compact::Pick::All).await
+        let compacted = compact::compact_once(&self.inner, compact::Pick::All).await;
+        if compacted.as_ref().is_err_and(is_fenced) {
+            self.inner.mark_fenced();
+        }
+        compacted
     }
 
     /// Whether a newer writer has fenced this one.
