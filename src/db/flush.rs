@@ -398,22 +398,25 @@ enum Taker {
 /// Who holds version `m.version`: `m`, or another manifest of this writer; fenced when a newer
 /// writer does.
 async fn taken_by(inner: &Inner, m: &Manifest) -> Result<Taker> {
-    let held = inner.manifests.read(m.version).await?;
-    if &held == m {
-        return Ok(Taker::Same);
-    }
-    // This writer's, unless a newer writer moved past it (and this writer, stalled,
-    // re-created a version it had pruned).
-    if held.epoch == inner.epoch {
-        fenced_if_superseded(inner, m.version).await?;
-        return Ok(Taker::ThisWriter);
+    match inner.manifests.read(m.version).await {
+        Ok(held) if &held == m => return Ok(Taker::Same),
+        // This writer's, unless a newer writer moved past it (and this writer, stalled,
+        // re-created a version it had pruned).
+        Ok(held) if held.epoch == inner.epoch => {
+            fenced_if_superseded(inner, m.version).await?;
+            return Ok(Taker::ThisWriter);
+        }
+        Ok(_) => {}
+        // Pruned since the conflict: a newer writer moved on (the check below tells).
+        Err(e) if e.is_not_found() => {}
+        Err(e) => return Err(e),
     }
     let latest = inner.manifests.load_latest().await?;
     Err(match latest {
         Some(l) if l.epoch > inner.epoch => inner.fenced_error(),
         _ => Error::internal(format!(
-            "manifest version {} was created by another handle of epoch {}",
-            m.version, held.epoch
+            "manifest version {} was created by another handle than this writer (epoch {})",
+            m.version, inner.epoch
         )),
     })
 }
