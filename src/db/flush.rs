@@ -170,23 +170,7 @@ async fn flush_one(
         settle(inner).await?;
         let base = inner.read_state().manifest.clone();
         if let Some(next) = published_earlier(inner, &base, gen_id).await? {
-            // Adopt it: the generation object it names is read back, never rebuilt (a rebuilt
-            // graph may differ from the one the published manifest describes).
-            tracing::info!(
-                "manifest {} of memtable {mid} was published by an earlier attempt",
-                next.version
-            );
-            let meta = next.generations[next.generations.len() - 1].clone();
-            let generation = inner
-                .reader
-                .generations
-                .get_all(std::slice::from_ref(&meta))
-                .await?
-                .pop()
-                .ok_or_else(|| Error::internal("the generation cache returned nothing"))?;
-            swap(inner, mid, &next)?;
-            drop(publish);
-            return finish(inner, mid, next, generation, &wal_ids).await;
+            return adopt(inner, mid, next, publish, &wal_ids).await;
         }
     }
     let schema = inner.reader.stored_schema.clone();
@@ -270,7 +254,8 @@ async fn flush_one(
     // Publish, from the latest version (a compaction may have published since the build).
     let publish = inner.publish.lock().await;
     settle(inner).await?;
-    let mut next = inner.read_state().manifest.clone();
+    let base = inner.read_state().manifest.clone();
+    let mut next = base.clone();
     next.version += 1;
     next.generations.push(generation.meta().clone());
     next.next_generation_id = next.next_generation_id.max(gen_id + 1);
@@ -279,17 +264,47 @@ async fn flush_one(
     }
     next.last_seq = next.last_seq.max(max_seq);
     if self::publish(inner, &next).await? == Published::Taken {
-        // An earlier attempt of this flush landed after its retry looked for it: the retry
-        // adopts it.
-        return Err(Error::io(format!(
-            "manifest version {} holds an earlier attempt of this flush",
-            next.version
-        )));
+        // An earlier attempt of this flush landed after its retry looked for it: adopt it.
+        return match published_earlier(inner, &base, gen_id).await? {
+            Some(earlier) => adopt(inner, mid, earlier, publish, &wal_ids).await,
+            None => Err(Error::internal(format!(
+                "manifest version {} holds a manifest of this writer that no flush or \
+                 compaction of it accounts for",
+                next.version
+            ))),
+        };
     }
     swap(inner, mid, &next)?;
     drop(publish);
     super::compact::raise_if_due(inner, Some(next.generations.len()));
     finish(inner, mid, next, generation, &wal_ids).await
+}
+
+/// Adopt manifest `next`, which an earlier attempt of the flush of memtable `mid` published
+/// (its PUT reported an error and landed): the generation object it names is read back, never
+/// rebuilt (a rebuilt graph may differ from the one the published manifest describes).
+async fn adopt(
+    inner: &Arc<Inner>,
+    mid: u64,
+    next: Manifest,
+    publish: tokio::sync::MutexGuard<'_, ()>,
+    wal_ids: &[u64],
+) -> Result<()> {
+    tracing::info!(
+        "manifest {} of memtable {mid} was published by an earlier attempt",
+        next.version
+    );
+    let meta = next.generations[next.generations.len() - 1].clone();
+    let generation = inner
+        .reader
+        .generations
+        .get_all(std::slice::from_ref(&meta))
+        .await?
+        .pop()
+        .ok_or_else(|| Error::internal("the generation cache returned nothing"))?;
+    swap(inner, mid, &next)?;
+    drop(publish);
+    finish(inner, mid, next, generation, wal_ids).await
 }
 
 /// Before a publish (under the publish lock): settle the compaction manifest whose PUT
