@@ -468,8 +468,13 @@ impl Index {
                 // period was shorter than this gap) after the list was read: start again on
                 // the newer list. Otherwise the object really is missing.
                 Err(e) if e.is_not_found() => {
-                    let now = manifests.load_latest().await?.map(|m| m.version);
-                    if now == Some(cur.version) {
+                    let newest = manifests.load_latest().await?;
+                    // Every generation of the list still listed: the missing one is named by
+                    // the newest version, the object really is missing.
+                    let replaced = newest.is_some_and(|n| {
+                        cur.generations.iter().any(|g| !n.generations.contains(g))
+                    });
+                    if !replaced {
                         return Err(e);
                     }
                     continue;
