@@ -316,15 +316,20 @@ impl Sim {
                     self.history.promote(id, Status::Durable);
                     break;
                 }
-                Ok(Err(e)) if started.elapsed() < LIVENESS => {
-                    write_error_ok(&e)?;
+                // Only failures of the store's requests may clear up: a fenced or closed
+                // writer never recovers.
+                Ok(Err(e))
+                    if started.elapsed() < LIVENESS && e.kind() == ErrorKind::Unavailable =>
+                {
                     self.history.record(step, &key, Some(row), Status::Maybe);
                 }
                 Ok(Err(e)) => {
+                    self.history.record(step, &key, Some(row), Status::Maybe);
                     return Err(format!(
-                        "writer {id} is stuck: appends without faults still fail after \
-                         {LIVENESS:?}: {e}"
-                    ))
+                        "writer {id}: appends without faults fail ({:?} after {:?}): {e}",
+                        e.kind(),
+                        started.elapsed()
+                    ));
                 }
                 Err(_) => {
                     self.history.record(step, &key, Some(row), Status::Maybe);
@@ -341,11 +346,13 @@ impl Sim {
             let w = self.writer.as_ref().expect("a writer");
             match tokio::time::timeout(left(), w.index.flush()).await {
                 Ok(Ok(())) => break,
-                Ok(Err(e)) if started.elapsed() < LIVENESS => write_error_ok(&e)?,
+                Ok(Err(e))
+                    if started.elapsed() < LIVENESS && e.kind() == ErrorKind::Unavailable => {}
                 Ok(Err(e)) => {
                     return Err(format!(
-                        "writer {id} is stuck: flushes without faults still fail after \
-                         {LIVENESS:?}: {e}"
+                        "writer {id}: flushes without faults fail ({:?} after {:?}): {e}",
+                        e.kind(),
+                        started.elapsed()
                     ))
                 }
                 Err(_) => {
