@@ -764,3 +764,76 @@ async fn a_compact_dropped_while_its_manifest_lands_does_not_wedge_the_writer() 
     assert_eq!(reopened.stats().generations.len(), 2);
     assert_eq!(live(&reopened).await.len(), 25);
 }
+
+#[tokio::test]
+async fn a_compaction_yields_the_version_a_flushs_earlier_attempt_holds() {
+    // A flush's manifest PUT lands but reports an error; a compaction waiting for the publish
+    // lock gets it before the flush's retry and finds the version taken by that manifest. It
+    // must give up (and delete its merged object), and the flush's retry adopt its manifest:
+    // nothing is stuck, lost or leaked.
+    use futures::TryStreamExt;
+    use object_store::ObjectStore;
+    let (store, loc) = faulty();
+    let s = schema();
+    let settings = Settings {
+        memtable_max_rows: 1_000_000,
+        compaction: false,
+        ..Settings::default()
+    };
+    let index = Arc::new(
+        Index::create(loc.clone(), s.clone(), settings.clone())
+            .await
+            .unwrap(),
+    );
+    for g in 0..3 {
+        index
+            .append(&batch(&s, &rows(&format!("g{g}-"), 5)))
+            .await
+            .unwrap();
+        index.flush().await.unwrap();
+    }
+    index.append(&batch(&s, &rows("f-", 5))).await.unwrap();
+    let held = Arc::new(Semaphore::new(0));
+    store.on(
+        "put",
+        "manifest/",
+        Action::LandThenHoldThenFailOnce(held.clone()),
+    );
+    let flushing = {
+        let index = index.clone();
+        tokio::spawn(async move { index.flush().await })
+    };
+    // The flush holds the publish lock while its PUT hangs; the compaction queues for it.
+    while store.puts("manifest/") < 6 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let compacting = {
+        let index = index.clone();
+        tokio::spawn(async move { index.compact().await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    held.add_permits(1);
+    let compacted = compacting.await.unwrap();
+    assert!(
+        matches!(compacted, Ok(None)),
+        "the compaction gives the version up: {compacted:?}"
+    );
+    let first = flushing.await.unwrap();
+    assert!(first.is_err(), "the PUT reported an error");
+    tokio::time::timeout(Duration::from_secs(20), index.flush())
+        .await
+        .expect("the retried flush finishes")
+        .unwrap();
+    assert_eq!(index.stats().generations.len(), 4);
+    assert_eq!(live(&index).await.len(), 20);
+    let objects = store
+        .list(Some(&object_store::path::Path::from("idx/generations")))
+        .try_collect::<Vec<_>>()
+        .await
+        .unwrap()
+        .len();
+    assert_eq!(objects, 4, "the merged object no manifest names is deleted");
+    index.close().await.unwrap();
+    let reopened = Index::open(loc, settings).await.unwrap();
+    assert_eq!(live(&reopened).await.len(), 20);
+}

@@ -27,6 +27,8 @@ pub enum Action {
     /// Let the first matching PUT land, then hold its answer until the semaphore gets a
     /// permit (a caller that gives up meanwhile leaves a PUT that landed); later ones pass.
     LandThenHoldOnce(Arc<Semaphore>),
+    /// As `LandThenHoldOnce`, then report an error (a timeout after the write landed).
+    LandThenHoldThenFailOnce(Arc<Semaphore>),
 }
 
 #[derive(Debug, Clone)]
@@ -128,7 +130,8 @@ impl FaultyStore {
                     i,
                     a @ (Action::HoldOnce(_)
                     | Action::SucceedThenFailOnce
-                    | Action::LandThenHoldOnce(_)),
+                    | Action::LandThenHoldOnce(_)
+                    | Action::LandThenHoldThenFailOnce(_)),
                 )) => {
                     rules.remove(i);
                     Some(a)
@@ -137,7 +140,10 @@ impl FaultyStore {
             }
         };
         match action {
-            None | Some(Action::IgnoreCreate) | Some(Action::LandThenHoldOnce(_)) => Ok(()),
+            None
+            | Some(Action::IgnoreCreate)
+            | Some(Action::LandThenHoldOnce(_))
+            | Some(Action::LandThenHoldThenFailOnce(_)) => Ok(()),
             Some(Action::Fail) => Err(object_store::Error::Generic {
                 store: "FaultyStore",
                 source: format!("injected failure of {op} {location}").into(),
@@ -169,15 +175,29 @@ impl FaultyStore {
             let mut rules = self.rules.lock().unwrap();
             let at = rules.iter().position(|r| {
                 r.op == "put"
-                    && matches!(r.action, Action::LandThenHoldOnce(_))
+                    && matches!(
+                        r.action,
+                        Action::LandThenHoldOnce(_) | Action::LandThenHoldThenFailOnce(_)
+                    )
                     && location.as_ref().contains(&r.path_contains)
             });
             at.map(|i| rules.remove(i).action)
         };
-        if let Some(Action::LandThenHoldOnce(s)) = land_then_hold {
-            let r = self.inner.put_opts(location, payload, opts).await;
-            s.acquire().await.unwrap().forget();
-            return r;
+        match land_then_hold {
+            Some(Action::LandThenHoldOnce(s)) => {
+                let r = self.inner.put_opts(location, payload, opts).await;
+                s.acquire().await.unwrap().forget();
+                return r;
+            }
+            Some(Action::LandThenHoldThenFailOnce(s)) => {
+                self.inner.put_opts(location, payload, opts).await?;
+                s.acquire().await.unwrap().forget();
+                return Err(object_store::Error::Generic {
+                    store: "FaultyStore",
+                    source: format!("injected error after the put of {location} landed").into(),
+                });
+            }
+            _ => {}
         }
         let check = self.check("put", location).await;
         if let Err(object_store::Error::NotImplemented { .. }) = check {
