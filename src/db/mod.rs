@@ -252,7 +252,6 @@ impl Inner {
     }
 }
 
-/// A name for a probe object no other handle picks.
 /// The newest manifest at `loc`; `Invalid` when there is no index there.
 async fn latest_manifest(manifests: &ManifestStore, loc: &Location) -> Result<Manifest> {
     manifests
@@ -261,6 +260,7 @@ async fn latest_manifest(manifests: &ManifestStore, loc: &Location) -> Result<Ma
         .ok_or_else(|| Error::invalid(format!("no index at {} (create it first)", loc.display)))
 }
 
+/// A name for a probe object no other handle picks.
 fn probe_token() -> String {
     static COUNT: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
