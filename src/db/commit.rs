@@ -1,8 +1,9 @@
 //! The committer: group commit, sequence numbers, WAL writes, memtable application, freezing.
 
-use super::{read_memtable, write_memtable, Inner, Request, WriteReceipt, WriteRows};
+use super::{Inner, Request, WriteReceipt, WriteRows};
 use crate::format::wal::{decode, decode_header, encode, WalEntry, WalKind};
 use crate::memtable::Memtable;
+use crate::memtable::{catch_up, read_memtable, write_memtable};
 use crate::settings::Durability;
 use crate::{Error, Result};
 use arrow::array::RecordBatch;
@@ -276,7 +277,7 @@ impl Committer {
         let active = self.inner.read_state().active.clone();
         write_memtable(&active).apply(stored.clone())?;
         self.applied += stored.num_rows() as u64;
-        super::catch_up_graph(&active);
+        catch_up(&active);
         let n = stored.num_rows();
         let last_seq = self.next_seq - 1;
         self.inner.last_seq.fetch_max(last_seq, Ordering::SeqCst);

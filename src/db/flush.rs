@@ -1,9 +1,10 @@
 //! The flusher: frozen memtable → generation object → manifest version → WAL cleanup.
 
-use super::{is_fenced, read_memtable, Inner, SharedMemtable};
+use super::{is_fenced, Inner};
 use crate::format::manifest::Manifest;
 use crate::generation::{Generation, IndexSpec};
 use crate::manifest::{delete_all, WriteOutcome};
+use crate::memtable::{read_memtable, SharedMemtable};
 use crate::priority::in_background_thread;
 use crate::{Error, Result};
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};

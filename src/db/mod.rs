@@ -26,7 +26,7 @@ use crate::format::GenerationMeta;
 use crate::generation::cache::CacheStats;
 use crate::key::Key;
 use crate::manifest::{ManifestStore, WriteOutcome};
-use crate::memtable::Memtable;
+use crate::memtable::{catch_up, read_memtable, Memtable, SharedMemtable};
 use crate::query::vector::VectorSearchOptions;
 use crate::query::SearchOptions;
 use crate::read::{Snapshot, Source};
@@ -110,8 +110,6 @@ pub struct IndexStats {
     /// The last compaction failure, if the compactions since have not succeeded.
     pub compaction_error: Option<String>,
 }
-
-pub(crate) type SharedMemtable = Arc<RwLock<Memtable>>;
 
 #[derive(Debug)]
 pub(crate) struct State {
@@ -273,10 +271,6 @@ fn probe_token() -> String {
     )
 }
 
-pub(crate) fn read_memtable(m: &SharedMemtable) -> std::sync::RwLockReadGuard<'_, Memtable> {
-    m.read().unwrap_or_else(|e| e.into_inner())
-}
-
 fn mem_graph_spec(schema: &IndexSchema, settings: &Settings) -> Option<MemGraphSpec> {
     let (vcol, metric, params) = schema.vector_spec(settings)?;
     Some(MemGraphSpec {
@@ -286,70 +280,6 @@ fn mem_graph_spec(schema: &IndexSchema, settings: &Settings) -> Option<MemGraphS
         params,
         above: settings.memtable_graph_above,
     })
-}
-
-/// When the memtable's vector graph lags behind its rows and no inserter runs, start one on
-/// a thread of its own: it inserts the rows in chunks until it has caught up, and stops early
-/// once the memtable is gone (flushed and dropped by every search).
-pub(crate) fn catch_up_graph(mem: &SharedMemtable) {
-    let Some(graph) = read_memtable(mem).graph_behind() else {
-        return;
-    };
-    if graph.running() {
-        return;
-    }
-    let weak = Arc::downgrade(mem);
-    let spawned = std::thread::Builder::new()
-        .name("lsmsearch-memgraph".into())
-        .spawn(move || {
-            crate::priority::nice_priority();
-            loop {
-                let Some(_role) = graph.try_start() else {
-                    return;
-                };
-                let Some(mem) = weak.upgrade() else {
-                    return;
-                };
-                let (batches, offsets, rows) = read_memtable(&mem).batches();
-                let text = read_memtable(&mem).text();
-                drop(mem);
-                // Between graph chunks the text index catches up with every row applied so far
-                // once full-text searches read this memtable and enough rows wait for it, so a
-                // search rarely finds more than a few thousand rows past the last commit.
-                let between = || {
-                    let Some(mem) = weak.upgrade() else {
-                        return false;
-                    };
-                    if let Some(text) = text.as_ref().filter(|t| t.searched()) {
-                        let (batches, _, rows) = read_memtable(&mem).batches();
-                        // Rows past the commit are tokenized here, off the searches' path.
-                        let caught_up = text
-                            .commit_due(&batches, rows)
-                            .and_then(|()| text.extend_tail(&batches, rows));
-                        if let Err(e) = caught_up {
-                            tracing::warn!("memtable text index catch-up failed: {e}");
-                        }
-                    }
-                    true
-                };
-                graph.catch_up(&batches, &offsets, rows, &between);
-                drop(_role);
-                // Rows applied while this pass ran: go on unless another inserter takes over.
-                let behind = weak
-                    .upgrade()
-                    .is_some_and(|m| graph.coverable(read_memtable(&m).rows()) > graph.indexed());
-                if !behind {
-                    return;
-                }
-            }
-        });
-    if let Err(e) = spawned {
-        tracing::warn!("could not start the memtable graph inserter: {e}");
-    }
-}
-
-pub(crate) fn write_memtable(m: &SharedMemtable) -> std::sync::RwLockWriteGuard<'_, Memtable> {
-    m.write().unwrap_or_else(|e| e.into_inner())
 }
 
 pub(crate) enum WriteRows {
@@ -601,7 +531,7 @@ impl Index {
         let compactor = tokio::spawn(compact::run_compactor(inner.clone()));
         // Leak collection is best effort: close() and drop stop it wherever it is.
         let collector = tokio::spawn(garbage::collect(inner.clone(), opened_on));
-        catch_up_graph(&inner.read_state().active);
+        catch_up(&inner.read_state().active);
         Ok(Index {
             inner,
             tx,

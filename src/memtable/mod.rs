@@ -7,6 +7,10 @@
 //! search takes with its view instead of comparing versions itself. The memtable's
 //! full-text index ([`MemTextIndex`]) and vector graph ([`MemVectorIndex`]) hang off this type.
 
+mod background;
+
+pub(crate) use background::{catch_up, read_memtable, write_memtable, SharedMemtable};
+
 use crate::flags::RowFlags;
 use crate::key::Key;
 use crate::schema::{deleted_flags, SEQ_COLUMN};
