@@ -81,7 +81,9 @@ mod text;
 mod vector;
 mod wal;
 
-pub use db::{CompactionReport, Index, IndexStats, ReadOnlyIndex, ScanOptions, WriteReceipt};
+pub use db::{
+    CompactionReport, Index, IndexStats, ReadOnlyIndex, ScanOptions, Search, WriteReceipt,
+};
 pub use error::{Error, ErrorKind, Result};
 pub use format::ipc::IpcReader;
 pub use format::GenerationMeta;

@@ -109,7 +109,7 @@ async fn read_only_handle_refreshes() {
     let ro = Index::open_read_only(loc.clone(), Settings::default())
         .await
         .unwrap();
-    assert_eq!(ro.stats().await.generations.len(), 1);
+    assert_eq!(ro.stats().generations.len(), 1);
     index.append(&batch(&s, &[Row::new("b", 1)])).await.unwrap();
     index.flush().await.unwrap();
     index.append(&batch(&s, &[Row::new("c", 1)])).await.unwrap();
@@ -120,7 +120,7 @@ async fn read_only_handle_refreshes() {
     ro.refresh().await.unwrap();
     let m = to_model(&ro.scan(ScanOptions::default()).await.unwrap());
     assert_eq!(m.keys().cloned().collect::<Vec<_>>(), vec!["a", "b", "c"]);
-    assert_eq!(ro.stats().await.generations.len(), 2);
+    assert_eq!(ro.stats().generations.len(), 2);
 }
 
 #[tokio::test]
@@ -175,4 +175,65 @@ async fn a_scan_filter_sees_only_live_rows() {
     assert_eq!(to_model(&hit), Model::from([("a".to_string(), live)]));
     let none = index.scan(opts("CAST(body AS BIGINT) = 8")).await.unwrap();
     assert!(to_model(&none).is_empty());
+}
+
+/// Everything a read-only caller asks of a handle, through the one read surface.
+async fn reads(h: &impl lsmsearch::Search) -> (Model, Vec<String>, Vec<String>, usize) {
+    use arrow::array::AsArray;
+    use futures::TryStreamExt;
+    let keys = |batches: &[arrow::array::RecordBatch]| -> Vec<String> {
+        batches
+            .iter()
+            .flat_map(|b| {
+                let ids = b.column(0).as_string::<i32>();
+                (0..b.num_rows())
+                    .map(|r| ids.value(r).to_string())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let rows = to_model(&h.scan(ScanOptions::default()).await.unwrap());
+    let opts = lsmsearch::SearchOptions::with_k(5);
+    let fts = h.search_fts("body version", &opts).await.unwrap();
+    let streamed: Vec<_> = h
+        .search_fts_stream("body version", &opts)
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(keys(&fts), keys(&streamed), "streamed as collected");
+    let near = h
+        .search_vector(&[1.0, 2.0, -1.0, 0.5], &Default::default())
+        .await
+        .unwrap();
+    let plan = h.plan_fts("body", &opts).await.unwrap();
+    let vplan = h.plan_vector(&[1.0; 4], &Default::default()).await.unwrap();
+    assert_eq!(h.arrow_schema(), h.schema().arrow_schema());
+    for p in [plan, vplan] {
+        let one_line = datafusion::physical_plan::displayable(p.as_ref())
+            .one_line()
+            .to_string();
+        assert!(one_line.contains("SortPreservingMergeExec"), "{one_line}");
+    }
+    // A writer's cache also holds generations a compaction replaced (their grace period).
+    assert!(h.cache_stats().await.generations as usize >= h.stats().generations.len());
+    (rows, keys(&fts), keys(&near), h.stats().generations.len())
+}
+
+#[tokio::test]
+async fn both_handles_answer_every_read_alike() {
+    let loc = memory();
+    let mut model = Model::new();
+    let index = Index::create(loc.clone(), schema(), small_settings())
+        .await
+        .unwrap();
+    workload(&index, &mut model, 1, 200).await;
+    index.flush().await.unwrap();
+    let ro = Index::open_read_only(loc, Settings::default())
+        .await
+        .unwrap();
+    let (w, r) = (reads(&index).await, reads(&ro).await);
+    assert_eq!(w.0, model);
+    assert_eq!(w, r);
 }

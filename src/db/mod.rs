@@ -17,18 +17,17 @@ mod garbage;
 mod pace;
 mod reader;
 mod readonly;
+mod search;
 
 pub use compact::CompactionReport;
 pub use readonly::ReadOnlyIndex;
+pub use search::Search;
 
 use crate::format::manifest::Manifest;
 use crate::format::GenerationMeta;
-use crate::generation::cache::CacheStats;
 use crate::key::Key;
 use crate::manifest::{ManifestStore, WriteOutcome};
 use crate::memtable::{catch_up, read_memtable, Memtable, SharedMemtable};
-use crate::query::vector::VectorSearchOptions;
-use crate::query::SearchOptions;
 use crate::read::{Snapshot, Source};
 use crate::schema::IndexSchema;
 use crate::settings::{Settings, WriteOptions};
@@ -38,9 +37,6 @@ use crate::vector::MemGraphSpec;
 use crate::wal::{replay, Mode};
 use crate::{Error, ErrorKind, Result};
 use arrow::array::{ArrayRef, RecordBatch};
-use arrow::datatypes::SchemaRef;
-use datafusion::execution::SendableRecordBatchStream;
-use datafusion::physical_plan::ExecutionPlan;
 use reader::Reader;
 use serde::Serialize;
 use std::collections::VecDeque;
@@ -553,15 +549,7 @@ impl Index {
         ReadOnlyIndex::open(loc, settings).await
     }
 
-    /// The index schema.
-    pub fn schema(&self) -> &IndexSchema {
-        &self.inner.reader.schema
-    }
-
-    /// The Arrow schema of appended and returned rows.
-    pub fn arrow_schema(&self) -> SchemaRef {
-        self.inner.reader.user_schema.clone()
-    }
+    search::read_methods!(inner.reader);
 
     /// The epoch this writer claimed.
     pub fn epoch(&self) -> u64 {
@@ -731,113 +719,6 @@ impl Index {
         self.inner.reader.snapshot(memtables, &metas).await
     }
 
-    /// Every live row (newest version of each key, deleted keys excluded), optionally filtered.
-    pub async fn scan(&self, options: ScanOptions) -> Result<Vec<RecordBatch>> {
-        let snapshot = self.snapshot().await?;
-        self.inner
-            .reader
-            .scan(snapshot, options.filter.as_deref())
-            .await
-    }
-
-    /// The physical plan of a full-text search: one `FtsArmExec` leaf with a partition per
-    /// source (each arm's top k, with its block list and the filter applied inside) under a
-    /// `SortPreservingMergeExec(fetch = k)` ordered by `_score` descending then key.
-    pub async fn plan_fts(
-        &self,
-        query: &str,
-        options: &SearchOptions,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let snapshot = self.snapshot().await?;
-        self.inner.reader.plan_fts(snapshot, query, options).await
-    }
-
-    /// Full-text search with BM25 over global statistics of the snapshot's live rows: the top
-    /// `k` rows as a stream of batches (key, `_score`, payload columns).
-    pub async fn search_fts_stream(
-        &self,
-        query: &str,
-        options: &SearchOptions,
-    ) -> Result<SendableRecordBatchStream> {
-        reader::stream(self.plan_fts(query, options).await?)
-    }
-
-    /// Full-text search, collected (see [`Index::search_fts_stream`]).
-    pub async fn search_fts(
-        &self,
-        query: &str,
-        options: &SearchOptions,
-    ) -> Result<Vec<RecordBatch>> {
-        self.run_search("full-text", |snapshot| {
-            self.inner.reader.plan_fts(snapshot, query, options)
-        })
-        .await
-    }
-
-    /// The physical plan of a vector search: one `VectorArmExec` leaf with a partition per
-    /// source (each arm's top k by exact distance among its live rows that pass the filter)
-    /// under a `SortPreservingMergeExec(fetch = k)` ordered by `_distance` ascending then key.
-    pub async fn plan_vector(
-        &self,
-        query: &[f32],
-        options: &VectorSearchOptions,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let snapshot = self.snapshot().await?;
-        self.inner
-            .reader
-            .plan_vector(snapshot, query, options)
-            .await
-    }
-
-    /// Vector k-nearest-neighbour search: the `k` live rows nearest to `query` (key, `_distance`,
-    /// payload columns), with exact f32 distances under the schema's metric.
-    pub async fn search_vector(
-        &self,
-        query: &[f32],
-        options: &VectorSearchOptions,
-    ) -> Result<Vec<RecordBatch>> {
-        self.run_search("vector", |snapshot| {
-            self.inner.reader.plan_vector(snapshot, query, options)
-        })
-        .await
-    }
-
-    /// A search: a snapshot, the plan `plan` makes of it, run to completion. One slower than
-    /// 20 ms is logged at debug level (target `lsmsearch::slow`) with the time it took to take
-    /// its snapshot, to plan and to run.
-    async fn run_search<F>(
-        &self,
-        kind: &str,
-        plan: impl FnOnce(Snapshot) -> F,
-    ) -> Result<Vec<RecordBatch>>
-    where
-        F: std::future::Future<Output = Result<Arc<dyn ExecutionPlan>>>,
-    {
-        let t = std::time::Instant::now();
-        let snapshot = self.snapshot().await?;
-        let t_snap = t.elapsed();
-        let plan = plan(snapshot).await?;
-        let t_plan = t.elapsed();
-        let out = reader::run(plan).await;
-        let total = t.elapsed();
-        if total >= std::time::Duration::from_millis(20) {
-            tracing::debug!(
-                target: "lsmsearch::slow",
-                "{kind} search took {:.1} ms: snapshot {:.1}, plan {:.1}, run {:.1}",
-                total.as_secs_f64() * 1e3,
-                t_snap.as_secs_f64() * 1e3,
-                (t_plan - t_snap).as_secs_f64() * 1e3,
-                (total - t_plan).as_secs_f64() * 1e3
-            );
-        }
-        out
-    }
-
-    /// What this handle's generation cache holds (see [`Settings::cache_bytes`]).
-    pub async fn cache_stats(&self) -> CacheStats {
-        self.inner.reader.cache_stats().await
-    }
-
     /// Generations, memtable and WAL figures.
     pub fn stats(&self) -> IndexStats {
         let st = self.inner.read_state();
@@ -908,6 +789,8 @@ impl Index {
         self.inner.fenced.load(Ordering::SeqCst)
     }
 }
+
+search::impl_search!(Index);
 
 impl Drop for Index {
     fn drop(&mut self) {

@@ -1,24 +1,17 @@
 //! Read-only handles: any number of them, in any process, beside the one writer.
 
-use super::reader::{self, Reader};
-use super::{IndexStats, ScanOptions};
+use super::reader::Reader;
+use super::IndexStats;
 use crate::format::manifest::Manifest;
-use crate::generation::cache::CacheStats;
 use crate::manifest::ManifestStore;
 use crate::memtable::Memtable;
-use crate::query::vector::VectorSearchOptions;
-use crate::query::SearchOptions;
 use crate::read::{Snapshot, Source};
-use crate::schema::IndexSchema;
 use crate::settings::Settings;
 use crate::storage::paths::Paths;
 use crate::storage::Location;
 use crate::wal::{replay, Mode};
 use crate::{Error, Result};
-use arrow::array::RecordBatch;
-use datafusion::physical_plan::ExecutionPlan;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
 #[derive(Debug)]
 struct View {
@@ -42,7 +35,7 @@ pub struct ReadOnlyIndex {
     /// Ids of the memtables holding the WAL rows of successive views (block lists are kept
     /// per memtable id).
     next_view_id: AtomicU64,
-    view: tokio::sync::RwLock<View>,
+    view: std::sync::RwLock<View>,
 }
 
 impl ReadOnlyIndex {
@@ -57,7 +50,7 @@ impl ReadOnlyIndex {
             .ok_or_else(|| Error::invalid(format!("no index at {}", loc.display)))?;
         let reader = Reader::new(&loc, &paths, m.schema.clone(), settings)?;
         let handle = ReadOnlyIndex {
-            view: tokio::sync::RwLock::new(View {
+            view: std::sync::RwLock::new(View {
                 manifest: m.clone(),
                 wal: Memtable::new(0, reader.stored_schema.clone(), None, None)?,
                 wal_objects: 0,
@@ -77,7 +70,7 @@ impl ReadOnlyIndex {
             view.manifest.generations.len(),
             view.wal.rows()
         );
-        *handle.view.write().await = view;
+        *handle.view.write().unwrap_or_else(|e| e.into_inner()) = view;
         Ok(handle)
     }
 
@@ -139,7 +132,7 @@ impl ReadOnlyIndex {
     pub async fn refresh(&self) -> Result<()> {
         let view = self.load_view(None).await?;
         let gone: Vec<(u64, u64)> = {
-            let mut current = self.view.write().await;
+            let mut current = self.view.write().unwrap_or_else(|e| e.into_inner());
             let newness = |v: &View| (v.manifest.version, v.wal_next);
             if newness(&view) < newness(&current) {
                 return Ok(());
@@ -166,6 +159,10 @@ impl ReadOnlyIndex {
         Ok(())
     }
 
+    fn view(&self) -> std::sync::RwLockReadGuard<'_, View> {
+        self.view.read().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// What a read started now sees: the WAL's rows, then the generations. When a generation
     /// of the view is gone (a compaction replaced it and its grace period passed), the view
     /// moves to the newest manifest first.
@@ -173,7 +170,7 @@ impl ReadOnlyIndex {
         let mut attempts = 0;
         loop {
             let (wal, metas) = {
-                let v = self.view.read().await;
+                let v = self.view();
                 (v.wal.search_view(), v.manifest.generations.clone())
             };
             match self
@@ -190,64 +187,11 @@ impl ReadOnlyIndex {
         }
     }
 
-    /// The index schema.
-    pub fn schema(&self) -> &IndexSchema {
-        &self.reader.schema
-    }
-
-    /// Every live row of the view, optionally filtered.
-    pub async fn scan(&self, options: ScanOptions) -> Result<Vec<RecordBatch>> {
-        let snapshot = self.snapshot().await?;
-        self.reader.scan(snapshot, options.filter.as_deref()).await
-    }
-
-    /// The physical plan of a full-text search over the view (see [`crate::Index::plan_fts`]).
-    pub async fn plan_fts(
-        &self,
-        query: &str,
-        options: &SearchOptions,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let snapshot = self.snapshot().await?;
-        self.reader.plan_fts(snapshot, query, options).await
-    }
-
-    /// Full-text search over the view, collected.
-    pub async fn search_fts(
-        &self,
-        query: &str,
-        options: &SearchOptions,
-    ) -> Result<Vec<RecordBatch>> {
-        reader::run(self.plan_fts(query, options).await?).await
-    }
-
-    /// The physical plan of a vector search over the view (see
-    /// [`crate::Index::plan_vector`]).
-    pub async fn plan_vector(
-        &self,
-        query: &[f32],
-        options: &VectorSearchOptions,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let snapshot = self.snapshot().await?;
-        self.reader.plan_vector(snapshot, query, options).await
-    }
-
-    /// Vector search over the view, collected.
-    pub async fn search_vector(
-        &self,
-        query: &[f32],
-        options: &VectorSearchOptions,
-    ) -> Result<Vec<RecordBatch>> {
-        reader::run(self.plan_vector(query, options).await?).await
-    }
-
-    /// What this handle's generation cache holds (see [`Settings::cache_bytes`]).
-    pub async fn cache_stats(&self) -> CacheStats {
-        self.reader.cache_stats().await
-    }
+    super::search::read_methods!(reader);
 
     /// Figures of the view.
-    pub async fn stats(&self) -> IndexStats {
-        let v = self.view.read().await;
+    pub fn stats(&self) -> IndexStats {
+        let v = self.view();
         IndexStats {
             location: self.loc.display.clone(),
             epoch: v.manifest.epoch,
@@ -271,3 +215,5 @@ impl ReadOnlyIndex {
         }
     }
 }
+
+super::search::impl_search!(ReadOnlyIndex);

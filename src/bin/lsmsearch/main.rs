@@ -372,7 +372,7 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
         Command::Stats { location } => {
             let index =
                 Index::open_read_only(Location::parse(&location)?, Settings::default()).await?;
-            print_stats(&index.stats().await, json);
+            print_stats(&index.stats(), json);
             Ok(())
         }
         Command::Demo { dir } => demo::run(dir, json).await,

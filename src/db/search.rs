@@ -1,0 +1,286 @@
+//! The read surface both handles share: [`Search`], written once (the `read_methods!` macro
+//! gives [`crate::Index`] and [`crate::ReadOnlyIndex`] the same inherent methods over their
+//! own snapshot, and `impl_search!` implements the trait with them), as slatedb's `DbReadOps`
+//! serves its writer, its reader and its snapshots.
+
+use super::{IndexStats, ScanOptions};
+use crate::generation::cache::CacheStats;
+use crate::query::vector::VectorSearchOptions;
+use crate::query::SearchOptions;
+use crate::schema::IndexSchema;
+use crate::Result;
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::physical_plan::ExecutionPlan;
+use std::future::Future;
+use std::sync::Arc;
+
+/// The reads every handle offers: the writer ([`crate::Index`]) and any read-only handle
+/// ([`crate::ReadOnlyIndex`]) answer them the same way over what they see, so code that only
+/// reads can take either (`impl Search`). Each handle also has them as inherent methods.
+pub trait Search {
+    /// The index schema.
+    fn schema(&self) -> &IndexSchema;
+
+    /// The Arrow schema of appended and returned rows.
+    fn arrow_schema(&self) -> SchemaRef;
+
+    /// Every live row (newest version of each key, deleted keys excluded), optionally filtered.
+    fn scan(&self, options: ScanOptions) -> impl Future<Output = Result<Vec<RecordBatch>>> + Send;
+
+    /// The physical plan of a full-text search: one `FtsArmExec` leaf with a partition per
+    /// source (each arm's top k, with its block list and the filter applied inside) under a
+    /// `SortPreservingMergeExec(fetch = k)` ordered by `_score` descending then key.
+    fn plan_fts(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+    ) -> impl Future<Output = Result<Arc<dyn ExecutionPlan>>> + Send;
+
+    /// Full-text search with BM25 over global statistics of the snapshot's live rows: the top
+    /// `k` rows as a stream of batches (key, `_score`, payload columns).
+    fn search_fts_stream(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+    ) -> impl Future<Output = Result<SendableRecordBatchStream>> + Send;
+
+    /// Full-text search, collected (see [`Search::search_fts_stream`]).
+    fn search_fts(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+    ) -> impl Future<Output = Result<Vec<RecordBatch>>> + Send;
+
+    /// The physical plan of a vector search: one `VectorArmExec` leaf with a partition per
+    /// source (each arm's top k by exact distance among its live rows that pass the filter)
+    /// under a `SortPreservingMergeExec(fetch = k)` ordered by `_distance` ascending then key.
+    fn plan_vector(
+        &self,
+        query: &[f32],
+        options: &VectorSearchOptions,
+    ) -> impl Future<Output = Result<Arc<dyn ExecutionPlan>>> + Send;
+
+    /// Vector k-nearest-neighbour search: the `k` live rows nearest to `query` (key,
+    /// `_distance`, payload columns), with exact f32 distances under the schema's metric.
+    fn search_vector(
+        &self,
+        query: &[f32],
+        options: &VectorSearchOptions,
+    ) -> impl Future<Output = Result<Vec<RecordBatch>>> + Send;
+
+    /// What the handle's generation cache holds (see [`crate::Settings::cache_bytes`]).
+    fn cache_stats(&self) -> impl Future<Output = CacheStats> + Send;
+
+    /// Generations, memtable and WAL figures of what the handle sees.
+    fn stats(&self) -> IndexStats;
+}
+
+/// The inherent read methods of a handle, over `self.snapshot()` (an `async fn` giving the
+/// [`crate::read::Snapshot`] a read starts from) and the handle's `Reader` at `self.$path`.
+macro_rules! read_methods {
+    ($($path:ident).+) => {
+        /// The index schema.
+        pub fn schema(&self) -> &crate::schema::IndexSchema {
+            &self.$($path).+.schema
+        }
+
+        /// The Arrow schema of appended and returned rows.
+        pub fn arrow_schema(&self) -> arrow::datatypes::SchemaRef {
+            self.$($path).+.user_schema.clone()
+        }
+
+        /// Every live row (newest version of each key, deleted keys excluded), optionally
+        /// filtered.
+        pub async fn scan(
+            &self,
+            options: crate::db::ScanOptions,
+        ) -> crate::Result<Vec<arrow::array::RecordBatch>> {
+            let snapshot = self.snapshot().await?;
+            self.$($path).+.scan(snapshot, options.filter.as_deref()).await
+        }
+
+        /// The physical plan of a full-text search (see [`crate::Search::plan_fts`]).
+        pub async fn plan_fts(
+            &self,
+            query: &str,
+            options: &crate::query::SearchOptions,
+        ) -> crate::Result<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+            let snapshot = self.snapshot().await?;
+            self.$($path).+.plan_fts(snapshot, query, options).await
+        }
+
+        /// Full-text search with BM25 over global statistics of the snapshot's live rows: the
+        /// top `k` rows as a stream of batches (key, `_score`, payload columns).
+        pub async fn search_fts_stream(
+            &self,
+            query: &str,
+            options: &crate::query::SearchOptions,
+        ) -> crate::Result<datafusion::execution::SendableRecordBatchStream> {
+            crate::db::reader::stream(self.plan_fts(query, options).await?)
+        }
+
+        /// Full-text search, collected (see [`crate::Search::search_fts_stream`]).
+        pub async fn search_fts(
+            &self,
+            query: &str,
+            options: &crate::query::SearchOptions,
+        ) -> crate::Result<Vec<arrow::array::RecordBatch>> {
+            self.run_search("full-text", |snapshot| {
+                self.$($path).+.plan_fts(snapshot, query, options)
+            })
+            .await
+        }
+
+        /// The physical plan of a vector search (see [`crate::Search::plan_vector`]).
+        pub async fn plan_vector(
+            &self,
+            query: &[f32],
+            options: &crate::query::VectorSearchOptions,
+        ) -> crate::Result<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+            let snapshot = self.snapshot().await?;
+            self.$($path).+.plan_vector(snapshot, query, options).await
+        }
+
+        /// Vector k-nearest-neighbour search: the `k` live rows nearest to `query` (key,
+        /// `_distance`, payload columns), with exact f32 distances under the schema's metric.
+        pub async fn search_vector(
+            &self,
+            query: &[f32],
+            options: &crate::query::VectorSearchOptions,
+        ) -> crate::Result<Vec<arrow::array::RecordBatch>> {
+            self.run_search("vector", |snapshot| {
+                self.$($path).+.plan_vector(snapshot, query, options)
+            })
+            .await
+        }
+
+        /// What this handle's generation cache holds (see
+        /// [`crate::Settings::cache_bytes`]).
+        pub async fn cache_stats(&self) -> crate::generation::cache::CacheStats {
+            self.$($path).+.cache_stats().await
+        }
+
+        /// A search: a snapshot, the plan `plan` makes of it, run to completion. One slower
+        /// than 20 ms is logged at debug level (target `lsmsearch::slow`) with the time it took
+        /// to take its snapshot, to plan and to run.
+        async fn run_search<F>(
+            &self,
+            kind: &str,
+            plan: impl FnOnce(crate::read::Snapshot) -> F,
+        ) -> crate::Result<Vec<arrow::array::RecordBatch>>
+        where
+            F: std::future::Future<
+                Output = crate::Result<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>>,
+            >,
+        {
+            let t = std::time::Instant::now();
+            let snapshot = self.snapshot().await?;
+            let t_snap = t.elapsed();
+            let plan = plan(snapshot).await?;
+            let t_plan = t.elapsed();
+            let out = crate::db::reader::run(plan).await;
+            let total = t.elapsed();
+            if total >= std::time::Duration::from_millis(20) {
+                tracing::debug!(
+                    target: "lsmsearch::slow",
+                    "{kind} search took {:.1} ms: snapshot {:.1}, plan {:.1}, run {:.1}",
+                    total.as_secs_f64() * 1e3,
+                    t_snap.as_secs_f64() * 1e3,
+                    (t_plan - t_snap).as_secs_f64() * 1e3,
+                    (total - t_plan).as_secs_f64() * 1e3
+                );
+            }
+            out
+        }
+    };
+}
+
+/// `impl Search for $handle`, with the handle's inherent methods.
+macro_rules! impl_search {
+    ($handle:ty) => {
+        impl crate::db::Search for $handle {
+            fn schema(&self) -> &crate::schema::IndexSchema {
+                <$handle>::schema(self)
+            }
+
+            fn arrow_schema(&self) -> arrow::datatypes::SchemaRef {
+                <$handle>::arrow_schema(self)
+            }
+
+            fn scan(
+                &self,
+                options: crate::db::ScanOptions,
+            ) -> impl std::future::Future<Output = crate::Result<Vec<arrow::array::RecordBatch>>>
+                   + Send {
+                <$handle>::scan(self, options)
+            }
+
+            fn plan_fts(
+                &self,
+                query: &str,
+                options: &crate::query::SearchOptions,
+            ) -> impl std::future::Future<
+                Output = crate::Result<
+                    std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+                >,
+            > + Send {
+                <$handle>::plan_fts(self, query, options)
+            }
+
+            fn search_fts_stream(
+                &self,
+                query: &str,
+                options: &crate::query::SearchOptions,
+            ) -> impl std::future::Future<
+                Output = crate::Result<datafusion::execution::SendableRecordBatchStream>,
+            > + Send {
+                <$handle>::search_fts_stream(self, query, options)
+            }
+
+            fn search_fts(
+                &self,
+                query: &str,
+                options: &crate::query::SearchOptions,
+            ) -> impl std::future::Future<Output = crate::Result<Vec<arrow::array::RecordBatch>>>
+                   + Send {
+                <$handle>::search_fts(self, query, options)
+            }
+
+            fn plan_vector(
+                &self,
+                query: &[f32],
+                options: &crate::query::VectorSearchOptions,
+            ) -> impl std::future::Future<
+                Output = crate::Result<
+                    std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+                >,
+            > + Send {
+                <$handle>::plan_vector(self, query, options)
+            }
+
+            fn search_vector(
+                &self,
+                query: &[f32],
+                options: &crate::query::VectorSearchOptions,
+            ) -> impl std::future::Future<Output = crate::Result<Vec<arrow::array::RecordBatch>>>
+                   + Send {
+                <$handle>::search_vector(self, query, options)
+            }
+
+            fn cache_stats(
+                &self,
+            ) -> impl std::future::Future<Output = crate::generation::cache::CacheStats> + Send
+            {
+                <$handle>::cache_stats(self)
+            }
+
+            fn stats(&self) -> crate::db::IndexStats {
+                <$handle>::stats(self)
+            }
+        }
+    };
+}
+
+pub(crate) use {impl_search, read_methods};
