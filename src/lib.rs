@@ -47,7 +47,7 @@
 //!
 //! ## Features
 //!
-//! - `cli` (default): the `lsmsearch` command line and its benchmark harness ([`bench`]), with
+//! - `cli` (default): the `lsmsearch` command line and its benchmark harness ([`mod@bench`]), with
 //!   their plots and progress bars. `default-features = false` builds the library alone.
 
 #![warn(missing_docs)]

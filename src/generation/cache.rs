@@ -27,7 +27,7 @@ use std::sync::Arc;
 pub struct CacheStats {
     /// Generations held.
     pub generations: u64,
-    /// Their weight in bytes (see [`Generation::weight`]).
+    /// Their weight in bytes: what each decoded generation holds in memory.
     pub bytes: u64,
     /// The budget.
     pub budget: u64,
