@@ -781,6 +781,14 @@ fn env_u64(name: &str) -> Option<u64> {
 #[test]
 fn simulation() {
     if let Some(seed) = env_u64("LSMSEARCH_DST_SEED") {
+        // A replay prints the library's log too, as RUST_LOG asks (default: none).
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off")),
+            )
+            .with_test_writer()
+            .try_init();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
