@@ -131,7 +131,7 @@ impl ReadOnlyIndex {
     /// one keeps it.
     pub async fn refresh(&self) -> Result<()> {
         let view = self.load_view(None).await?;
-        let gone: Vec<(u64, u64)> = {
+        let gone: (Vec<(u64, u64)>, View) = {
             let mut current = self.view.write().unwrap_or_else(|e| e.into_inner());
             let newness = |v: &View| (v.manifest.version, v.wal_next);
             if newness(&view) < newness(&current) {
@@ -150,9 +150,13 @@ impl ReadOnlyIndex {
                 .map(|g| (g.id, g.epoch))
                 .filter(|k| !listed.contains(k))
                 .collect();
-            *current = view;
-            gone
+            // The view replaced is dropped after the lock is released: searches wait for
+            // this lock on their thread.
+            let replaced = std::mem::replace(&mut *current, view);
+            (gone, replaced)
         };
+        let (gone, replaced) = gone;
+        drop(replaced);
         for (id, epoch) in gone {
             self.reader.generations.retire(id, epoch).await;
         }
