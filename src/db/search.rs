@@ -19,7 +19,11 @@ use std::sync::Arc;
 /// The reads every handle offers: the writer ([`crate::Index`]) and any read-only handle
 /// ([`crate::ReadOnlyIndex`]) answer them the same way over what they see, so code that only
 /// reads can take either (`impl Search`). Each handle also has them as inherent methods.
-pub trait Search {
+///
+/// The trait is sealed (only this crate's handles implement it, and later releases may add
+/// methods), and its methods return futures, so it is used as a bound (`impl Search`, `T:
+/// Search`), not as `dyn Search`.
+pub trait Search: sealed::Sealed {
     /// The index schema.
     fn schema(&self) -> &IndexSchema;
 
@@ -75,6 +79,11 @@ pub trait Search {
 
     /// Generations, memtable and WAL figures of what the handle sees.
     fn stats(&self) -> IndexStats;
+}
+
+pub(super) mod sealed {
+    /// Implemented by this crate's handles only.
+    pub trait Sealed {}
 }
 
 /// The inherent read methods of a handle, over `self.snapshot()` (an `async fn` giving the
@@ -197,9 +206,12 @@ macro_rules! read_methods {
     };
 }
 
-/// `impl Search for $handle`, with the handle's inherent methods.
+/// `impl Search for $handle`, with the handle's inherent methods (written by
+/// `read_methods!`: without them these calls would name the trait's own methods).
 macro_rules! impl_search {
     ($handle:ty) => {
+        impl crate::db::search::sealed::Sealed for $handle {}
+
         impl crate::db::Search for $handle {
             fn schema(&self) -> &crate::schema::IndexSchema {
                 <$handle>::schema(self)
@@ -283,4 +295,5 @@ macro_rules! impl_search {
     };
 }
 
-pub(crate) use {impl_search, read_methods};
+// Both expand to paths that resolve only inside `crate::db` (its private `reader`).
+pub(super) use {impl_search, read_methods};
