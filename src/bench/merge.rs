@@ -31,23 +31,39 @@ use std::sync::Arc;
 use std::time::Instant;
 use tantivy::directory::{Directory, RamDirectory};
 
-/// What `bench merge` builds.
-#[derive(Debug, Clone)]
+/// What `bench merge` builds: the flags of `lsmsearch bench merge`, and their defaults
+/// ([`Default`] is what the flags declare).
+#[derive(Debug, Clone, clap::Args)]
 pub struct MergeOptions {
-    /// Rows of all inputs together.
+    /// Rows of all inputs together (the benchmark corpus, with vectors).
+    #[arg(long, default_value_t = 100_000)]
     pub docs: usize,
-    /// Input generations (equal shares of the rows).
+    /// Input generations, equal shares of the rows.
+    #[arg(long, default_value_t = 4)]
     pub inputs: usize,
     /// Vector dimension.
+    #[arg(long, default_value_t = 128)]
     pub dim: usize,
     /// A Cranfield collection directory (default: the bundled one).
+    #[arg(long)]
     pub data: Option<PathBuf>,
-    /// `hnsw_ef_construction` of the merged graphs (the inputs keep the default).
+    /// `hnsw_ef_construction` of the merged graphs (default: the setting's default; the
+    /// inputs keep it).
+    #[arg(long)]
     pub merged_ef_construction: Option<usize>,
-    /// `hnsw_m` of the merged graphs (the inputs keep the default).
+    /// `hnsw_m` of the merged graphs (default: the setting's default; the inputs keep it).
+    #[arg(long)]
     pub merged_m: Option<usize>,
-    /// Candidate lists the graphs are walked with for recall (default: `hnsw_ef_search`).
+    /// Candidate lists to measure recall@10 with, comma-separated (default: the setting's
+    /// `hnsw_ef_search`).
+    #[arg(long = "ef", value_delimiter = ',')]
     pub efs: Vec<usize>,
+}
+
+impl Default for MergeOptions {
+    fn default() -> Self {
+        super::defaults()
+    }
 }
 
 /// Seconds each way, and the recall of each graph.

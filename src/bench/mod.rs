@@ -1,559 +1,46 @@
-//! The generations benchmark (`lsmsearch bench generations`): how query latency and object-store
-//! round trips grow with the number of generations, on a local directory seen through a
-//! [`LatencyStore`] that adds an object store's per-request latency.
+//! The benchmarks behind `lsmsearch bench`, one module each; every benchmark's options are a
+//! `clap::Args` struct whose flags declare the defaults once ([`Default`] reads them):
 //!
-//! For each generation count G it builds an index of N documents ([`corpus`]) split into G
-//! generations plus a 1,000-row memtable (left in the WAL), then runs full-text, vector and
-//! filtered full-text queries: **cold** (a new read-only handle over the latency store, nothing
-//! cached: open plus one query) and **warm** (the same handle again and again). It prints
-//! p50/p95/p99, GETs and sequential round trips per query, fits the slope of p50 against G,
-//! and writes `results.json` and `latency.png` into the output directory.
+//! - [`generations`]: query latency and object-store round trips against the number of
+//!   generations, behind a store adding per-request latency;
+//! - [`stream`]: writers and readers on one index at once, with compaction at work;
+//! - [`merge`]: a compaction's indexes merged against rebuilt;
+//! - [`corpus`]: the benchmark corpus (Cranfield replicated, with vectors), also as Parquet for
+//!   other systems.
 
 pub mod corpus;
+pub mod generations;
 pub mod merge;
 mod plot;
 pub mod stream;
 
-use crate::{
-    Durability, Error, Index, IndexSchema, LatencyConfig, LatencyStore, Location, Result,
-    SearchOptions, Settings, VectorSearchOptions, WriteOptions,
-};
-use corpus::{Corpus, Embedder};
-use serde::Serialize;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+pub use generations::{run, slope, Options, Report, Run, Shape};
 
-/// What to build and measure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shape {
-    /// N Cranfield-derived documents with 128-d vectors in G generations (G from the list).
-    Generations,
-    /// 400,000 rows in 800 generations of 500 rows, 128-d vectors, brute-force vector search.
-    ManySmall,
-    /// 40 generations of 50 rows with 768-d vectors, exact scan.
-    WideVectors,
-}
+use std::time::Duration;
 
-/// Options of the benchmark.
-#[derive(Debug, Clone)]
-pub struct Options {
-    /// Documents per index. Default 100,000.
-    pub docs: usize,
-    /// Generation counts. Default 1, 2, 5, 10, 18, 32, 64.
-    pub gens: Vec<usize>,
-    /// Latency of every GET, HEAD and LIST. Default 10 ms.
-    pub get_latency: Duration,
-    /// Latency of every PUT and DELETE. Default 20 ms.
-    pub put_latency: Duration,
-    /// Where indexes, `results.json` and the plot go.
-    pub out: PathBuf,
-    /// A Cranfield collection directory; `None`: the one this build carries.
-    pub data: Option<PathBuf>,
-    /// Warm queries per kind. Default 200.
-    pub warm_queries: usize,
-    /// Cold queries (new handles) per kind. Default 7.
-    pub cold_queries: usize,
-    /// Vector dimension of the default shape. Default 128.
-    pub dim: usize,
-    /// What to build.
-    pub shape: Shape,
-    /// Show progress bars.
-    pub progress: bool,
-    /// Print the table as rows are measured.
-    pub print: bool,
-    /// Keep the built indexes in `out` and reuse one when it was built with the same
-    /// parameters (its `bench-build.json` matches) instead of building it again.
-    pub reuse: bool,
-    /// Build with compaction on: each of the G flushes may be merged, and the index is
-    /// measured once compaction has nothing left to do (the table's generation column still
-    /// counts flushes; the count left is printed). Default off: exactly G generations.
-    pub compaction: bool,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            docs: 100_000,
-            gens: vec![1, 2, 5, 10, 18, 32, 64],
-            get_latency: Duration::from_millis(10),
-            put_latency: Duration::from_millis(20),
-            out: PathBuf::from("bench-out"),
-            data: None,
-            warm_queries: 200,
-            cold_queries: 7,
-            dim: 128,
-            shape: Shape::Generations,
-            progress: false,
-            print: true,
-            reuse: false,
-            compaction: false,
-        }
+/// Options with the defaults their flags declare: each default is written once, on its flag.
+pub(crate) fn defaults<T: clap::Args + clap::FromArgMatches>() -> T {
+    let command = T::augment_args(clap::Command::new("defaults").no_binary_name(true));
+    let parsed = command
+        .try_get_matches_from(std::iter::empty::<String>())
+        .and_then(|m| T::from_arg_matches(&m));
+    match parsed {
+        Ok(options) => options,
+        // Every flag has a default that parses (`tests::every_default_parses`).
+        Err(e) => panic!("the benchmark's option defaults do not parse: {e}"),
     }
 }
 
-/// One measured (generations, query kind, mode).
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
-pub struct Run {
-    /// Generations in the index (plus a memtable).
-    pub generations: usize,
-    /// `fts`, `vector` or `filtered`.
-    pub query: String,
-    /// `cold` or `warm`.
-    pub mode: String,
-    /// Latency percentiles in milliseconds (cold: open plus query).
-    pub p50_ms: f64,
-    /// 95th percentile.
-    pub p95_ms: f64,
-    /// 99th percentile.
-    pub p99_ms: f64,
-    /// GET requests per query (median).
-    pub gets: u64,
-    /// All requests per query (median).
-    pub requests: u64,
-    /// Sequential round trips per query (median).
-    pub round_trips: u64,
-    /// Most requests in flight at once (median).
-    pub peak_concurrency: u64,
-    /// Queries measured.
-    pub samples: usize,
+/// A duration given in (fractional) milliseconds.
+pub(crate) fn millis(v: &str) -> std::result::Result<Duration, String> {
+    let ms: f64 = v.parse().map_err(|e| format!("{e}"))?;
+    Duration::try_from_secs_f64(ms / 1e3).map_err(|_| "a number of milliseconds".to_string())
 }
 
-/// Everything the benchmark measured.
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
-pub struct Report {
-    /// Documents per index.
-    pub docs: usize,
-    /// `generations`, `many-small` or `wide-vectors`.
-    pub shape: String,
-    /// Latency added to every GET.
-    pub get_latency_ms: f64,
-    /// One entry per (generations, query, mode).
-    pub runs: Vec<Run>,
-    /// Least-squares slope of p50 against G, per `query/mode` (e.g. `fts/warm`).
-    pub slope_ms_per_generation: std::collections::BTreeMap<String, f64>,
-    /// Seconds spent building each index, by generation count.
-    pub build_seconds: std::collections::BTreeMap<usize, f64>,
-}
-
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn median(mut v: Vec<u64>) -> u64 {
-    v.sort_unstable();
-    v.get(v.len() / 2).copied().unwrap_or(0)
-}
-
-/// Least-squares slope of `y` against `x`.
-pub fn slope(points: &[(f64, f64)]) -> f64 {
-    let n = points.len() as f64;
-    if points.len() < 2 {
-        return 0.0;
-    }
-    let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
-    let my = points.iter().map(|p| p.1).sum::<f64>() / n;
-    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
-    let sxx: f64 = points.iter().map(|p| (p.0 - mx) * (p.0 - mx)).sum();
-    if sxx == 0.0 {
-        0.0
-    } else {
-        sxy / sxx
-    }
-}
-
-/// A query the benchmark runs.
-#[derive(Debug, Clone)]
-enum Query {
-    Fts(String, Option<String>),
-    Vector(Vec<f32>, bool),
-}
-
-impl Query {
-    async fn run(&self, index: &crate::ReadOnlyIndex) -> Result<usize> {
-        let batches = match self {
-            Query::Fts(q, filter) => {
-                let opts = SearchOptions {
-                    filter: filter.clone(),
-                    ..SearchOptions::with_k(10)
-                };
-                index.search_fts(q, &opts).await?
-            }
-            Query::Vector(v, exact) => {
-                let opts = VectorSearchOptions {
-                    exact: *exact,
-                    ..VectorSearchOptions::with_k(10)
-                };
-                index.search_vector(v, &opts).await?
-            }
-        };
-        Ok(batches.iter().map(|b| b.num_rows()).sum())
-    }
-}
-
-/// How an index of the benchmark is filled.
-struct Build<'a> {
-    schema: IndexSchema,
-    total: usize,
-    /// Rows per generation, oldest first; the rest stays in the memtable.
-    generations: Vec<usize>,
-    rows: Box<dyn FnMut(usize, usize) -> Result<arrow::array::RecordBatch> + 'a>,
-}
-
-fn progress(show: bool, len: u64, what: String) -> indicatif::ProgressBar {
-    if !show {
-        return indicatif::ProgressBar::hidden();
-    }
-    let bar = indicatif::ProgressBar::new(len);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{msg:>28} [{bar:40}] {pos}/{len} rows ({eta})")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    bar.set_message(what);
-    bar
-}
-
-/// Build the index in `dir` (plain local disk: building is not what is measured). With
-/// `reuse`, an index already in `dir` built with the same parameters is kept (0 seconds).
-async fn build(
-    dir: &Path,
-    mut b: Build<'_>,
-    show: bool,
-    reuse: bool,
-    compaction: bool,
-) -> Result<f64> {
-    let marker = dir.join("bench-build.json");
-    let params = serde_json::json!({
-        "schema": b.schema,
-        "total": b.total,
-        "generations": b.generations,
-        "compaction": compaction,
-        "format": 2,
-    })
-    .to_string();
-    if reuse && std::fs::read_to_string(&marker).is_ok_and(|m| m == params) {
-        return Ok(0.0);
-    }
-    let _ = std::fs::remove_dir_all(dir);
-    let loc = Location::parse(&dir.display().to_string())?;
-    // Exactly the generations asked for, unless compaction is to merge them.
-    let settings = Settings {
-        memtable_max_rows: usize::MAX / 2,
-        memtable_max_bytes: usize::MAX / 2,
-        memtable_graph_above: usize::MAX,
-        compaction,
-        ..Settings::default()
-    };
-    let started = Instant::now();
-    let index = Index::create(loc, b.schema.clone(), settings).await?;
-    let bar = progress(
-        show,
-        b.total as u64,
-        format!("{} generations", b.generations.len()),
-    );
-    let buffered = WriteOptions::with_durability(Durability::Buffered);
-    let mut at = 0;
-    let mut bounds: Vec<usize> = b
-        .generations
-        .iter()
-        .scan(0, |s, n| {
-            *s += n;
-            Some(*s)
-        })
-        .collect();
-    bounds.push(b.total);
-    for (g, end) in bounds.iter().enumerate() {
-        while at < *end {
-            let n = 2000.min(end - at);
-            index.append_with(&(b.rows)(at, n)?, buffered).await?;
-            at += n;
-            bar.set_position(at as u64);
-        }
-        if g < b.generations.len() {
-            index.flush().await?;
-        }
-    }
-    if compaction {
-        // Measured once compaction has nothing left to do.
-        let deadline = Instant::now() + Duration::from_secs(1800);
-        while index.stats().compaction_debt_rows > 0 && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        let st = index.stats();
-        eprintln!(
-            "{} flushes: {} generations after {} compactions",
-            b.generations.len(),
-            st.generations.len(),
-            st.compactions
-        );
-    }
-    index.close().await?;
-    bar.finish_and_clear();
-    let secs = started.elapsed().as_secs_f64();
-    std::fs::write(&marker, params)
-        .map_err(|e| Error::invalid(format!("cannot write {}: {e}", marker.display())))?;
-    Ok(secs)
-}
-
-async fn measure(
-    loc: &Location,
-    store: &Arc<LatencyStore>,
-    g: usize,
-    name: &str,
-    queries: &[Query],
-    o: &Options,
-) -> Result<[Run; 2]> {
-    let run = |mode: &str, mut ms: Vec<f64>, counts: Vec<crate::StoreCounters>| {
-        ms.sort_by(f64::total_cmp);
-        Run {
-            generations: g,
-            query: name.to_string(),
-            mode: mode.to_string(),
-            p50_ms: pct(&ms, 0.5),
-            p95_ms: pct(&ms, 0.95),
-            p99_ms: pct(&ms, 0.99),
-            gets: median(counts.iter().map(|c| c.gets).collect()),
-            requests: median(
-                counts
-                    .iter()
-                    .map(|c| c.gets + c.heads + c.lists + c.puts + c.deletes)
-                    .collect(),
-            ),
-            round_trips: median(counts.iter().map(|c| c.round_trips).collect()),
-            peak_concurrency: median(counts.iter().map(|c| c.peak_concurrency).collect()),
-            samples: ms.len(),
-        }
-    };
-    // Cold: a new handle per query, nothing cached.
-    let (mut ms, mut counts) = (Vec::new(), Vec::new());
-    for q in queries.iter().cycle().take(o.cold_queries) {
-        store.reset();
-        let t = Instant::now();
-        let ro = Index::open_read_only(loc.clone(), Settings::default()).await?;
-        q.run(&ro).await?;
-        ms.push(t.elapsed().as_secs_f64() * 1e3);
-        counts.push(store.counters());
-    }
-    let cold = run("cold", ms, counts);
-    // Warm: one handle, queries after a warm-up pass.
-    let ro = Index::open_read_only(loc.clone(), Settings::default()).await?;
-    let sample: Vec<&Query> = queries.iter().cycle().take(o.warm_queries).collect();
-    for q in &sample {
-        q.run(&ro).await?;
-    }
-    let (mut ms, mut counts) = (Vec::new(), Vec::new());
-    for q in &sample {
-        store.reset();
-        let t = Instant::now();
-        q.run(&ro).await?;
-        ms.push(t.elapsed().as_secs_f64() * 1e3);
-        counts.push(store.counters());
-    }
-    Ok([cold, run("warm", ms, counts)])
-}
-
-fn random_unit(seed: u64, dim: usize) -> Vec<f32> {
-    // An empty text embeds to zero: the jitter alone gives a random unit vector.
-    Embedder::new(dim).embed("", seed, 1.0)
-}
-
-fn vector_batch(
-    schema: &IndexSchema,
-    dim: usize,
-    from: usize,
-    n: usize,
-) -> Result<arrow::array::RecordBatch> {
-    use arrow::array::{FixedSizeListArray, Float32Array, Int64Array};
-    let values: Vec<f32> = (from..from + n)
-        .flat_map(|i| random_unit(i as u64, dim))
-        .collect();
-    Ok(arrow::array::RecordBatch::try_new(
-        schema.arrow_schema(),
-        vec![
-            Arc::new(Int64Array::from_iter_values(
-                (from..from + n).map(|i| i as i64),
-            )),
-            Arc::new(FixedSizeListArray::try_new(
-                Arc::new(arrow::datatypes::Field::new(
-                    "item",
-                    arrow::datatypes::DataType::Float32,
-                    true,
-                )),
-                dim as i32,
-                Arc::new(Float32Array::from(values)),
-                None,
-            )?),
-        ],
-    )?)
-}
-
-fn vector_schema(dim: usize) -> IndexSchema {
-    IndexSchema::from_json(&format!(
-        r#"{{"primary_key": "id", "primary_key_type": "int64",
-            "vector": {{"column": "emb", "dim": {dim}, "metric": "l2"}}}}"#
-    ))
-    .expect("the benchmark schema is valid")
-}
-
-/// Run the benchmark; prints the table as it goes and writes `results.json` and
-/// `latency.png` into `o.out`.
-pub async fn run(o: &Options) -> Result<Report> {
-    std::fs::create_dir_all(&o.out)
-        .map_err(|e| Error::invalid(format!("cannot create {}: {e}", o.out.display())))?;
-    let latency = LatencyConfig {
-        read: o.get_latency,
-        write: o.put_latency,
-        bytes_per_second: None,
-    };
-    let mut report = Report {
-        docs: o.docs,
-        shape: match o.shape {
-            Shape::Generations => "generations",
-            Shape::ManySmall => "many-small",
-            Shape::WideVectors => "wide-vectors",
-        }
-        .to_string(),
-        get_latency_ms: o.get_latency.as_secs_f64() * 1e3,
-        runs: Vec::new(),
-        slope_ms_per_generation: Default::default(),
-        build_seconds: Default::default(),
-    };
-    let say = |line: String| {
-        if o.print {
-            println!("{line}");
-        }
-    };
-    say(format!(
-        "{:>5} {:>9} {:>5} {:>9} {:>9} {:>9} {:>6} {:>6} {:>6}",
-        "gens", "query", "mode", "p50 ms", "p95 ms", "p99 ms", "GETs", "trips", "peak"
-    ));
-    let print = |r: &Run| {
-        say(format!(
-            "{:>5} {:>9} {:>5} {:>9.2} {:>9.2} {:>9.2} {:>6} {:>6} {:>6}",
-            r.generations,
-            r.query,
-            r.mode,
-            r.p50_ms,
-            r.p95_ms,
-            r.p99_ms,
-            r.gets,
-            r.round_trips,
-            r.peak_concurrency
-        ))
-    };
-    match o.shape {
-        Shape::Generations => {
-            let corpus = Corpus::load(o.data.as_deref())?;
-            let mut embedder = Embedder::new(o.dim);
-            let fts: Vec<Query> = corpus
-                .queries()
-                .iter()
-                .map(|q| Query::Fts(q.clone(), None))
-                .collect();
-            let filtered: Vec<Query> = corpus
-                .queries()
-                .iter()
-                .map(|q| Query::Fts(q.clone(), Some("bucket < 10".into())))
-                .collect();
-            let vector: Vec<Query> = corpus
-                .queries()
-                .iter()
-                .map(|q| Query::Vector(embedder.embed(q, 0, 0.0), false))
-                .collect();
-            for &g in &o.gens {
-                let dir = o.out.join(format!("index-{g}"));
-                let flushed = o.docs.saturating_sub(1000);
-                let generations = (0..g)
-                    .map(|i| (i + 1) * flushed / g - i * flushed / g)
-                    .collect();
-                let b = Build {
-                    schema: Corpus::schema(Some(o.dim)),
-                    total: o.docs,
-                    generations,
-                    rows: Box::new(|from, n| corpus.batch(Some(&mut embedder), from, n)),
-                };
-                let secs = build(&dir, b, o.progress, o.reuse, o.compaction).await?;
-                report.build_seconds.insert(g, secs);
-                let (loc, store) =
-                    Location::parse(&dir.display().to_string())?.with_latency(latency);
-                for (name, qs) in [("fts", &fts), ("vector", &vector), ("filtered", &filtered)] {
-                    for r in measure(&loc, &store, g, name, qs, o).await? {
-                        print(&r);
-                        report.runs.push(r);
-                    }
-                }
-                if !o.reuse {
-                    let _ = std::fs::remove_dir_all(&dir);
-                }
-            }
-        }
-        Shape::ManySmall | Shape::WideVectors => {
-            let (g, per, dim) = if o.shape == Shape::ManySmall {
-                (800, 500, 128)
-            } else {
-                (40, 50, 768)
-            };
-            let schema = vector_schema(dim);
-            let dir = o.out.join(format!("index-{}", report.shape));
-            let b = Build {
-                schema: schema.clone(),
-                total: g * per,
-                generations: vec![per; g],
-                rows: Box::new(|from, n| vector_batch(&schema, dim, from, n)),
-            };
-            let secs = build(&dir, b, o.progress, o.reuse, o.compaction).await?;
-            report.build_seconds.insert(g, secs);
-            report.docs = g * per;
-            let (loc, store) = Location::parse(&dir.display().to_string())?.with_latency(latency);
-            let queries: Vec<Query> = (0..100)
-                .map(|i| Query::Vector(random_unit(1 << 40 | i, dim), true))
-                .collect();
-            for r in measure(&loc, &store, g, "vector", &queries, o).await? {
-                print(&r);
-                report.runs.push(r);
-            }
-            if !o.reuse {
-                let _ = std::fs::remove_dir_all(&dir);
-            }
-        }
-    }
-    let keys: std::collections::BTreeSet<String> = report
-        .runs
-        .iter()
-        .map(|r| format!("{}/{}", r.query, r.mode))
-        .collect();
-    for k in keys {
-        let pts: Vec<(f64, f64)> = report
-            .runs
-            .iter()
-            .filter(|r| format!("{}/{}", r.query, r.mode) == k)
-            .map(|r| (r.generations as f64, r.p50_ms))
-            .collect();
-        report.slope_ms_per_generation.insert(k, slope(&pts));
-    }
-    say(String::new());
-    say("slope of p50 against generations (ms per generation):".to_string());
-    for (k, s) in &report.slope_ms_per_generation {
-        say(format!("  {k:<16} {s:>8.4}"));
-    }
-    let json = serde_json::to_string_pretty(&report)
-        .map_err(|e| Error::internal(format!("results.json: {e}")))?;
-    let path = o.out.join("results.json");
-    std::fs::write(&path, json)
-        .map_err(|e| Error::invalid(format!("cannot write {}: {e}", path.display())))?;
-    say(format!("wrote {}", path.display()));
-    if o.shape == Shape::Generations {
-        let png = o.out.join("latency.png");
-        match plot::latency(&report, &png) {
-            Ok(()) => say(format!("wrote {}", png.display())),
-            Err(e) => say(format!("no plot: {e}")),
-        }
-    }
-    Ok(report)
+/// A duration given in (fractional) seconds.
+pub(crate) fn seconds(v: &str) -> std::result::Result<Duration, String> {
+    let s: f64 = v.parse().map_err(|e| format!("{e}"))?;
+    Duration::try_from_secs_f64(s).map_err(|_| "a number of seconds".to_string())
 }
 
 #[cfg(test)]
@@ -561,12 +48,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn slope_of_a_line_is_its_gradient() {
-        let pts: Vec<(f64, f64)> = [1.0, 2.0, 5.0, 64.0]
-            .iter()
-            .map(|x| (*x, 3.0 + 0.5 * x))
-            .collect();
-        assert!((slope(&pts) - 0.5).abs() < 1e-12);
-        assert_eq!(slope(&[(1.0, 2.0)]), 0.0);
+    fn every_default_parses() {
+        let g = Options::default();
+        assert_eq!(g.docs, 100_000);
+        assert_eq!(g.gens, vec![1, 2, 5, 10, 18, 32, 64]);
+        assert_eq!(g.get_latency, Duration::from_millis(10));
+        assert!(g.print && !g.progress);
+        let s = stream::StreamOptions::default();
+        assert_eq!(s.duration, Duration::from_secs(180));
+        assert_eq!(s.kinds, ["fts", "vector", "filtered"]);
+        let m = merge::MergeOptions::default();
+        assert_eq!((m.docs, m.inputs, m.dim), (100_000, 4, 128));
     }
 }

@@ -1,6 +1,6 @@
 //! `latency.png`: p50 latency against generation count, one line per query kind and mode.
 
-use super::Report;
+use super::generations::Report;
 use plotters::prelude::*;
 use std::path::Path;
 
@@ -65,7 +65,8 @@ pub(super) fn latency(report: &Report, path: &Path) -> Result<(), String> {
     let areas = root.split_evenly((1, 2));
     let colors = PALETTE;
     for ((mode, title), area) in panels.iter().zip(areas.iter()) {
-        let runs: Vec<&super::Run> = report.runs.iter().filter(|r| r.mode == *mode).collect();
+        let runs: Vec<&super::generations::Run> =
+            report.runs.iter().filter(|r| r.mode == *mode).collect();
         let max_ms = runs.iter().map(|r| r.p50_ms).fold(0.0f64, f64::max) * 1.15 + 0.1;
         let mut chart = ChartBuilder::on(area)
             .caption(

@@ -29,66 +29,70 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// What `bench stream` runs.
-#[derive(Debug, Clone)]
+/// What `bench stream` runs: the flags of `lsmsearch bench stream`, and their defaults
+/// ([`Default`] is what the flags declare).
+#[derive(Debug, Clone, clap::Args)]
 pub struct StreamOptions {
     /// Writers.
+    #[arg(long, default_value_t = 1)]
     pub writers: usize,
-    /// Rows per append.
+    /// Rows per append (new keys, 10% updates; deletes of 1% of it follow each append).
+    #[arg(long, default_value_t = 1000)]
     pub batch: usize,
-    /// Target rows/s of all writers together; 0 = as fast as they can.
+    /// Target rows/s of all writers together (0 = as fast as they can).
+    #[arg(long, default_value_t = 0.0)]
     pub rate: f64,
-    /// Durability of the appends.
+    /// Durability of the appends: durable or buffered.
+    #[arg(long, default_value = "durable")]
     pub durability: Durability,
     /// Readers.
+    #[arg(long, default_value_t = 2)]
     pub readers: usize,
-    /// Query kinds the readers cycle through: `fts`, `vector`, `filtered`.
+    /// Query kinds the readers cycle through (fts, vector, filtered), comma-separated.
+    #[arg(long, default_value = "fts,vector,filtered", value_delimiter = ',')]
     pub kinds: Vec<String>,
-    /// Target queries/s of all readers together; 0 = as fast as they can.
+    /// Target queries/s of all readers together (0 = as fast as they can).
+    #[arg(long, default_value_t = 0.0)]
     pub qps: f64,
-    /// Length of the stream.
+    /// Seconds the stream runs.
+    #[arg(long = "seconds", default_value = "180", value_parser = super::seconds)]
     pub duration: Duration,
-    /// Print a row every interval.
+    /// Seconds between printed rows (at least 0.1).
+    #[arg(long, default_value = "10", value_parser = super::seconds)]
     pub interval: Duration,
-    /// Snapshot checks (recall, full-text equivalence) every this long; zero = none.
+    /// Seconds between snapshot checks (recall, full-text equivalence; 0 = none).
+    #[arg(long, default_value = "60", value_parser = super::seconds)]
     pub checkpoint: Duration,
-    /// Output directory (the index is built in `out/index` and removed afterwards).
+    /// Output directory (the index is built in OUT/index and removed afterwards).
+    #[arg(long, default_value = "bench-out/stream")]
     pub out: PathBuf,
     /// A Cranfield collection directory (default: the bundled one).
+    #[arg(long)]
     pub data: Option<PathBuf>,
     /// Vector dimension.
+    #[arg(long, default_value_t = 128)]
     pub dim: usize,
-    /// Index settings.
+    /// Index settings as JSON (fields of `Settings`; the rest keep their defaults).
+    #[arg(long, default_value = "{}", value_parser = settings_json)]
     pub settings: Settings,
-    /// Print the table.
+    /// Print the table (the command line: without `--json`).
+    #[arg(skip = true)]
     pub print: bool,
-    /// After the stream, flush and merge every generation into one, to measure the space
-    /// amplification exactly (bytes of the generations ÷ bytes of one generation of the live
-    /// rows).
+    /// After the stream, merge every generation into one and report the space amplification
+    /// (bytes of the generations ÷ bytes of one generation of the live rows).
+    #[arg(long)]
     pub compact_at_end: bool,
 }
 
 impl Default for StreamOptions {
     fn default() -> Self {
-        StreamOptions {
-            writers: 1,
-            batch: 1000,
-            rate: 0.0,
-            durability: Durability::Durable,
-            readers: 2,
-            kinds: vec!["fts".into(), "vector".into(), "filtered".into()],
-            qps: 0.0,
-            duration: Duration::from_secs(180),
-            interval: Duration::from_secs(10),
-            checkpoint: Duration::from_secs(60),
-            out: PathBuf::from("bench-out/stream"),
-            data: None,
-            dim: 128,
-            settings: Settings::default(),
-            print: true,
-            compact_at_end: false,
-        }
+        super::defaults()
     }
+}
+
+/// `--settings`: a JSON object of `Settings` fields.
+fn settings_json(v: &str) -> std::result::Result<Settings, String> {
+    serde_json::from_str(v).map_err(|e| e.to_string())
 }
 
 /// Latency percentiles of one kind of call, in milliseconds.
@@ -732,7 +736,8 @@ pub async fn run(o: &StreamOptions) -> Result<StreamReport> {
         if running >= o.duration {
             break;
         }
-        let next_print = Duration::from_secs_f64(last_t) + o.interval;
+        let next_print =
+            Duration::from_secs_f64(last_t) + o.interval.max(Duration::from_millis(100));
         let wake = next_print.min(o.duration);
         tokio::select! {
             _ = tokio::time::sleep(wake.saturating_sub(running)) => {}

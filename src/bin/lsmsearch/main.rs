@@ -10,7 +10,6 @@ use lsmsearch::{
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 mod demo;
 
@@ -25,6 +24,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Create an index at LOCATION (a local path, memory:// or s3://bucket/prefix).
@@ -141,128 +142,22 @@ enum Command {
     },
 }
 
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum BenchCommand {
     /// Query latency and object-store round trips against the number of generations, on a
     /// local directory behind a store that adds per-request latency; prints a table and writes
     /// OUT/results.json and OUT/latency.png.
-    Generations {
-        /// Documents per index (Cranfield text replicated, with 128-d vectors).
-        #[arg(long, default_value_t = 100_000)]
-        docs: usize,
-        /// Generation counts, comma-separated.
-        #[arg(long, default_value = "1,2,5,10,18,32,64", value_delimiter = ',')]
-        gens: Vec<usize>,
-        /// Latency added to every GET, HEAD and LIST, in milliseconds.
-        #[arg(long, default_value_t = 10.0)]
-        get_latency_ms: f64,
-        /// Latency added to every PUT and DELETE, in milliseconds.
-        #[arg(long, default_value_t = 20.0)]
-        put_latency_ms: f64,
-        /// Output directory (indexes are built here and removed after use).
-        #[arg(long, default_value = "bench-out")]
-        out: PathBuf,
-        /// A Cranfield collection directory (default: the collection this binary carries,
-        /// `tests/data/cranfield` of the repository).
-        #[arg(long)]
-        data: Option<PathBuf>,
-        /// Warm queries per kind.
-        #[arg(long, default_value_t = 200)]
-        warm_queries: usize,
-        /// Cold queries (a new handle each) per kind.
-        #[arg(long, default_value_t = 7)]
-        cold_queries: usize,
-        /// `generations` (the default), `many-small` (800 generations of 500 rows, brute-force
-        /// vector search) or `wide-vectors` (40 generations of 50 rows, 768-d, exact scan).
-        #[arg(long, default_value = "generations")]
-        shape: String,
-        /// Keep the built indexes in OUT and reuse those built with the same parameters.
-        #[arg(long)]
-        reuse: bool,
-        /// Build with compaction on (the G flushes are merged as the policy decides; the count
-        /// left is printed).
-        #[arg(long)]
-        compaction: bool,
-    },
+    Generations(lsmsearch::bench::Options),
     /// Writers and readers on one index at once: prints acknowledged rows/s, append and query
     /// latency, generations, memtable and unindexed rows and memory every interval, checks
     /// recall@10 and full-text results on snapshots, and writes OUT/results.json and
     /// OUT/stream.png.
-    Stream {
-        /// Writers.
-        #[arg(long, default_value_t = 1)]
-        writers: usize,
-        /// Rows per append (new keys, 10% updates; deletes of 1% of it follow each append).
-        #[arg(long, default_value_t = 1000)]
-        batch: usize,
-        /// Target rows/s of all writers together (0 = as fast as they can).
-        #[arg(long, default_value_t = 0.0)]
-        rate: f64,
-        /// durable or buffered.
-        #[arg(long, default_value = "durable")]
-        durability: Durability,
-        /// Readers.
-        #[arg(long, default_value_t = 2)]
-        readers: usize,
-        /// Query kinds the readers cycle through (fts, vector, filtered).
-        #[arg(long, default_value = "fts,vector,filtered", value_delimiter = ',')]
-        kinds: Vec<String>,
-        /// Target queries/s of all readers together (0 = as fast as they can).
-        #[arg(long, default_value_t = 0.0)]
-        qps: f64,
-        /// Seconds the stream runs.
-        #[arg(long, default_value_t = 180.0)]
-        seconds: f64,
-        /// Seconds between printed rows.
-        #[arg(long, default_value_t = 10.0)]
-        interval: f64,
-        /// Seconds between snapshot checks (0 = none).
-        #[arg(long, default_value_t = 60.0)]
-        checkpoint: f64,
-        /// Output directory (the index is built in OUT/index and removed afterwards).
-        #[arg(long, default_value = "bench-out/stream")]
-        out: PathBuf,
-        /// A Cranfield collection directory (default: the bundled one).
-        #[arg(long)]
-        data: Option<PathBuf>,
-        /// Vector dimension.
-        #[arg(long, default_value_t = 128)]
-        dim: usize,
-        /// Index settings as JSON (fields of `Settings`; the rest keep their defaults).
-        #[arg(long)]
-        settings: Option<String>,
-        /// After the stream, merge every generation into one and report the space
-        /// amplification (bytes of the generations ÷ bytes of one generation of the live rows).
-        #[arg(long)]
-        compact_at_end: bool,
-    },
+    Stream(lsmsearch::bench::stream::StreamOptions),
     /// What a compaction's indexes cost built afresh against merged from its inputs' indexes:
     /// tantivy's segment merge against re-indexing the text, continuing the largest input's
     /// graph against a fresh graph (with the recall@10 of each).
-    Merge {
-        /// Rows of all inputs together (the benchmark corpus, with vectors).
-        #[arg(long, default_value_t = 100_000)]
-        docs: usize,
-        /// Input generations, equal shares of the rows.
-        #[arg(long, default_value_t = 4)]
-        inputs: usize,
-        /// `hnsw_ef_construction` of the merged graphs (default: the setting's default).
-        #[arg(long)]
-        merged_ef_construction: Option<usize>,
-        /// `hnsw_m` of the merged graphs (default: the setting's default).
-        #[arg(long)]
-        merged_m: Option<usize>,
-        /// Candidate lists to measure recall@10 with, comma-separated (default: the setting's
-        /// default `hnsw_ef_search`).
-        #[arg(long, value_delimiter = ',')]
-        ef: Vec<usize>,
-        /// Vector dimension.
-        #[arg(long, default_value_t = 128)]
-        dim: usize,
-        /// A Cranfield collection directory (default: the bundled one).
-        #[arg(long)]
-        data: Option<PathBuf>,
-    },
+    Merge(lsmsearch::bench::merge::MergeOptions),
     /// Write the benchmark corpus (Cranfield replicated, with vectors) to OUT/docs.parquet and
     /// its queries to OUT/queries.parquet, for measuring other systems on the same data.
     Corpus {
@@ -383,25 +278,8 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
                 out,
                 data,
             } => bench_corpus(docs, dim, &out, data.as_deref(), json),
-            BenchCommand::Merge {
-                docs,
-                inputs,
-                merged_ef_construction,
-                merged_m,
-                ef,
-                dim,
-                data,
-            } => {
-                let report =
-                    lsmsearch::bench::merge::run(&lsmsearch::bench::merge::MergeOptions {
-                        docs,
-                        inputs,
-                        dim,
-                        data,
-                        merged_ef_construction,
-                        merged_m,
-                        efs: ef,
-                    })?;
+            BenchCommand::Merge(opts) => {
+                let report = lsmsearch::bench::merge::run(&opts)?;
                 if json {
                     println!("{}", serde_json::to_string(&report).unwrap_or_default());
                 } else {
@@ -409,51 +287,10 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
                 }
                 Ok(())
             }
-            BenchCommand::Stream {
-                writers,
-                batch,
-                rate,
-                durability,
-                readers,
-                kinds,
-                qps,
-                seconds,
-                interval,
-                checkpoint,
-                out,
-                data,
-                dim,
-                settings,
-                compact_at_end,
-            } => {
-                let positive = |v: f64, name: &str| {
-                    Duration::try_from_secs_f64(v).map_err(|_| {
-                        Error::invalid(format!("--{name} must be a number of seconds"))
-                    })
-                };
-                // The options are checked by `lsmsearch::bench::stream::run`.
-                let settings: lsmsearch::Settings = match settings {
-                    Some(json) => serde_json::from_str(&json)
-                        .map_err(|e| Error::invalid(format!("--settings: {e}")))?,
-                    None => lsmsearch::Settings::default(),
-                };
+            BenchCommand::Stream(opts) => {
                 let opts = lsmsearch::bench::stream::StreamOptions {
-                    writers,
-                    batch,
-                    rate,
-                    durability,
-                    readers,
-                    kinds,
-                    qps,
-                    duration: positive(seconds, "seconds")?,
-                    interval: positive(interval, "interval")?.max(Duration::from_millis(100)),
-                    checkpoint: positive(checkpoint, "checkpoint")?,
-                    out,
-                    data,
-                    dim,
-                    settings,
                     print: !json,
-                    compact_at_end,
+                    ..opts
                 };
                 let report = lsmsearch::bench::stream::run(&opts).await?;
                 if json {
@@ -461,49 +298,11 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
                 }
                 Ok(())
             }
-            BenchCommand::Generations {
-                docs,
-                gens,
-                get_latency_ms,
-                put_latency_ms,
-                out,
-                data,
-                warm_queries,
-                cold_queries,
-                shape,
-                reuse,
-                compaction,
-            } => {
-                let shape = match shape.as_str() {
-                    "generations" => lsmsearch::bench::Shape::Generations,
-                    "many-small" => lsmsearch::bench::Shape::ManySmall,
-                    "wide-vectors" => lsmsearch::bench::Shape::WideVectors,
-                    other => {
-                        return Err(Error::invalid(format!(
-                            "unknown --shape '{other}' (generations, many-small, wide-vectors)"
-                        )))
-                    }
-                };
-                if gens.is_empty() || gens.contains(&0) || docs <= 1000 {
-                    return Err(Error::invalid(
-                        "--gens needs counts of at least 1 and --docs more than 1,000 (the memtable)",
-                    ));
-                }
+            BenchCommand::Generations(opts) => {
                 let opts = lsmsearch::bench::Options {
-                    docs,
-                    gens,
-                    get_latency: millis(get_latency_ms, "get-latency-ms")?,
-                    put_latency: millis(put_latency_ms, "put-latency-ms")?,
-                    out,
-                    data,
-                    warm_queries: warm_queries.max(1),
-                    cold_queries: cold_queries.max(1),
-                    shape,
                     progress: !json && std::io::IsTerminal::is_terminal(&std::io::stderr()),
                     print: !json,
-                    reuse,
-                    compaction,
-                    ..Default::default()
+                    ..opts
                 };
                 bench_generations(&opts, json).await
             }
@@ -760,17 +559,6 @@ async fn bench_generations(opts: &lsmsearch::bench::Options, json: bool) -> lsms
         println!("{}", serde_json::to_string(&report).unwrap_or_default());
     }
     Ok(())
-}
-
-/// A duration from a flag in milliseconds.
-fn millis(v: f64, flag: &str) -> lsmsearch::Result<std::time::Duration> {
-    if v.is_finite() && v >= 0.0 {
-        Ok(std::time::Duration::from_secs_f64(v / 1e3))
-    } else {
-        Err(Error::invalid(format!(
-            "--{flag} must be a non-negative number, not {v}"
-        )))
-    }
 }
 
 /// Append the file's rows in batches; returns the number of rows appended.
