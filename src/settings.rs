@@ -81,8 +81,8 @@ pub struct Settings {
     /// Default on.
     pub compaction: bool,
     /// Compaction policy: looking from the newest generation back, a generation joins the run
-    /// while it holds no more rows than the run so far, and a run of at least this many
-    /// generations is merged into one. The count stays within `max(fanout - 1, 2 log2(flushes))`
+    /// while it holds at most 1.5 times the rows of the run so far, and a run of at least this
+    /// many generations is merged into one. The count stays within `max(fanout - 1, 2 log2(flushes))`
     /// and each row is rewritten about `log_fanout(flushes)` times. Default 4.
     pub compaction_fanout: usize,
     /// At most this many generations: a flush that would exceed it waits until a compaction

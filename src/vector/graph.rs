@@ -1,10 +1,10 @@
 //! A generation's HNSW graph in flat arrays, searched in place.
 //!
-//! Graphs are built with hnsw_rs at flush; then their layers are copied into flat adjacency
-//! arrays ([`FlatGraph`]) that are written to the bundle's `vector/graph` section and searched
-//! directly: loading one is a copy of `u32` arrays (no per-node allocation), the vectors are
-//! the generation's own vector column (not a second copy), and a walk keeps its visited set
-//! in a bitmap.
+//! Graphs are built by [`super::hnsw`] (or read from a format-1 bundle's hnsw_rs dump); then
+//! their layers are copied into flat adjacency arrays ([`FlatGraph`]) that are written to the
+//! bundle's `vector/graph` section and searched directly: loading one is a copy of `u32`
+//! arrays (no per-node allocation), the vectors are the generation's own vector column (not a
+//! second copy), and a walk keeps its visited set in a bitmap.
 //!
 //! Point ids are row numbers of the generation. Rows without a graph node (tombstones, null
 //! vectors) have no neighbours at layer 0 and are never reached.

@@ -1,6 +1,8 @@
-//! Vector indexes: an HNSW graph per generation, built with hnsw_rs at flush and kept (in the
-//! bundle and in memory) as flat arrays ([`graph`]); memtables keep a live hnsw_rs
-//! graph ([`MemVectorIndex`]).
+//! Vector indexes: an HNSW graph per generation, built by the crate's own builder ([`hnsw`]:
+//! a memtable's graph, filled in the background, becomes its generation's at flush) and kept
+//! (in the bundle and in memory) as flat arrays ([`graph`]); memtables keep their graph live
+//! ([`MemVectorIndex`]). hnsw_rs only reads the graphs of format-1 bundles (its dump files),
+//! which are converted to flat arrays.
 //!
 //! A graph only proposes candidates; every returned distance is recomputed exactly. Metrics:
 //! `l2` builds on Euclidean distance, `cosine` on one minus the cosine similarity, and `dot`
