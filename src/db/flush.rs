@@ -311,9 +311,10 @@ async fn adopt(
 /// Before a publish (under the publish lock): settle the compaction manifest whose PUT
 /// reported an error. While its version is the next one it may still land (a PUT completing
 /// late), and nothing else may be published at that version meanwhile, so its outcome is made
-/// certain here: if it landed it is installed; if not, it is written again (a conditional
-/// create: whichever of the two PUTs lands first makes it this writer's), and installed. Only
-/// a newer writer can take the version instead: then this writer is fenced.
+/// certain here: it is written again (a conditional create: whichever of the two PUTs lands
+/// first makes the version this manifest) and installed. A flush's earlier attempt of this
+/// writer may hold the version instead (the compaction then published nothing); otherwise
+/// only a newer writer can, and then this writer is fenced.
 pub(crate) async fn settle(inner: &Inner) -> Result<()> {
     let unsure = inner
         .unsure_manifest
@@ -332,14 +333,11 @@ pub(crate) async fn settle(inner: &Inner) -> Result<()> {
             .unwrap_or_else(|e| e.into_inner()) = None;
         return Ok(());
     }
-    let taker = match inner.manifests.read(m.version).await {
-        Ok(_) => taken_by(inner, &m).await?,
-        Err(e) if e.is_not_found() => match inner.manifests.write(&m).await? {
-            WriteOutcome::Written => Taker::Same,
-            // The late PUT landed meanwhile, or another PUT took the version.
-            WriteOutcome::Conflict => taken_by(inner, &m).await?,
-        },
-        Err(e) => return Err(e),
+    // Written again: a conditional create either makes the version this manifest or finds it
+    // taken (by this manifest, its PUT having landed, or by another).
+    let taker = match inner.manifests.write(&m).await? {
+        WriteOutcome::Written => Taker::Same,
+        WriteOutcome::Conflict => taken_by(inner, &m).await?,
     };
     if let Taker::ThisWriter = taker {
         // A flush's earlier attempt (its PUT reported an error, and landed) holds the version:
