@@ -352,11 +352,7 @@ pub(crate) async fn compact_once(
     // An earlier compaction's manifest whose PUT reported an error is settled first (see
     // `flush::settle`): the list to pick from is the one after it, and no merge is built that
     // could not be published while that version is unsure.
-    let unsure = inner
-        .unsure_manifest
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .is_some();
+    let unsure = inner.unsure().is_some();
     if unsure {
         let _publish = inner.publish.lock().await;
         flush::settle(inner).await?;
@@ -519,26 +515,17 @@ pub(crate) async fn compact_once(
     // Recorded as unsure before the PUT: if this call is cancelled while the PUT is in flight
     // (a caller's timeout drops `compact()`), the version stays unsure and the next publish
     // settles it, instead of finding a manifest it cannot account for.
-    let unsure = |inner: &Inner, u: Option<Unsure>| {
-        *inner
-            .unsure_manifest
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = u;
-    };
-    unsure(
-        inner,
-        Some(Unsure {
-            manifest: next.clone(),
-            run: run_metas.clone(),
-            inputs: inputs.iter().map(Arc::downgrade).collect(),
-            merged: merged.as_ref().map(|g| (g.meta().id, g.meta().epoch)),
-            took: started.elapsed(),
-        }),
-    );
+    *inner.unsure() = Some(Unsure {
+        manifest: next.clone(),
+        run: run_metas.clone(),
+        inputs: inputs.iter().map(Arc::downgrade).collect(),
+        merged: merged.as_ref().map(|g| (g.meta().id, g.meta().epoch)),
+        took: started.elapsed(),
+    });
     let outcome = flush::publish(inner, &next).await;
     if !matches!(&outcome, Err(e) if !super::is_fenced(e)) {
         // Any outcome but an unknown one: the version is settled.
-        unsure(inner, None);
+        *inner.unsure() = None;
     }
     match outcome {
         Ok(flush::Published::Ours) => {}

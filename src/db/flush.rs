@@ -316,21 +316,14 @@ async fn adopt(
 /// writer may hold the version instead (the compaction then published nothing); otherwise
 /// only a newer writer can, and then this writer is fenced.
 pub(crate) async fn settle(inner: &Inner) -> Result<()> {
-    let unsure = inner
-        .unsure_manifest
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let unsure = inner.unsure().clone();
     let Some(unsure) = unsure else {
         return Ok(());
     };
     let m = unsure.manifest.clone();
     if m.version <= inner.read_state().manifest.version {
         // That version is taken: this manifest can never land.
-        *inner
-            .unsure_manifest
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = None;
+        *inner.unsure() = None;
         return Ok(());
     }
     // Written again: a conditional create either makes the version this manifest or finds it
@@ -346,10 +339,7 @@ pub(crate) async fn settle(inner: &Inner) -> Result<()> {
             "manifest {} of a compaction did not land: a flush's earlier attempt holds it",
             m.version
         );
-        *inner
-            .unsure_manifest
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = None;
+        *inner.unsure() = None;
         unsure.given_up(inner).await;
         return Ok(());
     }
@@ -359,10 +349,7 @@ pub(crate) async fn settle(inner: &Inner) -> Result<()> {
         m.version
     );
     inner.write_state().manifest = m;
-    *inner
-        .unsure_manifest
-        .lock()
-        .unwrap_or_else(|e| e.into_inner()) = None;
+    *inner.unsure() = None;
     // Its run is replaced like any compaction's: deleted after the grace period.
     unsure.published(inner);
     Ok(())

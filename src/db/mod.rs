@@ -213,6 +213,13 @@ impl Inner {
         self.unindexed_rows() + queue_full + compaction
     }
 
+    /// The compaction manifest whose PUT's outcome is unknown, if any (see `flush::settle`).
+    pub(crate) fn unsure(&self) -> std::sync::MutexGuard<'_, Option<compact::Unsure>> {
+        self.unsure_manifest
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
     pub(crate) fn compaction_state(&self) -> std::sync::MutexGuard<'_, compact::CompactionState> {
         self.compaction.lock().unwrap_or_else(|e| e.into_inner())
     }
