@@ -102,14 +102,9 @@ impl Unsure {
         published(inner, &self.run, self.inputs.iter().cloned(), self.took);
     }
 
-    /// The compaction published nothing: its merged generation leaves the cache, and its
-    /// object (which no manifest names) is deleted.
+    /// The compaction published nothing: see [`discard`].
     pub(crate) async fn given_up(&self, inner: &Inner) {
-        if let Some((id, epoch)) = self.merged {
-            inner.reader.generations.remove(id, epoch).await;
-            let path = inner.paths.generation(id, epoch);
-            crate::manifest::delete_all(&inner.loc.store, vec![path], 1).await;
-        }
+        discard(inner, self.merged).await;
     }
 }
 
@@ -310,6 +305,17 @@ async fn forget(inner: &Inner, merged: Option<&Arc<Generation>>) {
     }
 }
 
+/// A merged generation `(id, epoch)` of a compaction that published nothing: no manifest
+/// names its object, nor may: it leaves the cache, and the object is deleted now rather than
+/// at the next open.
+async fn discard(inner: &Inner, merged: Option<(u64, u64)>) {
+    if let Some((id, epoch)) = merged {
+        inner.reader.generations.remove(id, epoch).await;
+        let path = inner.paths.generation(id, epoch);
+        crate::manifest::delete_all(&inner.loc.store, vec![path], 1).await;
+    }
+}
+
 /// Raise the compaction under way to the foreground's priority when it became urgent: `gens`
 /// generations are one flush short of the cap (where flushes wait for compaction), or
 /// `compact()` waits for it.
@@ -475,6 +481,7 @@ pub(crate) async fn compact_once(
 
     // Publish: the run replaced by the merged generation (or by nothing, when every row of it
     // was a superseded version or a dropped tombstone).
+    let merged_key = merged.as_ref().map(|g| (g.meta().id, g.meta().epoch));
     let publish = inner.publish.lock().await;
     if let Err(e) = flush::settle(inner).await {
         forget(inner, merged.as_ref()).await;
@@ -498,12 +505,7 @@ pub(crate) async fn compact_once(
             run_metas.len(),
             given_up.unwrap_or("the list changed")
         );
-        // No manifest names the merged object: delete it now rather than at the next open.
-        if merged.is_some() {
-            forget(inner, merged.as_ref()).await;
-            let path = inner.paths.generation(id, epoch);
-            crate::manifest::delete_all(&inner.loc.store, vec![path], 1).await;
-        }
+        discard(inner, merged_key).await;
         return Ok(None);
     };
     let mut next: Manifest = base.clone();
@@ -519,7 +521,7 @@ pub(crate) async fn compact_once(
         manifest: next.clone(),
         run: run_metas.clone(),
         inputs: inputs.iter().map(Arc::downgrade).collect(),
-        merged: merged.as_ref().map(|g| (g.meta().id, g.meta().epoch)),
+        merged: merged_key,
         took: started.elapsed(),
     });
     let outcome = flush::publish(inner, &next).await;
@@ -539,11 +541,7 @@ pub(crate) async fn compact_once(
                 run_metas.len(),
                 next.version
             );
-            if let Some(g) = &merged {
-                forget(inner, Some(g)).await;
-                let path = inner.paths.generation(g.meta().id, g.meta().epoch);
-                crate::manifest::delete_all(&inner.loc.store, vec![path], 1).await;
-            }
+            discard(inner, merged_key).await;
             return Ok(None);
         }
         Err(e) => {
