@@ -131,7 +131,9 @@ impl ReadOnlyIndex {
     /// one keeps it.
     pub async fn refresh(&self) -> Result<()> {
         let view = self.load_view(None).await?;
-        let gone: (Vec<(u64, u64)>, View) = {
+        // The view replaced (its WAL memtable and text index) is dropped at the end, after the
+        // lock is released: searches wait for this lock on their thread.
+        let (gone, _replaced): (Vec<(u64, u64)>, View) = {
             let mut current = self.view.write().unwrap_or_else(|e| e.into_inner());
             let newness = |v: &View| (v.manifest.version, v.wal_next);
             if newness(&view) < newness(&current) {
@@ -150,13 +152,8 @@ impl ReadOnlyIndex {
                 .map(|g| (g.id, g.epoch))
                 .filter(|k| !listed.contains(k))
                 .collect();
-            // The view replaced is dropped after the lock is released: searches wait for
-            // this lock on their thread.
-            let replaced = std::mem::replace(&mut *current, view);
-            (gone, replaced)
+            (gone, std::mem::replace(&mut *current, view))
         };
-        let (gone, replaced) = gone;
-        drop(replaced);
         for (id, epoch) in gone {
             self.reader.generations.retire(id, epoch).await;
         }
