@@ -780,8 +780,9 @@ impl Index {
     /// Merge every generation into one now (superseded versions and tombstones dropped), and
     /// wait until the merged generation is published; `None` when there was nothing to merge
     /// (no generation, or one without tombstones), or when the list changed under the merge
-    /// (a flush's earlier attempt took the version it was to be published at): call it again. Runs beside appends and queries; a
-    /// background compaction under way finishes first. See [`Settings::compaction`].
+    /// (a flush's earlier attempt took the version it was to be published at): call it again.
+    /// Runs beside appends and queries; a background compaction under way finishes first. See
+    /// [`Settings::compaction`].
     pub async fn compact(&self) -> Result<Option<CompactionReport>> {
         self.check_open()?;
         let compacted = compact::compact_once(&self.inner, compact::Pick::All).await;
