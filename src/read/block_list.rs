@@ -471,10 +471,7 @@ impl BlockLists {
                 // waits for this count (a compaction's runs at the background's priority).
                 None => {
                     let mut fresh = DeadTerms::default();
-                    #[cfg(test)]
-                    if let Some(f) = *lock(&self.computing) {
-                        f(self);
-                    }
+                    self.computing_here();
                     fresh.update(ts, &source, ti, &Live::new(base, Vec::new()))?;
                     lock(&self.dead)
                         .entry(key)
@@ -487,6 +484,14 @@ impl BlockLists {
         let kept = self.listed();
         lock(&self.dead).retain(|k, _| matches!(k, SourceKey::Memtable(_)) || kept.contains(k));
         Ok(())
+    }
+
+    /// Where `warm` computes without holding the locks searches take: a test checks them here.
+    fn computing_here(&self) {
+        #[cfg(test)]
+        if let Some(f) = *lock(&self.computing) {
+            f(self);
+        }
     }
 
     /// Per generation of `gens` (oldest first): the rows neither tombstones nor superseded by
@@ -527,10 +532,7 @@ impl BlockLists {
                     live: l.live.clone(),
                 };
                 drop(lists);
-                #[cfg(test)]
-                if let Some(f) = *lock(&self.computing) {
-                    f(self);
-                }
+                self.computing_here();
                 let added = ids.len() - l.ids.len();
                 let extended = l.extend(gens, added);
                 lists = lock(&self.lists);
