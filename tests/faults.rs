@@ -555,31 +555,45 @@ async fn appends_do_not_wait_forever_behind_flushes_that_keep_failing() {
     index.flush().await.unwrap();
 }
 
-#[tokio::test]
-async fn a_compaction_manifest_that_landed_but_reported_an_error_does_not_wedge_the_writer() {
-    // compact()'s manifest lands but the writer sees an error: the next publish (a flush) must
-    // find it, install it and go on, and nothing is lost or shown twice.
-    let (store, loc) = faulty();
-    let s = schema();
-    let settings = Settings {
+/// Settings where only `compact()` merges and only `flush()` freezes.
+fn manual_compaction() -> Settings {
+    Settings {
         memtable_max_rows: 1_000_000,
         compaction: false,
         ..Settings::default()
-    };
+    }
+}
+
+/// An index on a faulty store holding `n` generations of 5 rows (`g0-...`, `g1-...`, ...),
+/// flushed one by one.
+async fn flushed_generations(n: usize, settings: &Settings) -> (Arc<FaultyStore>, Location, Index) {
+    let (store, loc) = faulty();
+    let s = schema();
     let index = Index::create(loc.clone(), s.clone(), settings.clone())
         .await
         .unwrap();
-    for g in 0..4 {
+    for g in 0..n {
         index
             .append(&batch(&s, &rows(&format!("g{g}-"), 5)))
             .await
             .unwrap();
         index.flush().await.unwrap();
     }
-    store.on("put", "manifest/", Action::SucceedThenFailOnce);
-    assert!(index.compact().await.is_err(), "the PUT reported an error");
-    store.clear();
-    index.append(&batch(&s, &rows("after-", 5))).await.unwrap();
+    (store, loc, index)
+}
+
+/// After a compact() of four such generations whose manifest the writer is unsure of: the
+/// next flush installs the merged generation and publishes its own after it; nothing is lost
+/// or shown twice, before and after a reopen.
+async fn a_flush_installs_the_merge_then_publishes(
+    index: Index,
+    loc: Location,
+    settings: Settings,
+) {
+    index
+        .append(&batch(&schema(), &rows("after-", 5)))
+        .await
+        .unwrap();
     tokio::time::timeout(Duration::from_secs(20), index.flush())
         .await
         .expect("the flush after it finishes")
@@ -594,6 +608,30 @@ async fn a_compaction_manifest_that_landed_but_reported_an_error_does_not_wedge_
     let reopened = Index::open(loc, settings).await.unwrap();
     assert_eq!(reopened.stats().generations.len(), 2);
     assert_eq!(live(&reopened).await.len(), 25);
+}
+
+/// Generation objects in the store.
+async fn generation_objects(store: &FaultyStore) -> usize {
+    use futures::TryStreamExt;
+    use object_store::ObjectStore;
+    store
+        .list(Some(&object_store::path::Path::from("idx/generations")))
+        .try_collect::<Vec<_>>()
+        .await
+        .unwrap()
+        .len()
+}
+
+#[tokio::test]
+async fn a_compaction_manifest_that_landed_but_reported_an_error_does_not_wedge_the_writer() {
+    // compact()'s manifest lands but the writer sees an error: the next publish (a flush) must
+    // find it, install it and go on, and nothing is lost or shown twice.
+    let settings = manual_compaction();
+    let (store, loc, index) = flushed_generations(4, &settings).await;
+    store.on("put", "manifest/", Action::SucceedThenFailOnce);
+    assert!(index.compact().await.is_err(), "the PUT reported an error");
+    store.clear();
+    a_flush_installs_the_merge_then_publishes(index, loc, settings).await;
 }
 
 #[tokio::test]
@@ -671,40 +709,19 @@ async fn a_compaction_manifest_installed_late_has_its_run_collected() {
     // compact()'s manifest lands but the writer sees an error; the next flush installs it.
     // The generations it replaced are then this writer's to delete after the grace period,
     // as after any compaction, not left to the next open.
-    use futures::TryStreamExt;
-    use object_store::ObjectStore;
-    let (store, loc) = faulty();
-    let s = schema();
     let settings = Settings {
-        memtable_max_rows: 1_000_000,
-        compaction: false,
         compaction_grace_ms: 0,
-        ..Settings::default()
+        ..manual_compaction()
     };
-    let index = Index::create(loc.clone(), s.clone(), settings.clone())
-        .await
-        .unwrap();
-    for g in 0..4 {
-        index
-            .append(&batch(&s, &rows(&format!("g{g}-"), 5)))
-            .await
-            .unwrap();
-        index.flush().await.unwrap();
-    }
+    let (store, loc, index) = flushed_generations(4, &settings).await;
+    let s = schema();
     store.on("put", "manifest/", Action::SucceedThenFailOnce);
     assert!(index.compact().await.is_err(), "the PUT reported an error");
     store.clear();
     index.append(&batch(&s, &rows("after-", 5))).await.unwrap();
     index.flush().await.unwrap();
     assert_eq!(index.stats().generations.len(), 2);
-    let objects = || async {
-        store
-            .list(Some(&object_store::path::Path::from("idx/generations")))
-            .try_collect::<Vec<_>>()
-            .await
-            .unwrap()
-            .len()
-    };
+    let objects = || generation_objects(&store);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while objects().await > 2 && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -726,43 +743,14 @@ async fn a_compact_dropped_while_its_manifest_lands_does_not_wedge_the_writer() 
     // The caller gives up on compact() (a timeout) while its manifest PUT is in flight; the
     // PUT lands. The writer must account for that version: the next flush installs the
     // compaction and publishes after it, instead of failing on it forever.
-    let (store, loc) = faulty();
-    let s = schema();
-    let settings = Settings {
-        memtable_max_rows: 1_000_000,
-        compaction: false,
-        ..Settings::default()
-    };
-    let index = Index::create(loc.clone(), s.clone(), settings.clone())
-        .await
-        .unwrap();
-    for g in 0..4 {
-        index
-            .append(&batch(&s, &rows(&format!("g{g}-"), 5)))
-            .await
-            .unwrap();
-        index.flush().await.unwrap();
-    }
+    let settings = manual_compaction();
+    let (store, loc, index) = flushed_generations(4, &settings).await;
     let held = Arc::new(Semaphore::new(0));
     store.on("put", "manifest/", Action::LandThenHoldOnce(held.clone()));
     let cancelled = tokio::time::timeout(Duration::from_secs(2), index.compact()).await;
     assert!(cancelled.is_err(), "compact() was given up: {cancelled:?}");
     held.add_permits(1);
-    index.append(&batch(&s, &rows("after-", 5))).await.unwrap();
-    tokio::time::timeout(Duration::from_secs(20), index.flush())
-        .await
-        .expect("the flush after it finishes")
-        .unwrap();
-    assert_eq!(
-        index.stats().generations.len(),
-        2,
-        "the merged generation (installed) and the new one"
-    );
-    assert_eq!(live(&index).await.len(), 25);
-    index.close().await.unwrap();
-    let reopened = Index::open(loc, settings).await.unwrap();
-    assert_eq!(reopened.stats().generations.len(), 2);
-    assert_eq!(live(&reopened).await.len(), 25);
+    a_flush_installs_the_merge_then_publishes(index, loc, settings).await;
 }
 
 #[tokio::test]
@@ -771,27 +759,10 @@ async fn a_compaction_yields_the_version_a_flushs_earlier_attempt_holds() {
     // lock gets it before the flush's retry and finds the version taken by that manifest. It
     // must give up (and delete its merged object), and the flush's retry adopt its manifest:
     // nothing is stuck, lost or leaked.
-    use futures::TryStreamExt;
-    use object_store::ObjectStore;
-    let (store, loc) = faulty();
+    let settings = manual_compaction();
+    let (store, loc, index) = flushed_generations(3, &settings).await;
+    let index = Arc::new(index);
     let s = schema();
-    let settings = Settings {
-        memtable_max_rows: 1_000_000,
-        compaction: false,
-        ..Settings::default()
-    };
-    let index = Arc::new(
-        Index::create(loc.clone(), s.clone(), settings.clone())
-            .await
-            .unwrap(),
-    );
-    for g in 0..3 {
-        index
-            .append(&batch(&s, &rows(&format!("g{g}-"), 5)))
-            .await
-            .unwrap();
-        index.flush().await.unwrap();
-    }
     index.append(&batch(&s, &rows("f-", 5))).await.unwrap();
     let held = Arc::new(Semaphore::new(0));
     store.on(
@@ -826,13 +797,11 @@ async fn a_compaction_yields_the_version_a_flushs_earlier_attempt_holds() {
         .unwrap();
     assert_eq!(index.stats().generations.len(), 4);
     assert_eq!(live(&index).await.len(), 20);
-    let objects = store
-        .list(Some(&object_store::path::Path::from("idx/generations")))
-        .try_collect::<Vec<_>>()
-        .await
-        .unwrap()
-        .len();
-    assert_eq!(objects, 4, "the merged object no manifest names is deleted");
+    assert_eq!(
+        generation_objects(&store).await,
+        4,
+        "the merged object no manifest names is deleted"
+    );
     index.close().await.unwrap();
     let reopened = Index::open(loc, settings).await.unwrap();
     assert_eq!(live(&reopened).await.len(), 20);
