@@ -395,6 +395,16 @@ async fn queries_never_fail_go_stale_or_come_back_short_while_compactions_run() 
     assert!(queries >= 10, "only {queries} query rounds ran");
 }
 
+/// Wait (at most 10 s) until `index` has deleted the objects its compactions replaced (with a
+/// grace period of 0, within the compactor's next tick); `what` says what failed otherwise.
+async fn replaced_objects_deleted(index: &Index, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while index.stats().bytes_reclaimable > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(index.stats().bytes_reclaimable, 0, "{what}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_handle_reads_on_after_its_generations_are_compacted_away() {
     let dir = tempfile::tempdir().unwrap();
@@ -417,15 +427,7 @@ async fn a_read_only_handle_reads_on_after_its_generations_are_compacted_away() 
     assert_eq!(ro.stats().generations.len(), 6);
     index.compact().await.unwrap().unwrap();
     // Grace 0: the compactor deletes the six objects within its next tick.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while index.stats().bytes_reclaimable > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(
-        index.stats().bytes_reclaimable,
-        0,
-        "the replaced objects are still there"
-    );
+    replaced_objects_deleted(&index, "the replaced objects are still there").await;
     let got = ro
         .search_fts(QUERIES[1], &SearchOptions::with_k(12))
         .await
@@ -473,11 +475,7 @@ async fn generations_a_compaction_replaced_leave_the_caches() {
         .unwrap();
     assert_eq!(ro.cache_stats().await.generations, 6);
     index.compact().await.unwrap().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while index.stats().bytes_reclaimable > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(index.stats().bytes_reclaimable, 0);
+    replaced_objects_deleted(&index, "the replaced objects are still there").await;
     assert_eq!(
         index.cache_stats().await.generations,
         1,
@@ -517,11 +515,7 @@ async fn an_open_that_loses_a_generation_to_a_compaction_starts_over() {
     // It has read the list and waits for its first generation.
     tokio::time::sleep(Duration::from_millis(300)).await;
     running.compact().await.unwrap().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while running.stats().bytes_reclaimable > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(running.stats().bytes_reclaimable, 0, "the run is deleted");
+    replaced_objects_deleted(&running, "the run is deleted").await;
     held.add_permits(1);
     let opened = opening.await.unwrap().expect("the open starts over");
     assert_eq!(opened.stats().generations.len(), 1);
