@@ -59,12 +59,14 @@
 // wal, manifest ← read ← query ← db ← bench, ingest (and the fuzz tests).
 #[cfg(feature = "cli")]
 pub mod bench;
+mod compaction;
 mod db;
 mod error;
 mod flags;
 mod format;
 #[cfg(all(test, feature = "cli"))]
 mod fuzz;
+mod gc;
 mod generation;
 #[cfg(feature = "cli")]
 pub mod ingest;
@@ -80,16 +82,18 @@ mod storage;
 mod text;
 mod vector;
 mod wal;
+mod writer;
 
-pub use db::{
-    CompactionReport, Index, IndexStats, ReadOnlyIndex, ScanOptions, Search, WriteReceipt,
-};
+pub use compaction::CompactionReport;
+pub use db::{Index, IndexStats, ReadOnlyIndex, Search, WriteReceipt};
 pub use error::{Error, ErrorKind, Result};
 pub use format::ipc::IpcReader;
 pub use format::GenerationMeta;
 pub use generation::cache::CacheStats;
 pub use key::{Key, KeyType, PK_HASH_SEED};
-pub use query::{Conjunction, SearchOptions, VectorSearchOptions, DISTANCE_COLUMN, SCORE_COLUMN};
+pub use query::{
+    Conjunction, ScanOptions, SearchOptions, VectorSearchOptions, DISTANCE_COLUMN, SCORE_COLUMN,
+};
 pub use schema::{
     IndexSchema, Metric, PayloadColumn, PayloadType, VectorColumn, DELETED_COLUMN, SEQ_COLUMN,
     TOKENIZERS,

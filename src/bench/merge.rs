@@ -18,7 +18,7 @@
 //! the default candidate list.
 
 use super::corpus::{Corpus, Embedder};
-use crate::db::compact::{continue_largest, merge_rows};
+use crate::compaction::merge::{continue_largest, merge_rows};
 use crate::generation::{Generation, IndexSpec};
 use crate::text::{TextIndex, TextSchema};
 use crate::vector::{distance, VectorIndex};

@@ -1,20 +1,59 @@
 //! The committer: group commit, sequence numbers, WAL writes, memtable application, freezing.
 
-use super::{Inner, Request, WriteReceipt, WriteRows};
 use crate::format::wal::{decode, decode_header, encode, WalEntry, WalKind};
 use crate::memtable::Memtable;
 use crate::memtable::{catch_up, read_memtable, write_memtable};
-use crate::settings::Durability;
+use crate::settings::{Durability, WriteOptions};
+use crate::writer::Writer;
 use crate::{Error, Result};
+use arrow::array::ArrayRef;
 use arrow::array::RecordBatch;
 use object_store::{PutMode, PutOptions, PutPayload};
+use serde::Serialize;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+/// What a write call returns once it is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct WriteReceipt {
+    /// Sequence number of the last row written by the call.
+    pub last_seq: u64,
+    /// Rows written (appended rows or tombstones).
+    pub rows: usize,
+}
+
+pub(crate) enum WriteRows {
+    Append(RecordBatch),
+    Delete(ArrayRef),
+}
+
+impl WriteRows {
+    fn len(&self) -> usize {
+        match self {
+            WriteRows::Append(b) => b.num_rows(),
+            WriteRows::Delete(k) => k.len(),
+        }
+    }
+}
+
+pub(crate) enum Request {
+    Write {
+        rows: WriteRows,
+        options: WriteOptions,
+        ack: oneshot::Sender<Result<WriteReceipt>>,
+    },
+    /// Freeze the active memtable; answers the id of the newest memtable to wait for.
+    Freeze {
+        ack: oneshot::Sender<Result<Option<u64>>>,
+    },
+    /// Write buffered rows and stop; answers whether they reached the WAL.
+    Close { ack: oneshot::Sender<Result<()>> },
+}
+
 pub(crate) struct Committer {
-    inner: Arc<Inner>,
+    inner: Arc<Writer>,
     rx: mpsc::Receiver<Request>,
     next_seq: u64,
     next_wal_id: u64,
@@ -42,7 +81,7 @@ struct Prepared {
 
 impl Committer {
     pub(crate) fn new(
-        inner: Arc<Inner>,
+        inner: Arc<Writer>,
         rx: mpsc::Receiver<Request>,
         next_seq: u64,
         next_wal_id: u64,
@@ -128,13 +167,14 @@ impl Committer {
             let delay = self.pacer.delay(
                 std::time::Instant::now(),
                 self.applied,
-                self.inner.debt_rows(),
+                super::pace::debt_rows(&self.inner),
                 self.inner.reader.settings.max_unindexed_rows,
                 rows,
             );
             let us = delay.as_micros() as u64;
-            self.inner.append_delay_us.store(us, Ordering::Relaxed);
+            self.inner.log.append_delay_us.store(us, Ordering::Relaxed);
             self.inner
+                .log
                 .append_delay_total_us
                 .fetch_add(us, Ordering::Relaxed);
             if !delay.is_zero() {
@@ -280,7 +320,10 @@ impl Committer {
         catch_up(&active);
         let n = stored.num_rows();
         let last_seq = self.next_seq - 1;
-        self.inner.last_seq.fetch_max(last_seq, Ordering::SeqCst);
+        self.inner
+            .log
+            .last_seq
+            .fetch_max(last_seq, Ordering::SeqCst);
         Ok(WriteReceipt {
             last_seq: seq_of_last(stored).unwrap_or(last_seq),
             rows: n,
@@ -346,7 +389,7 @@ impl Committer {
                         self.ambiguous = None;
                     }
                     self.next_wal_id = id + 1;
-                    self.inner.next_wal_id.store(id + 1, Ordering::SeqCst);
+                    self.inner.log.next_wal_id.store(id + 1, Ordering::SeqCst);
                     return Ok(id);
                 }
                 Err(object_store::Error::AlreadyExists { .. }) => {
@@ -424,9 +467,9 @@ impl Committer {
         // Backpressure: wait while too many frozen memtables await their flush, but not past a
         // failed flush attempt: while the store refuses flushes, the active memtable keeps
         // taking rows (their WAL writes are the durability) and each freeze retries the wait.
-        let failures_before = self.inner.flush_status.borrow().failures;
+        let failures_before = self.inner.flushes.status.borrow().failures;
         loop {
-            let notified = self.inner.backpressure.notified();
+            let notified = self.inner.flushes.backpressure.notified();
             if self.inner.read_state().frozen.len()
                 < self.inner.reader.settings.max_frozen_memtables
             {
@@ -439,7 +482,7 @@ impl Committer {
                 return Err(Error::closed());
             }
             {
-                let status = self.inner.flush_status.borrow();
+                let status = self.inner.flushes.status.borrow();
                 if status.failures > failures_before {
                     let e = status
                         .error
@@ -465,7 +508,7 @@ impl Committer {
             st.frozen.push_back(old);
             fid
         };
-        self.inner.flush_wake.notify_one();
+        self.inner.flushes.wake.notify_one();
         Ok(Some(frozen_id))
     }
 }

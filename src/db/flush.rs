@@ -1,11 +1,12 @@
 //! The flusher: frozen memtable → generation object → manifest version → WAL cleanup.
 
-use super::{is_fenced, Inner};
+use crate::compaction::urgency::raise_if_due;
 use crate::format::manifest::Manifest;
 use crate::generation::{Generation, IndexSpec};
-use crate::manifest::{delete_all, WriteOutcome};
 use crate::memtable::{read_memtable, SharedMemtable};
 use crate::priority::in_background_thread;
+use crate::writer::publish::{self, clean_up_manifests, fenced_if_superseded, settle, Published};
+use crate::writer::{is_fenced, Writer};
 use crate::{Error, Result};
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
 use std::sync::atomic::Ordering;
@@ -15,14 +16,14 @@ use std::time::Duration;
 /// How long a flush waits for a memtable graph inserter that makes no progress.
 const STUCK_INSERTER: Duration = Duration::from_secs(30);
 
-pub(crate) async fn run_flusher(inner: Arc<Inner>) {
+pub(crate) async fn run_flusher(inner: Arc<Writer>) {
     let mut backoff = Duration::from_millis(50);
     // After a failure the manifest write may have landed although it reported an error.
     let mut retrying = false;
     // The generation id of the memtable being flushed: every attempt builds the same object.
     let mut attempt: Option<(u64, u64)> = None;
     loop {
-        let notified = inner.flush_wake.notified();
+        let notified = inner.flushes.wake.notified();
         if inner.fenced.load(Ordering::SeqCst) || inner.closed.load(Ordering::SeqCst) {
             return;
         }
@@ -36,8 +37,8 @@ pub(crate) async fn run_flusher(inner: Arc<Inner>) {
         if over_cap(&inner) {
             // The compaction under way (if it started before the count reached the cap) is
             // what this flush waits for.
-            super::compact::raise_if_due(&inner, None);
-            inner.compact_wake.notify_one();
+            raise_if_due(&inner, None);
+            inner.compaction.wake.notify_one();
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(20)) => {}
                 _ = notified => {}
@@ -49,16 +50,20 @@ pub(crate) async fn run_flusher(inner: Arc<Inner>) {
         let gen_id = match attempt {
             Some((id, g)) if id == mid => g,
             _ => {
-                let g = inner.next_generation_id.fetch_add(1, Ordering::SeqCst);
+                let g = inner
+                    .publisher
+                    .next_generation_id
+                    .fetch_add(1, Ordering::SeqCst);
                 attempt = Some((mid, g));
                 g
             }
         };
         match flush_one(&inner, &m, gen_id, retrying).await {
             Ok(()) => {
-                inner.compact_wake.notify_one();
+                inner.compaction.wake.notify_one();
                 inner
-                    .last_flush_ms
+                    .flushes
+                    .last_ms
                     .store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
                 backoff = Duration::from_millis(50);
                 retrying = false;
@@ -70,12 +75,12 @@ pub(crate) async fn run_flusher(inner: Arc<Inner>) {
                 if is_fenced(&e) {
                     inner.mark_fenced();
                 }
-                inner.flush_status.send_modify(|s| {
+                inner.flushes.status.send_modify(|s| {
                     s.error = Some(e.clone());
                     s.failures += 1;
                 });
                 // A freeze waiting for room gives up with this error.
-                inner.backpressure.notify_waiters();
+                inner.flushes.backpressure.notify_waiters();
                 if is_fenced(&e) {
                     return;
                 }
@@ -91,11 +96,11 @@ pub(crate) async fn run_flusher(inner: Arc<Inner>) {
 
 /// Whether a flush must wait for compaction: compaction is on and not failing, and the
 /// generations are at the cap.
-fn over_cap(inner: &Inner) -> bool {
+fn over_cap(inner: &Writer) -> bool {
     let s = &inner.reader.settings;
     s.compaction
         && inner.read_state().manifest.generations.len() >= s.compaction_max_generations
-        && inner.compaction_state().last_error.is_none()
+        && inner.compaction.telemetry().last_error.is_none()
 }
 
 /// The manifest version after `base` when this writer already published it (an earlier
@@ -104,7 +109,7 @@ fn over_cap(inner: &Inner) -> bool {
 /// that PUT may have re-created a version a newer writer had pruned (see
 /// [`fenced_if_superseded`]).
 async fn published_earlier(
-    inner: &Inner,
+    inner: &Writer,
     base: &Manifest,
     gen_id: u64,
 ) -> Result<Option<Manifest>> {
@@ -127,25 +132,8 @@ async fn published_earlier(
     }
 }
 
-/// Fail as fenced when a manifest version newer than `version` (one this writer created)
-/// exists. A newer writer claims a version when it opens and may prune the older ones; a
-/// stalled writer's PUT can then re-create a pruned version, and succeed. Such a version is
-/// not this writer's to build on: adopting it would delete WAL objects the newer writer
-/// replays from, and installing a compaction's would delete generations its list names.
-pub(crate) async fn fenced_if_superseded(inner: &Inner, version: u64) -> Result<()> {
-    if inner
-        .manifests
-        .latest_version()
-        .await?
-        .is_some_and(|v| v > version)
-    {
-        return Err(inner.fenced_error());
-    }
-    Ok(())
-}
-
 async fn flush_one(
-    inner: &Arc<Inner>,
+    inner: &Arc<Writer>,
     m: &SharedMemtable,
     gen_id: u64,
     retrying: bool,
@@ -167,7 +155,7 @@ async fn flush_one(
     };
     let epoch = inner.epoch;
     if retrying {
-        let publish = inner.publish.lock().await;
+        let publish = inner.publisher.lock.lock().await;
         settle(inner).await?;
         let base = inner.read_state().manifest.clone();
         if let Some(next) = published_earlier(inner, &base, gen_id).await? {
@@ -253,7 +241,7 @@ async fn flush_one(
     inner.reader.warm(&expected, None).await;
 
     // Publish, from the latest version (a compaction may have published since the build).
-    let publish = inner.publish.lock().await;
+    let publish = inner.publisher.lock.lock().await;
     settle(inner).await?;
     let base = inner.read_state().manifest.clone();
     let mut next = base.clone();
@@ -264,7 +252,7 @@ async fn flush_one(
         next.wal_replay_from = next.wal_replay_from.max(w + 1);
     }
     next.last_seq = next.last_seq.max(max_seq);
-    if self::publish(inner, &next).await? == Published::Taken {
+    if publish::publish(inner, &next).await? == Published::Taken {
         // An earlier attempt of this flush landed after its retry looked for it: adopt it.
         return match published_earlier(inner, &base, gen_id).await? {
             Some(earlier) => adopt(inner, mid, earlier, publish, &wal_ids).await,
@@ -277,7 +265,7 @@ async fn flush_one(
     }
     swap(inner, mid, &next)?;
     drop(publish);
-    super::compact::raise_if_due(inner, Some(next.generations.len()));
+    raise_if_due(inner, Some(next.generations.len()));
     finish(inner, mid, next, generation, &wal_ids).await
 }
 
@@ -285,7 +273,7 @@ async fn flush_one(
 /// (its PUT reported an error and landed): the generation object it names is read back, never
 /// rebuilt (a rebuilt graph may differ from the one the published manifest describes).
 async fn adopt(
-    inner: &Arc<Inner>,
+    inner: &Arc<Writer>,
     mid: u64,
     next: Manifest,
     publish: tokio::sync::MutexGuard<'_, ()>,
@@ -308,123 +296,9 @@ async fn adopt(
     finish(inner, mid, next, generation, wal_ids).await
 }
 
-/// Before a publish (under the publish lock): settle the compaction manifest whose PUT
-/// reported an error. While its version is the next one it may still land (a PUT completing
-/// late), and nothing else may be published at that version meanwhile, so its outcome is made
-/// certain here: it is written again (a conditional create: whichever of the two PUTs lands
-/// first makes the version this manifest) and installed. A flush's earlier attempt of this
-/// writer may hold the version instead (the compaction then published nothing); otherwise
-/// only a newer writer can, and then this writer is fenced.
-pub(crate) async fn settle(inner: &Inner) -> Result<()> {
-    let unsure = inner.unsure().clone();
-    let Some(unsure) = unsure else {
-        return Ok(());
-    };
-    let m = unsure.manifest.clone();
-    if m.version <= inner.read_state().manifest.version {
-        // That version is taken: this manifest can never land.
-        *inner.unsure() = None;
-        return Ok(());
-    }
-    // Written again: a conditional create either makes the version this manifest or finds it
-    // taken (by this manifest, its PUT having landed, or by another).
-    let taker = match inner.manifests.write(&m).await? {
-        WriteOutcome::Written => Taker::Same,
-        WriteOutcome::Conflict => taken_by(inner, &m).await?,
-    };
-    if let Taker::ThisWriter = taker {
-        // A flush's earlier attempt (its PUT reported an error, and landed) holds the version:
-        // the compaction published nothing, and the flush's retry adopts that manifest.
-        tracing::info!(
-            "manifest {} of a compaction did not land: a flush's earlier attempt holds it",
-            m.version
-        );
-        *inner.unsure() = None;
-        unsure.given_up(inner).await;
-        return Ok(());
-    }
-    fenced_if_superseded(inner, m.version).await?;
-    tracing::info!(
-        "manifest {} of a compaction settled as published",
-        m.version
-    );
-    inner.write_state().manifest = m;
-    *inner.unsure() = None;
-    // Its run is replaced like any compaction's: deleted after the grace period.
-    unsure.published(inner);
-    Ok(())
-}
-
-/// How a publish of this writer ended when it did not fail.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Published {
-    /// The version is this manifest.
-    Ours,
-    /// The version holds another manifest of this writer: an earlier attempt of a flush whose
-    /// PUT reported an error and landed (its retry adopts it). Nothing was published.
-    Taken,
-}
-
-/// Create manifest version `next.version` (the version after this writer's latest, with any
-/// unsure compaction manifest settled). A fenced error when a newer writer owns the index; any
-/// other error leaves the outcome unknown (the PUT may have landed, or may still).
-pub(crate) async fn publish(inner: &Inner, next: &Manifest) -> Result<Published> {
-    match inner.manifests.write(next).await? {
-        // Created, but a newer version may exist: a newer writer pruned this one after moving
-        // past it, and this writer (stalled) re-created it. Then it is fenced, and must neither
-        // clean up nor move LATEST.
-        WriteOutcome::Written => {
-            fenced_if_superseded(inner, next.version).await?;
-            Ok(Published::Ours)
-        }
-        WriteOutcome::Conflict => match taken_by(inner, next).await? {
-            // A PUT retried inside the store client after its first try landed: ours.
-            Taker::Same => {
-                fenced_if_superseded(inner, next.version).await?;
-                Ok(Published::Ours)
-            }
-            Taker::ThisWriter => Ok(Published::Taken),
-        },
-    }
-}
-
-/// Who holds version `m.version`, which a PUT of `m` found taken.
-enum Taker {
-    /// `m` itself.
-    Same,
-    /// Another manifest of this writer's epoch.
-    ThisWriter,
-}
-
-/// Who holds version `m.version`: `m`, or another manifest of this writer; fenced when a newer
-/// writer does.
-async fn taken_by(inner: &Inner, m: &Manifest) -> Result<Taker> {
-    match inner.manifests.read(m.version).await {
-        Ok(held) if &held == m => return Ok(Taker::Same),
-        // This writer's, unless a newer writer moved past it (and this writer, stalled,
-        // re-created a version it had pruned).
-        Ok(held) if held.epoch == inner.epoch => {
-            fenced_if_superseded(inner, m.version).await?;
-            return Ok(Taker::ThisWriter);
-        }
-        Ok(_) => {}
-        // Pruned since the conflict: a newer writer moved on (the check below tells).
-        Err(e) if e.is_not_found() => {}
-        Err(e) => return Err(e),
-    }
-    let latest = inner.manifests.load_latest().await?;
-    Err(match latest {
-        Some(l) if l.epoch > inner.epoch => inner.fenced_error(),
-        _ => Error::internal(format!(
-            "manifest version {} was created by another handle than this writer (epoch {})",
-            m.version, inner.epoch
-        )),
-    })
-}
-
 /// The visibility point of a flush: swap the frozen memtable `mid` for manifest `next` (which
 /// names its generation) in one step.
-fn swap(inner: &Inner, mid: u64, next: &Manifest) -> Result<()> {
+fn swap(inner: &Writer, mid: u64, next: &Manifest) -> Result<()> {
     let mut st = inner.write_state();
     match st.frozen.front() {
         Some(f) if read_memtable(f).id() == mid => {
@@ -438,30 +312,18 @@ fn swap(inner: &Inner, mid: u64, next: &Manifest) -> Result<()> {
     }
 }
 
-/// Move LATEST to `version` and prune manifest versions beyond the retention (best effort).
-pub(crate) async fn clean_up_manifests(inner: &Inner, version: u64) {
-    let conc = inner.reader.settings.io_concurrency;
-    inner.manifests.publish_hint(version).await;
-    if version > inner.reader.settings.manifest_retention {
-        inner
-            .manifests
-            .prune(version, inner.reader.settings.manifest_retention, conc)
-            .await;
-    }
-}
-
 /// After manifest `next` naming `generation` is published and swapped in: report the flush,
 /// and clean up what it covers.
 async fn finish(
-    inner: &Arc<Inner>,
+    inner: &Arc<Writer>,
     mid: u64,
     next: Manifest,
     generation: Arc<Generation>,
     wal_ids: &[u64],
 ) -> Result<()> {
     let gen_id = generation.meta().id;
-    inner.backpressure.notify_waiters();
-    inner.flush_status.send_modify(|s| {
+    inner.flushes.backpressure.notify_waiters();
+    inner.flushes.status.send_modify(|s| {
         s.flushed_upto = mid;
         s.error = None;
     });
@@ -469,25 +331,14 @@ async fn finish(
         "flushed memtable {mid} as generation {gen_id} (manifest {})",
         next.version
     );
-    // Cleanup, best effort: the WAL objects holding the flushed rows, old manifests. Fence
-    // objects are kept: a fenced writer's next WAL PUT targets the id of the fence that fenced
-    // it, and must collide with it however long that writer stalls (deleting the fence would
-    // let it write below the replay point: acknowledged, never replayed).
-    //
-    // The last of them is kept until the next flush: a reader that read the previous manifest
-    // and lists the WAL from its replay point after this cleanup then finds a gap before the
-    // kept object (or the kept object itself, at the replay point) and starts over on the new
-    // manifest, instead of seeing the old generations without these rows.
-    let mut doomed: Vec<u64> = wal_ids.split_last().map_or(&[][..], |(_, r)| r).to_vec();
-    {
-        let mut kept = inner.kept_wal.lock().unwrap_or_else(|e| e.into_inner());
-        doomed.extend(kept.take());
-        *kept = wal_ids.last().copied();
-    }
-    let wal: Vec<_> = doomed.iter().map(|id| inner.paths.wal(*id)).collect();
+    // Cleanup, best effort: the WAL objects holding the flushed rows (see `gc::wal`), old
+    // manifests.
     let conc = inner.reader.settings.io_concurrency;
     tokio::join!(
-        delete_all(&inner.loc.store, wal, conc),
+        inner
+            .flushes
+            .kept_wal
+            .after_flush(&inner.loc, &inner.paths, wal_ids, conc),
         clean_up_manifests(inner, next.version),
     );
     Ok(())

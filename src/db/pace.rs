@@ -20,6 +20,9 @@
 //! cap appends wait as long as they ever do. Appends that outrun compaction thus slow down
 //! over several flushes instead of stopping once the frozen memtables wait behind the cap.
 
+use crate::compaction::policy::debt;
+use crate::memtable::read_memtable;
+use crate::writer::Writer;
 use std::time::{Duration, Instant};
 
 /// Longest wait of one group commit.
@@ -82,6 +85,37 @@ impl Pacer {
         let rate = self.rate.max(MIN_RATE);
         Duration::from_secs_f64(rows as f64 / rate * pressure).min(MAX_DELAY)
     }
+}
+
+/// The debt appends are paced by: the unindexed rows, plus the active
+/// memtable's rows while the queue of frozen memtables is full (its freeze would wait for
+/// a flush), plus what generations near the cap add while a compaction is due and
+/// compaction is not failing (at the cap flushes wait for it).
+pub(crate) fn debt_rows(w: &Writer) -> usize {
+    let s = &w.reader.settings;
+    let (queue_full, generations, due) = {
+        let st = w.read_state();
+        let queue_full = if st.frozen.len() >= s.max_frozen_memtables {
+            read_memtable(&st.active).rows()
+        } else {
+            0
+        };
+        let gens = &st.manifest.generations;
+        let due = debt(gens, s.compaction_fanout, s.compaction_max_generations) > 0;
+        (queue_full, gens.len(), due)
+    };
+    // Only while a compaction is due: one that is not would never drain it.
+    let compaction = if s.compaction && due && w.compaction.telemetry().last_error.is_none() {
+        generation_debt(
+            generations,
+            s.compaction_max_generations,
+            s.compaction_fanout,
+            s.max_unindexed_rows,
+        )
+    } else {
+        0
+    };
+    w.unindexed_rows() + queue_full + compaction
 }
 
 #[cfg(test)]

@@ -1,10 +1,10 @@
 //! Read-only handles: any number of them, in any process, beside the one writer.
 
-use super::reader::Reader;
-use super::IndexStats;
+use super::stats::IndexStats;
 use crate::format::manifest::Manifest;
 use crate::manifest::ManifestStore;
 use crate::memtable::Memtable;
+use crate::query::reader::Reader;
 use crate::read::{Snapshot, Source};
 use crate::settings::Settings;
 use crate::storage::paths::Paths;

@@ -3,9 +3,10 @@
 //! own snapshot, and `impl_search!` implements the trait with them), as slatedb's `DbReadOps`
 //! serves its writer, its reader and its snapshots.
 
-use super::{IndexStats, ScanOptions};
+use super::stats::IndexStats;
 use crate::generation::cache::CacheStats;
 use crate::query::vector::VectorSearchOptions;
+use crate::query::ScanOptions;
 use crate::query::SearchOptions;
 use crate::schema::IndexSchema;
 use crate::Result;
@@ -104,7 +105,7 @@ macro_rules! read_methods {
         /// filtered.
         pub async fn scan(
             &self,
-            options: crate::db::ScanOptions,
+            options: crate::query::ScanOptions,
         ) -> crate::Result<Vec<arrow::array::RecordBatch>> {
             let snapshot = self.snapshot().await?;
             self.$($path).+.scan(snapshot, options.filter.as_deref()).await
@@ -127,7 +128,7 @@ macro_rules! read_methods {
             query: &str,
             options: &crate::query::SearchOptions,
         ) -> crate::Result<datafusion::execution::SendableRecordBatchStream> {
-            crate::db::reader::stream(self.plan_fts(query, options).await?)
+            crate::query::reader::stream(self.plan_fts(query, options).await?)
         }
 
         /// Full-text search, collected (see [`crate::Search::search_fts_stream`]).
@@ -189,7 +190,7 @@ macro_rules! read_methods {
             let t_snap = t.elapsed();
             let plan = plan(snapshot).await?;
             let t_plan = t.elapsed();
-            let out = crate::db::reader::run(plan).await;
+            let out = crate::query::reader::run(plan).await;
             let total = t.elapsed();
             if total >= std::time::Duration::from_millis(20) {
                 tracing::debug!(
@@ -212,7 +213,7 @@ macro_rules! impl_search {
     ($handle:ty) => {
         impl crate::db::search::sealed::Sealed for $handle {}
 
-        impl crate::db::Search for $handle {
+        impl crate::db::search::Search for $handle {
             fn schema(&self) -> &crate::schema::IndexSchema {
                 <$handle>::schema(self)
             }
@@ -223,7 +224,7 @@ macro_rules! impl_search {
 
             fn scan(
                 &self,
-                options: crate::db::ScanOptions,
+                options: crate::query::ScanOptions,
             ) -> impl std::future::Future<Output = crate::Result<Vec<arrow::array::RecordBatch>>>
                    + Send {
                 <$handle>::scan(self, options)
@@ -288,12 +289,12 @@ macro_rules! impl_search {
                 <$handle>::cache_stats(self)
             }
 
-            fn stats(&self) -> crate::db::IndexStats {
+            fn stats(&self) -> crate::db::stats::IndexStats {
                 <$handle>::stats(self)
             }
         }
     };
 }
 
-// Both expand to paths that resolve only inside `crate::db` (its private `reader`).
+// Both expand to paths that resolve only inside the crate.
 pub(super) use {impl_search, read_methods};

@@ -4,6 +4,7 @@
 
 pub(crate) mod exec;
 pub(crate) mod fts;
+pub(crate) mod reader;
 pub(crate) mod vector;
 
 pub use vector::VectorSearchOptions;
@@ -19,6 +20,13 @@ pub enum Conjunction {
     Or,
     /// Every term must match.
     And,
+}
+
+/// Options of a scan.
+#[derive(Debug, Clone, Default)]
+pub struct ScanOptions {
+    /// A SQL predicate over the index's columns, e.g. `year >= 2020 AND lang = 'en'`.
+    pub filter: Option<String>,
 }
 
 /// Options of a search.

@@ -1,10 +1,10 @@
 //! What both handles read with: the schemas, settings, generation cache and block lists, and
 //! the one implementation of scan, search planning and execution over a snapshot.
 
+use super::vector::VectorSearchOptions;
+use super::{fts, vector, SearchOptions};
 use crate::format::GenerationMeta;
 use crate::generation::cache::{CacheStats, GenerationCache};
-use crate::query::vector::VectorSearchOptions;
-use crate::query::{fts, vector, SearchOptions};
 use crate::read::pool::QueryPool;
 use crate::read::{compile_filter, BlockLists, Snapshot, Source};
 use crate::schema::IndexSchema;

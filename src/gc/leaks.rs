@@ -1,4 +1,4 @@
-//! Collecting leaks: what crashes, failed deletes and failed or fenced flushes leave behind.
+//! Leaks: what crashes, failed deletes and failed or fenced flushes leave behind.
 //!
 //! A writer runs one collection in the background right after its open has claimed the epoch.
 //! At that point no older writer can publish anything again (every manifest version it could
@@ -22,7 +22,7 @@
 //! anything a kept manifest version names (read-only handles may be reading it). Failures are
 //! logged and left for the next open.
 
-use super::Inner;
+use super::Scope;
 use crate::format::manifest::Manifest;
 use crate::format::wal::FENCE_LEN;
 use crate::manifest::delete_all;
@@ -37,14 +37,20 @@ use std::time::Duration;
 /// Age past which a probe or a staging file is taken as left by a crash.
 pub(crate) const STALE: Duration = Duration::from_secs(10 * 60);
 
-/// Collect the leaks of an index whose writer (`inner`) just opened on `manifest`.
-pub(crate) async fn collect(inner: Arc<Inner>, manifest: Manifest) {
-    let store = &inner.loc.store;
-    let concurrency = inner.reader.settings.io_concurrency;
+/// A generation object only older kept manifest versions name: `(id, epoch, bytes)`.
+pub(crate) type ReplacedObject = (u64, u64, u64);
+
+/// Collect the leaks of an index whose writer (of epoch `scope.epoch`) just opened on
+/// `manifest`. Returns the generation objects a compaction of an earlier writer replaced: they
+/// are deleted after the grace period (see [`super::replaced`]).
+pub(crate) async fn collect(scope: Scope<'_>, manifest: &Manifest) -> Vec<ReplacedObject> {
+    let store = &scope.loc.store;
+    let concurrency = scope.concurrency;
+    let mut replaced = Vec::new();
     let mut doomed: Vec<Path> = Vec::new();
 
     let keep_wal_from = manifest.wal_replay_from.saturating_sub(1);
-    match list(store, &inner.paths.wal_dir()).await {
+    match list(store, &scope.paths.wal_dir()).await {
         Ok(objects) => doomed.extend(
             objects
                 .into_iter()
@@ -56,20 +62,19 @@ pub(crate) async fn collect(inner: Arc<Inner>, manifest: Manifest) {
         Err(e) => tracing::warn!("garbage collection: {e}"),
     }
 
-    match named_generations(&inner, &manifest).await {
-        Ok(named) => match list(store, &inner.paths.generations_dir()).await {
+    match named_generations(&scope, manifest).await {
+        Ok(named) => match list(store, &scope.paths.generations_dir()).await {
             Ok(objects) => {
                 let latest: HashSet<(u64, u64)> = manifest
                     .generations
                     .iter()
                     .map(|g| (g.id, g.epoch))
                     .collect();
-                let mut replaced = Vec::new();
                 for m in objects {
                     let Some((id, epoch)) = parse_generation(&m.location) else {
                         continue;
                     };
-                    if latest.contains(&(id, epoch)) || epoch >= inner.epoch {
+                    if latest.contains(&(id, epoch)) || epoch >= scope.epoch {
                         continue;
                     }
                     if named.contains(&(id, epoch)) {
@@ -81,7 +86,6 @@ pub(crate) async fn collect(inner: Arc<Inner>, manifest: Manifest) {
                         doomed.push(m.location);
                     }
                 }
-                super::compact::replaced_at_open(&inner, &replaced);
             }
             Err(e) => tracing::warn!("garbage collection: {e}"),
         },
@@ -90,8 +94,8 @@ pub(crate) async fn collect(inner: Arc<Inner>, manifest: Manifest) {
 
     // Probes are aged by the store's clock, never this machine's: a local clock running ahead
     // would take a concurrent open's probe for a stale one, and that open would fail.
-    let probes = match store_now(&inner, &manifest).await {
-        Ok(now) => list(store, &inner.paths.probe_dir())
+    let probes = match store_now(&scope, manifest).await {
+        Ok(now) => list(store, &scope.paths.probe_dir())
             .await
             .map(|objects| (now.last_modified, objects)),
         Err(e) => Err(e),
@@ -115,8 +119,8 @@ pub(crate) async fn collect(inner: Arc<Inner>, manifest: Manifest) {
     }
     delete_all(store, doomed, concurrency).await;
 
-    if let Some(dir) = inner.loc.local_dir.clone() {
-        let root = inner.loc.root.parts().fold(dir, |d, p| d.join(p.as_ref()));
+    if let Some(dir) = scope.loc.local_dir.clone() {
+        let root = scope.loc.root.parts().fold(dir, |d, p| d.join(p.as_ref()));
         let removed = tokio::task::spawn_blocking(move || remove_staging(&root)).await;
         match removed {
             Ok(0) => {}
@@ -124,25 +128,26 @@ pub(crate) async fn collect(inner: Arc<Inner>, manifest: Manifest) {
             Err(e) => tracing::warn!("garbage collection of staging files: {e}"),
         }
     }
+    replaced
 }
 
 /// An object whose `last_modified` is the store's "now", by its own clock: the manifest
 /// version this open created, or, when that version was pruned already (a retention of 0, a
 /// flush or a newer writer moving on), the newest version.
-async fn store_now(inner: &Inner, claimed: &Manifest) -> crate::Result<ObjectMeta> {
-    let store = &inner.loc.store;
-    let path = inner.paths.manifest(claimed.version);
+async fn store_now(scope: &Scope<'_>, claimed: &Manifest) -> crate::Result<ObjectMeta> {
+    let store = &scope.loc.store;
+    let path = scope.paths.manifest(claimed.version);
     match store.head(&path).await {
         Ok(meta) => return Ok(meta),
         Err(object_store::Error::NotFound { .. }) => {}
         Err(e) => return Err(crate::Error::store(&path, e)),
     }
-    let latest = inner
+    let latest = scope
         .manifests
         .latest_version()
         .await?
         .ok_or_else(|| crate::Error::internal("the index has no manifest version left"))?;
-    let path = inner.paths.manifest(latest);
+    let path = scope.paths.manifest(latest);
     store
         .head(&path)
         .await
@@ -158,17 +163,20 @@ async fn list(store: &Arc<dyn ObjectStore>, dir: &Path) -> crate::Result<Vec<Obj
 }
 
 /// The (id, epoch) of every generation a kept manifest version names.
-async fn named_generations(inner: &Inner, latest: &Manifest) -> crate::Result<HashSet<(u64, u64)>> {
+async fn named_generations(
+    scope: &Scope<'_>,
+    latest: &Manifest,
+) -> crate::Result<HashSet<(u64, u64)>> {
     let mut named: HashSet<(u64, u64)> =
         latest.generations.iter().map(|g| (g.id, g.epoch)).collect();
-    let versions: Vec<u64> = list(&inner.loc.store, &inner.paths.manifest_dir())
+    let versions: Vec<u64> = list(&scope.loc.store, &scope.paths.manifest_dir())
         .await?
         .iter()
         .filter_map(|m| parse_manifest(&m.location))
         .filter(|v| *v != latest.version)
         .collect();
     for v in versions {
-        match inner.manifests.read(v).await {
+        match scope.manifests.read(v).await {
             Ok(m) => named.extend(m.generations.iter().map(|g| (g.id, g.epoch))),
             // Pruned meanwhile.
             Err(e) if e.is_not_found() => {}

@@ -1,0 +1,100 @@
+//! The merge: the newest version of each key among the inputs, in sequence order (older inputs
+//! first); a tombstone is kept unless the run starts at the oldest generation, when nothing
+//! older remains for it to hide. The merged generation's vector graph continues the graph of
+//! its largest input when it can ([`crate::Settings::compaction_continue_graph`]).
+
+use crate::generation::{Generation, HashIsKey};
+use crate::schema::deleted_flags;
+use crate::schema::Metric;
+use crate::settings::GraphParams;
+use crate::vector::graph::Adjacency;
+use crate::vector::VectorIndex;
+use crate::{Error, Result};
+use arrow::array::{BooleanArray, RecordBatch};
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+use std::sync::Arc;
+
+/// The rows of the generation merging `inputs` (adjacent generations, oldest first): the newest
+/// version of each key among them, in sequence order; tombstones left out when
+/// `drop_tombstones` (nothing older remains for them to hide).
+pub(crate) fn merge_rows(
+    inputs: &[Arc<Generation>],
+    drop_tombstones: bool,
+) -> Result<(RecordBatch, Vec<Vec<bool>>)> {
+    let schema = match inputs.first() {
+        Some(g) => g.rows().schema(),
+        None => return Err(Error::internal("a compaction of no generations")),
+    };
+    // Key hash → (input, row) of the newest version seen, newest input first; a hit is confirmed
+    // on the exact key, and a true hash collision falls back to asking every newer input.
+    let mut seen: HashMap<u64, (usize, usize), BuildHasherDefault<HashIsKey>> =
+        HashMap::with_capacity_and_hasher(
+            inputs.iter().map(|g| g.rows().num_rows()).sum(),
+            Default::default(),
+        );
+    let mut keep: Vec<Vec<bool>> = vec![Vec::new(); inputs.len()];
+    for (i, g) in inputs.iter().enumerate().rev() {
+        let deleted = deleted_flags(g.rows());
+        let mut mine = vec![false; g.rows().num_rows()];
+        for (r, h) in g.row_hashes().iter().enumerate() {
+            let superseded = match seen.get(h) {
+                None => false,
+                Some(&(gi, gr)) => {
+                    let key = g.key_at(r);
+                    inputs[gi].key_at(gr) == key
+                        || inputs[i + 1..]
+                            .iter()
+                            .any(|n| n.row_of_key(*h, || key.clone()).is_some())
+                }
+            };
+            if superseded {
+                continue;
+            }
+            seen.entry(*h).or_insert((i, r));
+            mine[r] = !(drop_tombstones && deleted.value(r));
+        }
+        keep[i] = mine;
+    }
+    let parts = inputs
+        .iter()
+        .zip(&keep)
+        .map(|(g, k)| arrow::compute::filter_record_batch(g.rows(), &BooleanArray::from(k.clone())))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok((arrow::compute::concat_batches(&schema, &parts)?, keep))
+}
+
+/// The merged generation's graph, continuing the graph of the input with the most rows (its
+/// nodes keep their links; the other inputs' rows are inserted), when that input's graph can
+/// be continued (see [`VectorIndex::continue_graph`]); `None` to build it afresh.
+pub(crate) fn continue_largest(
+    inputs: &[Arc<Generation>],
+    kept: &[Vec<bool>],
+    rows: &RecordBatch,
+    col: usize,
+    metric: Metric,
+    params: GraphParams,
+) -> Result<Option<Adjacency>> {
+    let Some(largest) = (0..inputs.len()).max_by_key(|i| inputs[*i].rows().num_rows()) else {
+        return Ok(None);
+    };
+    let Some(base) = inputs[largest].vector() else {
+        return Ok(None);
+    };
+    // Merged rows are the kept rows of each input, oldest input first.
+    let offset: usize = kept[..largest]
+        .iter()
+        .map(|k| k.iter().filter(|x| **x).count())
+        .sum();
+    let mut next = offset as u32;
+    let base_rows: Vec<Option<u32>> = kept[largest]
+        .iter()
+        .map(|k| {
+            k.then(|| {
+                next += 1;
+                next - 1
+            })
+        })
+        .collect();
+    VectorIndex::continue_graph(rows, col, metric, params, base, &base_rows)
+}
