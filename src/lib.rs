@@ -37,8 +37,9 @@
 //! - **Manifest**: versioned, conditionally created descriptions of the index; publishing one
 //!   is the visibility point of a flush.
 //! - **Epochs**: opening a writer claims a new epoch and fences the previous writer.
-//! - **Snapshot and block lists**: a read fixes its sources (memtables and generations) when it
-//!   starts; the keys of newer sources hide older versions, so each key is seen once, newest.
+//! - **Snapshot and live rows**: a read fixes its sources (memtables and generations) when it
+//!   starts; a row is live when it is the newest version of its key and no newer source holds
+//!   the key, so each key is seen once, newest.
 //! - **Locations** ([`Location`]): a local directory, `memory://` or `s3://`; [`LatencyStore`]
 //!   adds an object store's latency to any store and counts requests and round trips.
 //!

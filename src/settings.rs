@@ -59,7 +59,7 @@ pub struct Settings {
     /// 100-row batches, 20 queries/s, 90 s): recall@10 on snapshots 0.958-0.970 and vector
     /// p50 4.1 ms, against 0.902-0.910 and 2.7 ms at 200.
     pub hnsw_ef_search: usize,
-    /// A vector arm scans exactly instead of walking its graph when its block list and filter
+    /// A vector arm scans exactly instead of walking its graph when its live rows and filter
     /// leave fewer candidate rows than this (a walk over a sparse filter can come back short;
     /// a scan of few rows is cheap). Default 2,048.
     pub vector_exact_below: usize,

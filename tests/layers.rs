@@ -272,4 +272,3 @@ fn the_checker_sees_an_upward_edge() {
         .collect();
     assert_eq!(up, ["query", "read", "db"]);
 }
-

@@ -1,5 +1,5 @@
 //! Exact vector search: equals brute force over the live rows for any split into memtable and
-//! generations and every metric; never short with block lists and a 1%-selective filter; bad
+//! generations and every metric; never short with superseded rows and a 1%-selective filter; bad
 //! query vectors get clear errors.
 
 mod common;
@@ -212,7 +212,7 @@ proptest! {
 }
 
 #[tokio::test]
-async fn never_short_with_block_lists_and_a_one_percent_filter() {
+async fn never_short_with_superseded_rows_and_a_one_percent_filter() {
     // Default settings scan arms with few candidates; the second run forces graph walks, which
     // come back short under the 1% filter and fall back to a scan.
     // The third run also walks the memtable's graph.

@@ -203,7 +203,7 @@ async fn stage(
     let listed = w.read_state().manifest.generations.clone();
     let replacement = merged.map(|g| g.meta().clone());
     if let Ok(expected) = replace_run(&listed, &job.run, replacement, false) {
-        w.reader.warm(&expected, lower).await;
+        w.reader.compute_ahead(&expected, lower).await;
     }
 }
 

@@ -232,13 +232,13 @@ async fn flush_one(
     };
 
     // Cached first, so the first query that sees the generation finds it decoded; and the
-    // block lists of the list it will publish (unless a compaction publishes first) computed
+    // live rows of the list it will publish (unless a compaction publishes first) computed
     // before taking the publish lock.
     let generation = Arc::new(generation);
     inner.reader.generations.insert(generation.clone()).await;
     let mut expected = inner.read_state().manifest.generations.clone();
     expected.push(generation.meta().clone());
-    inner.reader.warm(&expected, None).await;
+    inner.reader.compute_ahead(&expected, None).await;
 
     // Publish, from the latest version (a compaction may have published since the build).
     let publish = inner.publisher.lock.lock().await;

@@ -32,7 +32,7 @@ pub struct ReadOnlyIndex {
     paths: Paths,
     manifests: ManifestStore,
     reader: Reader,
-    /// Ids of the memtables holding the WAL rows of successive views (block lists are kept
+    /// Ids of the memtables holding the WAL rows of successive views (live rows are kept
     /// per memtable id).
     next_view_id: AtomicU64,
     view: std::sync::RwLock<View>,

@@ -35,7 +35,7 @@ pub trait Search: sealed::Sealed {
     fn scan(&self, options: ScanOptions) -> impl Future<Output = Result<Vec<RecordBatch>>> + Send;
 
     /// The physical plan of a full-text search: one `FtsArmExec` leaf with a partition per
-    /// source (each arm's top k, with its block list and the filter applied inside) under a
+    /// source (each arm's top k, with its live rows and the filter applied inside) under a
     /// `SortPreservingMergeExec(fetch = k)` ordered by `_score` descending then key.
     fn plan_fts(
         &self,

@@ -337,7 +337,7 @@ impl Memtable {
 /// What a search reads of a memtable (see [`Memtable::search_view`]).
 #[derive(Debug, Clone)]
 pub(crate) struct MemtableView {
-    /// The memtable's id (block lists computed for it are kept under this id).
+    /// The memtable's id (live rows computed for it are kept under this id).
     pub id: u64,
     /// Stored batches.
     pub batches: Vec<RecordBatch>,

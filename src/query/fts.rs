@@ -1,11 +1,13 @@
 //! Full-text search: parse once, compute global BM25 statistics over the snapshot's live rows,
-//! run one tantivy search per arm with its block list and filter applied inside the collector,
+//! run one tantivy search per arm with its live rows and filter applied inside the collector,
 //! merge the arms' top k in DataFusion.
 
 use super::exec::{ArmExec, ArmSpec, ArmWork};
 use super::{Conjunction, SearchOptions, SCORE_COLUMN};
 use crate::key::Key;
-use crate::read::{compile_filter, filter_masks, past_view, BlockLists, Live, Snapshot, Source};
+use crate::read::{
+    compile_filter, filter_rows, past_view, DeadRowCache, LiveRows, Snapshot, Source,
+};
 use crate::schema::IndexSchema;
 use crate::text::{DocRows, TailQuery, TextIndex, TextSchema};
 use crate::{Error, Result};
@@ -177,13 +179,13 @@ pub(crate) fn plan(
     let ordering = sort_ordering(&out_schema, true, SCORE_COLUMN)?;
 
     let started = std::time::Instant::now();
-    // Block lists, then each source's text index (a memtable's is caught up here), its live
+    // Live rows, then each source's text index (a memtable's is caught up here), its live
     // rows and its share of the statistics, concurrently across sources on the query pool.
     let live = snapshot.live();
     let t_live = started.elapsed();
     let pool = snapshot.pool.clone();
     let sources = snapshot.sources;
-    let block_lists = snapshot.block_lists;
+    let dead_rows = &snapshot.caches.dead;
     let mut terms: Vec<Term> = Vec::new();
     query.query_terms(&mut |t, _| terms.push(t.clone()));
     terms.sort();
@@ -197,7 +199,7 @@ pub(crate) fn plan(
                 let ti = source
                     .text_index()?
                     .ok_or_else(|| Error::internal("a source without a text index"))?;
-                let stats = source_stats(ts, &block_lists, source, &ti, live, &terms)?;
+                let stats = source_stats(ts, dead_rows, source, &ti, live, &terms)?;
                 Ok((ti, live.count(), stats))
             })
             .collect::<Result<_>>()
@@ -240,19 +242,19 @@ pub(crate) fn plan(
     let payload: Arc<[usize]> = (0..schema.payload.len())
         .map(|i| user.fields().len() - schema.payload.len() + i)
         .collect();
-    let filter_masks = filter_masks(&pool, &sources, filter.as_ref(), &user)?;
+    let filter_rows = filter_rows(&pool, &sources, filter.as_ref(), &user)?;
     for ((((source, ti), live), live_rows), fm) in sources
         .into_iter()
         .zip(indexes)
         .zip(live)
         .zip(live_rows)
-        .zip(filter_masks)
+        .zip(filter_rows)
     {
-        let mask = match fm {
+        let eligible = match fm {
             Some(fm) => live.and(&fm),
             None => live,
         };
-        let candidates = mask.count();
+        let candidates = eligible.count();
         let description = format!(
             "source={}, rows={}, live={live_rows}, candidates={candidates}, k={}",
             source.name(),
@@ -275,7 +277,7 @@ pub(crate) fn plan(
                             weight: weight.as_ref(),
                             tail: tail_query.as_deref(),
                         },
-                        &mask,
+                        &eligible,
                         k,
                         &out_schema,
                         &payload,
@@ -293,7 +295,7 @@ pub(crate) fn plan(
     if total.as_millis() >= 10 {
         tracing::debug!(
             target: "lsmsearch::slow",
-            "full-text plan took {:.1} ms: live masks {:.1}, statistics {:.1}, filters and arms {:.1}",
+            "full-text plan took {:.1} ms: live rows {:.1}, statistics {:.1}, filters and arms {:.1}",
             total.as_secs_f64() * 1e3,
             t_live.as_secs_f64() * 1e3,
             (t_stats - t_live).as_secs_f64() * 1e3,
@@ -322,13 +324,13 @@ struct SourceStats {
 /// The statistics of `source`'s live rows: its index's totals minus what its dead rows hold.
 fn source_stats(
     ts: &TextSchema,
-    block_lists: &BlockLists,
+    dead_rows: &DeadRowCache,
     source: &Source,
     ti: &TextIndex,
-    live: &Live,
+    live: &LiveRows,
     terms: &[Term],
 ) -> Result<SourceStats> {
-    let dead = block_lists.dead_terms(source);
+    let dead = dead_rows.for_source(source);
     let mut dead = dead.lock().unwrap_or_else(|e| e.into_inner());
     dead.update(ts, source, ti, live)?;
     let (past_df, past_tokens) = past_view(ti, ts.fields().len(), live.len(), terms)?;
@@ -428,15 +430,15 @@ struct Scoring<'a> {
 }
 
 /// One arm: the query's shared weight over each segment of the arm's index (and `tail`, when
-/// given, over a memtable's rows past its last commit), rows outside `mask` skipped, the best
+/// given, over a memtable's rows past its last commit), rows outside `eligible` skipped, the best
 /// `k` by score then key. Every matching document is scored: block-max WAND
 /// (`for_each_pruning`) was measured slower on long natural-language queries (twenty-odd terms
-/// over two fields), and cannot prune on documents the mask rejects.
+/// over two fields), and cannot prune on documents the filter rejects.
 fn search_arm(
     source: &Source,
     ti: &TextIndex,
     scoring: Scoring<'_>,
-    mask: &Live,
+    eligible: &LiveRows,
     k: usize,
     out_schema: &SchemaRef,
     payload: &[usize],
@@ -448,7 +450,7 @@ fn search_arm(
         floor: f32::MIN,
     };
     let mut offer = |row: usize, score: f32| {
-        if score >= top.floor && mask.admits(row) {
+        if score >= top.floor && eligible.admits(row) {
             top.push(score, row);
         }
     };

@@ -1,5 +1,5 @@
 //! Search planning and execution over a snapshot ([`crate::read`]): global BM25 statistics,
-//! one arm per source with its block list and filter applied inside, and the DataFusion plan
+//! one arm per source with its live rows and filter applied inside, and the DataFusion plan
 //! (one leaf with a partition per arm → `SortPreservingMergeExec(fetch = k)`).
 
 pub(crate) mod exec;

@@ -1,4 +1,4 @@
-//! What both handles read with: the schemas, settings, generation cache and block lists, and
+//! What both handles read with: the schemas, settings, generation cache and the caches of live rows, and
 //! the one implementation of scan, search planning and execution over a snapshot.
 
 use super::vector::VectorSearchOptions;
@@ -6,7 +6,7 @@ use super::{fts, vector, SearchOptions};
 use crate::format::GenerationMeta;
 use crate::generation::cache::{CacheStats, GenerationCache};
 use crate::read::pool::QueryPool;
-use crate::read::{compile_filter, BlockLists, Snapshot, Source};
+use crate::read::{compile_filter, ReadCaches, Snapshot, Source};
 use crate::schema::IndexSchema;
 use crate::settings::Settings;
 use crate::storage::paths::Paths;
@@ -31,7 +31,8 @@ pub(crate) struct Reader {
     pub(crate) settings: Settings,
     /// Decoded generations.
     pub(crate) generations: GenerationCache,
-    pub(crate) block_lists: Arc<BlockLists>,
+    /// The live rows and dead-row statistics kept between queries.
+    pub(crate) caches: Arc<ReadCaches>,
     /// Runs search arms and per-source planning.
     pub(crate) pool: Arc<QueryPool>,
 }
@@ -62,7 +63,7 @@ impl Reader {
             schema,
             settings,
             generations,
-            block_lists: Arc::default(),
+            caches: Arc::default(),
         })
     }
 
@@ -78,15 +79,15 @@ impl Reader {
         sources.extend(generations.into_iter().rev().map(Source::Generation));
         Ok(Snapshot::new(
             sources,
-            self.block_lists.clone(),
+            self.caches.clone(),
             self.pool.clone(),
         ))
     }
 
-    /// Compute ahead the block lists of the generation list `metas` (oldest first, as a
-    /// manifest lists them) when the cache holds all of them, as part of the background work
-    /// `lower` (at the foreground's priority without it); best effort.
-    pub(crate) async fn warm(
+    /// Compute ahead the live rows (and dead-row statistics) of the generation list `metas`
+    /// (oldest first, as a manifest lists them) when the cache holds all of them, as part of
+    /// the background work `lower` (at the foreground's priority without it); best effort.
+    pub(crate) async fn compute_ahead(
         &self,
         metas: &[GenerationMeta],
         lower: Option<Arc<crate::priority::Raisable>>,
@@ -94,16 +95,16 @@ impl Reader {
         let Some(gens) = self.generations.cached(metas).await else {
             return;
         };
-        let lists = self.block_lists.clone();
+        let caches = self.caches.clone();
         let ts = self.text_schema.clone();
-        let recount = lower.is_none();
-        let warmed = crate::priority::in_background_thread("lsmsearch-warm", lower, move || {
+        let background = lower.is_some();
+        let computed = crate::priority::in_background_thread("lsmsearch-ahead", lower, move || {
             let gens: Vec<&Arc<crate::generation::Generation>> = gens.iter().collect();
-            lists.warm(&gens, ts.as_deref(), recount)
+            caches.compute_ahead(&gens, ts.as_deref(), background)
         })
         .await;
-        if let Err(e) = warmed {
-            tracing::warn!("computing the block lists of a new generation list failed: {e}");
+        if let Err(e) = computed {
+            tracing::warn!("computing the live rows of a new generation list failed: {e}");
         }
     }
 

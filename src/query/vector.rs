@@ -1,11 +1,11 @@
-//! Vector k-nearest-neighbour search: exact distances in every arm, block lists and filters
+//! Vector k-nearest-neighbour search: exact distances in every arm, live rows and filters
 //! applied before each arm's top k, arms merged by `_distance` ascending then key.
 
 use super::exec::{ArmExec, ArmSpec, ArmWork};
 use super::fts::sort_ordering;
 use super::DISTANCE_COLUMN;
 use crate::key::Key;
-use crate::read::{compile_filter, filter_masks, Live, Snapshot, Source};
+use crate::read::{compile_filter, filter_rows, LiveRows, Snapshot, Source};
 use crate::schema::{IndexSchema, Metric};
 use crate::settings::Settings;
 use crate::vector::{distance, MemVectorIndex, VectorIndex};
@@ -140,25 +140,25 @@ pub(crate) fn plan(
     if t_live.as_millis() >= 10 {
         tracing::debug!(
             target: "lsmsearch::slow",
-            "vector plan: live masks took {:.1} ms",
+            "vector plan: live rows took {:.1} ms",
             t_live.as_secs_f64() * 1e3
         );
     }
     let pool = snapshot.pool.clone();
     let sources = snapshot.sources;
-    let filter_masks = filter_masks(&pool, &sources, filter.as_ref(), &user)?;
+    let filter_rows = filter_rows(&pool, &sources, filter.as_ref(), &user)?;
     let query: Arc<Vec<f32>> = Arc::new(query.to_vec());
     let payload: Vec<usize> = (0..schema.payload.len())
         .map(|i| user.fields().len() - schema.payload.len() + i)
         .collect();
     let mut arms: Vec<ArmSpec> = Vec::with_capacity(sources.len());
-    for ((source, live), fm) in sources.into_iter().zip(live).zip(filter_masks) {
+    for ((source, live), fm) in sources.into_iter().zip(live).zip(filter_rows) {
         let live_rows = live.count();
-        let mask = match fm {
+        let eligible = match fm {
             Some(fm) => live.and(&fm),
             None => live,
         };
-        let candidates = mask.count();
+        let candidates = eligible.count();
         // No arm returns more than its candidates, and a walk visits at most every row: both
         // bound what an arm allocates, whatever `k` and `ef` the caller asked for.
         let arm_k = opts.k.min(candidates.max(1));
@@ -194,21 +194,21 @@ pub(crate) fn plan(
             Arc::new(move || {
                 let arm = Arm {
                     source: &source,
-                    mask: &mask,
+                    eligible: &eligible,
                     vidx,
                     metric,
                     query: &query,
                     k,
                 };
-                let admitted = || mask.rows();
-                let admit = |r: usize| mask.admits(r);
+                let admitted = || eligible.rows();
+                let admit = |r: usize| eligible.admits(r);
                 let hits = match &graph {
                     ArmGraph::Generation(g) => {
                         let rows = g.candidates(&query, k, ef, &admit);
                         if rows.len() >= k.min(candidates) {
                             arm.rank(rows.into_iter())
                         } else {
-                            // The walk came back short (a sparse block list or filter): scan.
+                            // The walk came back short (few live rows, or a selective filter): scan.
                             arm.rank(admitted())
                         }
                     }
@@ -217,9 +217,9 @@ pub(crate) fn plan(
                         let (rows, indexed) = g.candidates(&query, k, ef, &admit);
                         // Short only when fewer than k of the rows it covers are admitted.
                         if rows.len() >= k
-                            || rows.len() >= mask.rows().take_while(|r| *r < indexed).count()
+                            || rows.len() >= eligible.rows().take_while(|r| *r < indexed).count()
                         {
-                            arm.rank(rows.into_iter().chain(indexed..mask.len()))
+                            arm.rank(rows.into_iter().chain(indexed..eligible.len()))
                         } else {
                             arm.rank(admitted())
                         }
@@ -279,7 +279,7 @@ enum ArmGraph {
 /// One arm's search.
 struct Arm<'a> {
     source: &'a Source,
-    mask: &'a Live,
+    eligible: &'a LiveRows,
     vidx: usize,
     metric: Metric,
     query: &'a [f32],
@@ -316,7 +316,7 @@ impl Arm<'_> {
         let single = columns.len() == 1;
         let mut heap: BinaryHeap<Hit> = BinaryHeap::with_capacity(self.k + 1);
         for ord in rows {
-            if !self.mask.admits(ord) {
+            if !self.eligible.admits(ord) {
                 continue;
             }
             let (b, r) = if single {

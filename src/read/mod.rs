@@ -1,19 +1,22 @@
-//! The read path: a snapshot of sources, the live rows of each (block lists), SQL filters, and
-//! scans. Searches (`query`) plan over the same snapshot with the same live masks and filters.
+//! The read path: a snapshot of sources, the live rows of each, the statistics of the dead rows
+//! of text indexes, SQL filters, and scans. Searches (`query`) plan over the same snapshot with
+//! the same live rows and filters.
 //!
 //! A *source* is the active memtable, a frozen memtable, the WAL rows a read-only handle
 //! replayed, or a generation. Sources are ordered newest first; for each key only the newest
-//! version in the snapshot is live, and a tombstone hides every older version.
+//! version in the snapshot is live, and a tombstone supersedes every older version.
 
-mod block_list;
-mod dead_terms;
+mod dead_rows;
+mod live_rows;
 pub(crate) mod pool;
 mod source;
 
-pub(crate) use block_list::{live_masks, BlockLists, Live};
-pub(crate) use dead_terms::past_view;
+pub(crate) use dead_rows::{past_view, DeadRowCache};
+pub(crate) use live_rows::{LiveRowCache, LiveRows};
 pub(crate) use source::Source;
 
+use crate::generation::Generation;
+use crate::text::TextSchema;
 use crate::{Error, Result};
 use arrow::array::{Array, BooleanArray, RecordBatch};
 use arrow::datatypes::{DataType, SchemaRef};
@@ -21,11 +24,12 @@ use datafusion::common::DFSchema;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::prelude::SessionContext;
 use pool::QueryPool;
+use source::SourceKey;
 use std::sync::Arc;
 
 /// Per source, the rows that pass `filter` (`None` without one), evaluated concurrently on
 /// the query pool.
-pub(crate) fn filter_masks(
+pub(crate) fn filter_rows(
     pool: &QueryPool,
     sources: &[Source],
     filter: Option<&Arc<dyn PhysicalExpr>>,
@@ -38,43 +42,87 @@ pub(crate) fn filter_masks(
         use rayon::prelude::*;
         sources
             .par_iter()
-            .map(|s| s.filter_mask(f, user).map(Some))
+            .map(|s| s.filter_rows(f, user).map(Some))
             .collect()
     })
 }
 
+/// What a handle keeps between queries: the live rows and the dead-row statistics.
+#[derive(Debug, Default)]
+pub(crate) struct ReadCaches {
+    pub(crate) live: LiveRowCache,
+    pub(crate) dead: DeadRowCache,
+}
+
+impl ReadCaches {
+    /// Drop what is kept for sources `sources` does not hold (flushed memtables, generations
+    /// no longer listed), except the generations of the lists of live rows still kept (one of
+    /// them may be the list a flush or a compaction is about to make visible).
+    fn retain(&self, sources: &[Source]) {
+        self.live.retain(sources);
+        let kept = self.live.listed();
+        let current: std::collections::HashSet<SourceKey> =
+            sources.iter().map(SourceKey::of).collect();
+        self.dead
+            .retain(|k| current.contains(k) || kept.contains(k));
+    }
+
+    /// Compute ahead what the first query over generation list `gens` (oldest first, as a
+    /// manifest lists them) would: the live rows of each generation and, with `ts`, the
+    /// dead-row statistics of their text indexes (see [`LiveRowCache::compute_ahead`] and
+    /// [`DeadRowCache::compute_ahead`]; `recount` as there). A compaction computes in the
+    /// `background` (without `recount`).
+    pub(crate) fn compute_ahead(
+        &self,
+        gens: &[&Arc<Generation>],
+        ts: Option<&TextSchema>,
+        background: bool,
+    ) -> Result<()> {
+        let own = self.live.compute_ahead(gens, background);
+        if let Some(ts) = ts {
+            self.dead.compute_ahead(gens, own, ts, !background)?;
+        }
+        // What is kept for generations no kept list names goes (a handle that no longer
+        // searches would otherwise keep it for every list it computes).
+        let kept = self.live.listed();
+        self.dead
+            .retain(|k| matches!(k, SourceKey::Memtable(_)) || kept.contains(k));
+        Ok(())
+    }
+}
+
 /// What a query reads, fixed when it starts: its sources, newest first, and the handle's
-/// block lists.
+/// caches of live rows and dead-row statistics.
 #[derive(Debug, Clone)]
 pub(crate) struct Snapshot {
     /// Memtable views first (newest first), then generations (newest first).
     pub(crate) sources: Vec<Source>,
-    /// The handle's cached block lists.
-    pub(crate) block_lists: Arc<BlockLists>,
+    /// The handle's caches.
+    pub(crate) caches: Arc<ReadCaches>,
     /// The handle's query threads.
     pub(crate) pool: Arc<QueryPool>,
 }
 
 impl Snapshot {
-    /// Sources and the block lists they are read with; what the block lists keep for sources
-    /// that are gone is dropped.
+    /// Sources and the caches they are read with; what the caches keep for sources that are
+    /// gone is dropped.
     pub(crate) fn new(
         sources: Vec<Source>,
-        block_lists: Arc<BlockLists>,
+        caches: Arc<ReadCaches>,
         pool: Arc<QueryPool>,
     ) -> Snapshot {
-        block_lists.retain(&sources);
+        caches.retain(&sources);
         Snapshot {
             sources,
-            block_lists,
+            caches,
             pool,
         }
     }
 
     /// The live rows of each source (generations' computed concurrently on the query pool).
-    pub(crate) fn live(&self) -> Vec<Live> {
+    pub(crate) fn live(&self) -> Vec<LiveRows> {
         self.pool
-            .install(|| live_masks(&self.sources, &self.block_lists))
+            .install(|| live_rows::live_rows(&self.sources, &self.caches.live))
     }
 
     /// Every live row that passes `filter`, projected to `user_schema`: one batch per source
@@ -128,7 +176,7 @@ pub(crate) fn evaluate(
         .as_any()
         .downcast_ref::<BooleanArray>()
         .ok_or_else(|| Error::invalid("filter: the predicate is not boolean"))?;
-    // Nulls are false: `filter_record_batch` and the masks drop them.
+    // Nulls are false: `filter_record_batch` and the filters drop them.
     Ok(if v.null_count() > 0 {
         arrow::compute::prep_null_mask_filter(v)
     } else {
@@ -154,4 +202,77 @@ pub(crate) fn compile_filter(user: &SchemaRef, filter: &str) -> Result<Arc<dyn P
         )));
     }
     Ok(phys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::flags::RowFlags;
+    use crate::schema::IndexSchema;
+    use arrow::array::{ArrayRef, StringArray};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn text_generation(ts: &TextSchema, id: u64, keys: &[&str], text: &str) -> Arc<Generation> {
+        let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t"]}"#).unwrap();
+        let texts: ArrayRef = Arc::new(StringArray::from(vec![text; keys.len()]));
+        let keys: ArrayRef = Arc::new(StringArray::from(keys.to_vec()));
+        let user = RecordBatch::try_new(s.arrow_schema(), vec![keys, texts]).unwrap();
+        let spec = crate::generation::IndexSpec {
+            text: Some(ts),
+            vector: None,
+        };
+        let rows = s.to_stored(&user, id).unwrap();
+        let (g, _) = Generation::build(id, 1, rows, &s.stored_schema(), spec, None, 1).unwrap();
+        Arc::new(g)
+    }
+
+    #[test]
+    fn a_compaction_computes_ahead_holding_no_lock_a_search_takes() {
+        // A compaction computes its list ahead on a thread of the background's priority:
+        // while it extends a list of live rows or counts dead rows, a search must find every
+        // lock it takes (the kept lists, the dead-row statistics and each source's) free.
+        let caches = Arc::new(ReadCaches::default());
+        let calls = Arc::new(AtomicUsize::new(0));
+        let held = Arc::new(AtomicUsize::new(0));
+        let check: Arc<dyn Fn() + Send + Sync> = {
+            let (caches, calls, held) = (caches.clone(), calls.clone(), held.clone());
+            Arc::new(move || {
+                calls.fetch_add(1, Ordering::SeqCst);
+                if !(caches.live.lists_free() && caches.dead.all_free()) {
+                    held.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        };
+        let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t"]}"#).unwrap();
+        let ts = TextSchema::new(&s).unwrap();
+        let ts: &TextSchema = &ts;
+        let g1 = text_generation(ts, 1, &["a", "b", "c"], "one two");
+        let g2 = text_generation(ts, 2, &["a", "d"], "two three");
+        let g3 = text_generation(ts, 3, &["b", "e"], "three four");
+        // A handle that searched [g1, g2]: their list and dead rows are kept.
+        caches.dead.for_source(&Source::Generation(g1.clone()));
+        caches.compute_ahead(&[&g1, &g2], Some(ts), false).unwrap();
+        *caches.live.computing.lock().unwrap() = Some(check.clone());
+        *caches.dead.computing.lock().unwrap() = Some(check);
+        // A list extending it, computed ahead at the background's priority.
+        caches
+            .compute_ahead(&[&g1, &g2, &g3], Some(ts), true)
+            .unwrap();
+        assert!(
+            calls.load(Ordering::SeqCst) >= 2,
+            "the list was extended and g3 counted"
+        );
+        assert_eq!(held.load(Ordering::SeqCst), 0, "a lock was held");
+        // What it computed is kept: g3's dead rows and the extended list.
+        assert!(caches.dead.holds(&SourceKey::Generation(3, 1)));
+        let own = caches.live.compute_ahead(&[&g1, &g2, &g3], false);
+        let flags: Vec<Vec<bool>> = own.iter().map(RowFlags::to_vec).collect();
+        assert_eq!(
+            flags,
+            vec![vec![false, false, true], vec![true, true], vec![true, true]]
+        );
+        // The hooks hold the caches: break the cycle.
+        *caches.live.computing.lock().unwrap() = None;
+        *caches.dead.computing.lock().unwrap() = None;
+    }
 }

@@ -1,5 +1,5 @@
 //! The query pool: a fixed set of threads that runs the arms of every search of a handle and
-//! its per-source planning (block lists, statistics, filter masks), so a search over a thousand
+//! its per-source planning (live rows, statistics, filters), so a search over a thousand
 //! generations starts no thread of its own and the process runs a bounded number of threads
 //! whatever the number of generations ([`crate::Settings::query_threads`]).
 

@@ -134,16 +134,16 @@ impl Source {
     }
 
     /// Evaluate a predicate over the user columns of every row; nulls count as false.
-    pub(crate) fn filter_mask(
+    pub(crate) fn filter_rows(
         &self,
         filter: &Arc<dyn PhysicalExpr>,
         user: &SchemaRef,
     ) -> Result<Vec<bool>> {
         let rows = self.rows();
-        let mut mask = Vec::with_capacity(rows);
+        let mut passes = Vec::with_capacity(rows);
         let n = user.fields().len();
         for b in self.batches() {
-            if mask.len() >= rows {
+            if passes.len() >= rows {
                 break;
             }
             // The stored schema's first columns are the user columns, all nullable (tombstones).
@@ -153,9 +153,32 @@ impl Source {
             let cols: Vec<ArrayRef> = b.columns()[..n].to_vec();
             let ub = RecordBatch::try_new(schema, cols)?;
             let v = super::evaluate(filter, &ub)?;
-            mask.extend(v.values().iter());
+            passes.extend(v.values().iter());
         }
-        mask.truncate(rows);
-        Ok(mask)
+        passes.truncate(rows);
+        Ok(passes)
     }
+}
+
+/// A source's identity while a handle keeps something for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum SourceKey {
+    Memtable(u64),
+    Generation(u64, u64),
+}
+
+impl SourceKey {
+    pub(crate) fn of(s: &Source) -> SourceKey {
+        match s {
+            Source::Memtable(m) => SourceKey::Memtable(m.view.id),
+            Source::Generation(g) => {
+                let (id, epoch) = key_of(g);
+                SourceKey::Generation(id, epoch)
+            }
+        }
+    }
+}
+
+pub(crate) fn key_of(g: &Generation) -> (u64, u64) {
+    (g.meta().id, g.meta().epoch)
 }

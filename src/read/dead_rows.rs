@@ -1,10 +1,10 @@
 //! What a source's text index counts of rows a query must not: superseded versions, rows a newer
-//! source hides, and (in a memtable) rows appended after the query's view was taken.
+//! source supersedes, and (in a memtable) rows appended after the query's view was taken.
 //!
 //! BM25 over the snapshot needs, per query term, the documents holding it among the *live* rows
 //! of every source, and the tokens per field over them. A text index knows its totals over every
 //! document it holds; the live figures are those totals minus what the dead rows hold. The dead
-//! rows of a source change little from one query to the next (a few appends hide a few rows), so
+//! rows of a source change little from one query to the next (a few appends supersede a few rows), so
 //! a handle keeps, per source, the set of rows it counted as dead with their term and token
 //! counts, and each query only tokenizes the rows that entered or left the set since the last
 //! query, with the source's own analyzers. A query's cost is then one pass over a byte per row,
@@ -14,8 +14,10 @@
 //! the background caught it up since); the view holds no text for them, so they are counted per
 //! query from the postings of the few recent segments that hold them ([`past_view`]).
 
-use super::block_list::Live;
-use super::source::Source;
+use super::live_rows::{lock, LiveRows};
+use super::source::{Source, SourceKey};
+use crate::flags::RowFlags;
+use crate::generation::Generation;
 use crate::schema::deleted_flags;
 use crate::text::{in_postings, DocRows, TextIndex, TextSchema};
 use crate::Result;
@@ -23,6 +25,7 @@ use arrow::array::{Array, AsArray, RecordBatch};
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::Arc;
+use std::sync::Mutex;
 use tantivy::schema::IndexRecordOption;
 use tantivy::tokenizer::TextAnalyzer;
 use tantivy::{DocSet, Term, TERMINATED};
@@ -36,7 +39,7 @@ const TOMBSTONE: u8 = 2;
 
 /// The dead rows of one source that a handle last counted, with what they hold.
 #[derive(Debug, Default)]
-pub(crate) struct DeadTerms {
+pub(crate) struct DeadRowStats {
     /// Per row: [`NOT_COUNTED`], [`COUNTED`] or [`TOMBSTONE`].
     state: Vec<u8>,
     /// Counted rows holding each term.
@@ -48,34 +51,34 @@ pub(crate) struct DeadTerms {
     /// uncount (a row's text never changes, whichever view holds it).
     text: (Vec<RecordBatch>, Vec<usize>),
     /// The live rows and the rows covered at the last update: a row whose flag chunk and
-    /// hidden-ness are the same as then, and that is covered as then, is counted as it was.
+    /// superseded-ness are the same as then, and that is covered as then, is counted as it was.
     /// Holding the flags keeps their chunks shared, so a change to one is a new chunk.
-    last: Option<(Live, usize)>,
+    last: Option<(LiveRows, usize)>,
 }
 
-impl DeadTerms {
+impl DeadRowStats {
     /// Make the counted rows the dead rows of `source` for one query among the rows both its
     /// view and `index` hold (the first `live.len()`, tombstones aside): those `live` does not
     /// admit. Rows past the view are [`past_view`]'s. Only rows that may have changed since the
-    /// last update are looked at: in flag chunks that changed, hidden in one of the two
+    /// last update are looked at: in flag chunks that changed, superseded in one of the two
     /// updates, or covered by one only.
     pub(crate) fn update(
         &mut self,
         ts: &TextSchema,
         source: &Source,
         index: &TextIndex,
-        live: &Live,
+        live: &LiveRows,
     ) -> Result<()> {
         let covered = index.rows().min(live.len());
         // Rows whose state may have changed since the last update: all of them the first time.
         let visit: Vec<Range<usize>> = match self.last.take() {
             None => std::iter::once(0..covered.max(self.state.len())).collect(),
             Some((last, last_covered)) => {
-                let mut v = live.base().changed_since(last.base());
+                let mut v = live.own().changed_since(last.own());
                 v.push(covered.min(last_covered)..covered.max(last_covered));
-                if !Arc::ptr_eq(live.hidden(), last.hidden()) {
+                if !Arc::ptr_eq(live.superseded(), last.superseded()) {
                     v.extend(
-                        symmetric_difference(live.hidden().rows(), last.hidden().rows())
+                        symmetric_difference(live.superseded().rows(), last.superseded().rows())
                             .map(|r| r as usize..r as usize + 1),
                     );
                 }
@@ -161,11 +164,11 @@ impl DeadTerms {
         Ok(())
     }
 
-    /// The rows hidden besides the flags at the last update (none before one).
-    pub(crate) fn last_hidden(&self) -> Vec<u32> {
+    /// The rows superseded besides the own flags at the last update (none before one).
+    pub(crate) fn last_superseded(&self) -> Vec<u32> {
         self.last
             .as_ref()
-            .map(|(live, _)| live.hidden().rows().to_vec())
+            .map(|(live, _)| live.superseded().rows().to_vec())
             .unwrap_or_default()
     }
 
@@ -177,6 +180,108 @@ impl DeadTerms {
     /// Tokens of text field number `field` over the counted rows.
     pub(crate) fn tokens(&self, field: usize) -> u64 {
         self.tokens.get(field).copied().unwrap_or(0)
+    }
+}
+
+/// The dead-row statistics a handle keeps between queries, per source (a cache: anything
+/// dropped is counted again).
+#[derive(Default)]
+pub(crate) struct DeadRowCache {
+    sources: Mutex<HashMap<SourceKey, Arc<Mutex<DeadRowStats>>>>,
+    /// Called where counts are computed ahead without the locks: what a test checks there.
+    #[cfg(test)]
+    pub(super) computing: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
+}
+
+impl std::fmt::Debug for DeadRowCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeadRowCache")
+            .field("sources", &lock(&self.sources).len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl DeadRowCache {
+    /// What `source`'s text index holds of rows that were dead for the last query that asked.
+    pub(crate) fn for_source(&self, source: &Source) -> Arc<Mutex<DeadRowStats>> {
+        lock(&self.sources)
+            .entry(SourceKey::of(source))
+            .or_default()
+            .clone()
+    }
+
+    /// Whether statistics are kept for `key`.
+    #[cfg(test)]
+    pub(super) fn holds(&self, key: &SourceKey) -> bool {
+        lock(&self.sources).contains_key(key)
+    }
+
+    /// Whether the cache's lock and every source's are free (a test's check).
+    #[cfg(test)]
+    pub(super) fn all_free(&self) -> bool {
+        self.sources
+            .try_lock()
+            .is_ok_and(|d| d.values().all(|s| s.try_lock().is_ok()))
+    }
+
+    /// Keep the statistics of memtables and generations `keep` names, and drop the rest.
+    pub(crate) fn retain(&self, keep: impl Fn(&SourceKey) -> bool) {
+        lock(&self.sources).retain(|k, _| keep(k));
+    }
+
+    /// Count ahead what each generation of `gens` (oldest first, with `own`, their own flags
+    /// in that list) holds of the rows newer generations supersede, as the BM25 statistics
+    /// count them: a merged generation holds many such rows, and counting them is a search's
+    /// to do otherwise. Only for a handle that counts statistics (one that ran a full-text
+    /// search).
+    ///
+    /// With `recount`, the generations searches counted are counted again with the new list's
+    /// flags and the rows memtables superseded at the last search (a flush's list: the rows
+    /// its generation supersedes are counted then, not by a search). Without it (a
+    /// compaction's, at the background's priority) they are left alone: a search would wait
+    /// for the lock held meanwhile.
+    pub(crate) fn compute_ahead(
+        &self,
+        gens: &[&Arc<Generation>],
+        own: Vec<RowFlags>,
+        ts: &TextSchema,
+        recount: bool,
+    ) -> Result<()> {
+        if lock(&self.sources).is_empty() {
+            return Ok(());
+        }
+        for (g, own) in gens.iter().zip(own) {
+            let Some(ti) = g.text() else {
+                continue;
+            };
+            let source = Source::Generation(Arc::clone(g));
+            let key = SourceKey::of(&source);
+            let counted = lock(&self.sources).get(&key).cloned();
+            match counted {
+                // A generation a search counted is counted with the rows memtables superseded
+                // then (else they would be counted back in, and out again by the next search).
+                Some(dead) if recount => {
+                    let mut dead = lock(&dead);
+                    let superseded = dead.last_superseded();
+                    dead.update(ts, &source, ti, &LiveRows::new(own, superseded))?;
+                }
+                Some(_) => {}
+                // Counted before any search can see it, then made visible: a search never
+                // waits for this count (a compaction's runs at the background's priority).
+                None => {
+                    let mut fresh = DeadRowStats::default();
+                    #[cfg(test)]
+                    if let Some(f) = lock(&self.computing).clone() {
+                        f();
+                    }
+                    fresh.update(ts, &source, ti, &LiveRows::new(own, Vec::new()))?;
+                    lock(&self.sources)
+                        .entry(key)
+                        .or_insert_with(|| Arc::new(Mutex::new(fresh)));
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -371,10 +476,10 @@ mod tests {
             .iter()
             .map(|w| Term::from_field_text(ts.fields()[0], w))
             .collect();
-        // Masks of successive queries, newer and older views interleaved; the index holds rows
+        // Live rows of successive queries, newer and older views interleaved; the index holds rows
         // past a short view, which the view has no text for.
-        let mut deads = [Box::<DeadTerms>::default(), Box::default()];
-        let masks: [&[bool]; 9] = [
+        let mut deads = [Box::<DeadRowStats>::default(), Box::default()];
+        let flags: [&[bool]; 9] = [
             &[true; 7],
             &[false, false, true, true, false, true, true],
             &[true, true, true, true, false, false, true],
@@ -386,21 +491,21 @@ mod tests {
             &[true, false, true],
             &[true; 7],
         ];
-        // Then the same flags less rows newer memtables hide, and flags changed in place (as a
+        // Then the same flags less rows newer memtables supersede, and flags changed in place (as a
         // memtable's are when a row is superseded): only what changed is looked at again.
         let base = RowFlags::from_vec(vec![true; 7]);
         let mut cleared = base.clone();
         cleared.clear(2);
-        let lives: Vec<Live> = masks
+        let lives: Vec<LiveRows> = flags
             .iter()
-            .map(|m| Live::from_vec(m.to_vec()))
+            .map(|m| LiveRows::from_vec(m.to_vec()))
             .chain([
-                Live::new(base.clone(), vec![1, 5]),
-                Live::new(base.clone(), vec![5]),
-                Live::new(base.clone(), vec![0, 3, 6]),
-                Live::new(cleared.clone(), vec![0, 3, 6]),
-                Live::new(cleared, vec![]),
-                Live::new(base, vec![]),
+                LiveRows::new(base.clone(), vec![1, 5]),
+                LiveRows::new(base.clone(), vec![5]),
+                LiveRows::new(base.clone(), vec![0, 3, 6]),
+                LiveRows::new(cleared.clone(), vec![0, 3, 6]),
+                LiveRows::new(cleared, vec![]),
+                LiveRows::new(base, vec![]),
             ])
             .collect();
         for (index, live) in [&full, &tailed]
@@ -408,11 +513,11 @@ mod tests {
             .flat_map(|i| lives.iter().map(move |m| (i, m)))
         {
             let dead = &mut *deads[usize::from(std::ptr::eq(index, &tailed))];
-            let mask: Vec<bool> = (0..live.len()).map(|r| live.admits(r)).collect();
-            dead.update(&ts, &source(mask.len()), index, live).unwrap();
-            let (past_df, past_tokens) = past_view(index, 1, mask.len(), &terms).unwrap();
+            let flags: Vec<bool> = (0..live.len()).map(|r| live.admits(r)).collect();
+            dead.update(&ts, &source(flags.len()), index, live).unwrap();
+            let (past_df, past_tokens) = past_view(index, 1, flags.len(), &terms).unwrap();
             let expect: Vec<usize> = (0..7)
-                .filter(|r| *r != 4 && !mask.get(*r).copied().unwrap_or(false))
+                .filter(|r| *r != 4 && !flags.get(*r).copied().unwrap_or(false))
                 .collect();
             let (df, tokens) = reference(&ts, &batches, &expect, &terms);
             let got: Vec<u64> = terms
@@ -420,8 +525,8 @@ mod tests {
                 .zip(&past_df)
                 .map(|(t, p)| dead.doc_freq(t) + p)
                 .collect();
-            assert_eq!(got, df, "mask {mask:?}");
-            assert_eq!(dead.tokens(0) + past_tokens[0], tokens, "mask {mask:?}");
+            assert_eq!(got, df, "flags {flags:?}");
+            assert_eq!(dead.tokens(0) + past_tokens[0], tokens, "flags {flags:?}");
         }
         // The same live rows while the index catches up with them: the rows it newly covers
         // are counted although their flags did not change.
@@ -430,8 +535,8 @@ mod tests {
         let short = growing.view(&batches, 5).unwrap();
         let long = growing.view(&batches, 7).unwrap();
         assert_eq!((short.rows(), long.rows()), (5, 7));
-        let live = Live::new(RowFlags::from_vec(vec![true; 7]), vec![1, 6]);
-        let mut dead = DeadTerms::default();
+        let live = LiveRows::new(RowFlags::from_vec(vec![true; 7]), vec![1, 6]);
+        let mut dead = DeadRowStats::default();
         let steps: [(&TextIndex, &[usize]); 3] = [(&short, &[1]), (&long, &[1, 6]), (&short, &[1])];
         for (index, expect) in steps {
             dead.update(&ts, &source(7), index, &live).unwrap();

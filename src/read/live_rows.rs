@@ -1,59 +1,57 @@
-//! Block lists: which rows of a source newer sources hide.
+//! Live rows: which rows of a source a read sees.
 //!
 //! A row is *live* when it is the newest version of its key in its source, not a tombstone, and
-//! its key is in no strictly newer source. A source's [`Live`] rows are its own flags (shared,
-//! never copied per query) less a short sorted list of the rows newer memtables hide:
+//! its key is in no strictly newer source. A source's [`LiveRows`] are its own flags (shared,
+//! never copied per query) less a short sorted list of the rows newer memtables supersede:
 //!
 //! - A memtable flags its rows as it applies them (see [`crate::memtable`]).
-//! - What newer generations hide of a generation only changes when the list of generations
-//!   does: it is computed for a whole list in one pass from the newest generation to the oldest
-//!   with a growing map of the keys seen (O(rows), whatever the number of generations), and
-//!   extended in O(new rows) when a flush adds a generation on top.
-//! - What a memtable's rows hide of an older source (a generation, or an older frozen memtable)
-//!   only grows as rows are appended: each memtable row is looked up in each older source once.
+//! - What newer generations supersede of a generation only changes when the list of
+//!   generations does: it is computed for a whole list in one pass from the newest generation
+//!   to the oldest with a growing map of the keys seen (O(rows), whatever the number of
+//!   generations), and extended in O(new rows) when a flush adds a generation on top.
+//! - What a memtable's rows supersede of an older source (a generation, or an older frozen
+//!   memtable) only grows as rows are appended: each memtable row is looked up in each older
+//!   source once.
 //!
-//! A handle keeps all three in its [`BlockLists`], so a query's block lists cost O(sources +
-//! rows newer memtables hide), whatever the rows of the sources.
+//! A handle keeps all three in its [`LiveRowCache`], so a query's live rows cost O(sources +
+//! rows newer memtables supersede), whatever the rows of the sources.
 
-use super::dead_terms::DeadTerms;
-use super::source::{MemtableSource, Source};
+use super::source::{key_of, MemtableSource, Source, SourceKey};
 use crate::flags::RowFlags;
 use crate::generation::{Generation, HashIsKey};
 use crate::key::Key;
 use crate::memtable::MemtableView;
 use crate::schema::deleted_flags;
-use crate::text::TextSchema;
-use crate::Result;
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasherDefault;
 use std::sync::{Arc, Mutex};
 
-/// The live rows of one source: its own flags less the rows newer memtables hide.
+/// The live rows of one source: its own flags less the rows newer memtables supersede.
 #[derive(Debug, Clone)]
-pub(crate) struct Live {
+pub(crate) struct LiveRows {
     /// Per row: live in its source, and (a generation) among newer generations.
-    base: RowFlags,
-    /// Rows `base` flags that newer memtables hide.
-    hidden: Arc<Hidden>,
+    own: RowFlags,
+    /// Rows `own` flags that newer memtables supersede.
+    superseded: Arc<Superseded>,
     count: usize,
 }
 
-/// Rows hidden besides a base, ascending, with a sieve that answers "no" for most rows
-/// without searching.
+/// Rows superseded besides a source's own flags, ascending, with a sieve that answers "no" for
+/// most rows without searching.
 #[derive(Debug, Default)]
-pub(crate) struct Hidden {
+pub(crate) struct Superseded {
     rows: Vec<u32>,
-    /// Bit `r % bits` set for every hidden row `r`, with at least eight bits per hidden row
-    /// (a power of two): a row not hidden finds its bit clear seven times in eight or more.
+    /// Bit `r % bits` set for every superseded row `r`, with at least eight bits per row (a
+    /// power of two): a row not superseded finds its bit clear seven times in eight or more.
     sieve: Vec<u64>,
 }
 
-/// Bits of [`Hidden`]'s sieve at least.
+/// Bits of [`Superseded`]'s sieve at least.
 const SIEVE_BITS: usize = 4096;
 
-impl Hidden {
+impl Superseded {
     /// `rows`, ascending and distinct.
-    fn new(rows: Vec<u32>) -> Hidden {
+    fn new(rows: Vec<u32>) -> Superseded {
         debug_assert!(rows.windows(2).all(|w| w[0] < w[1]));
         let bits = if rows.is_empty() {
             0
@@ -65,7 +63,7 @@ impl Hidden {
             let b = *r as usize & (bits - 1);
             sieve[b / 64] |= 1 << (b % 64);
         }
-        Hidden { rows, sieve }
+        Superseded { rows, sieve }
     }
 
     #[inline]
@@ -77,35 +75,35 @@ impl Hidden {
         self.sieve[b / 64] & (1 << (b % 64)) != 0 && self.rows.binary_search(&(r as u32)).is_ok()
     }
 
-    /// The hidden rows, ascending.
+    /// The superseded rows, ascending.
     pub(crate) fn rows(&self) -> &[u32] {
         &self.rows
     }
 }
 
-impl Live {
-    /// The rows `base` flags, less `hidden` (any order, repeats allowed).
-    pub(crate) fn new(base: RowFlags, mut hidden: Vec<u32>) -> Live {
-        hidden.retain(|r| base.get(*r as usize));
-        hidden.sort_unstable();
-        hidden.dedup();
-        Live {
-            count: base.count() - hidden.len(),
-            hidden: Arc::new(Hidden::new(hidden)),
-            base,
+impl LiveRows {
+    /// The rows `own` flags, less `superseded` (any order, repeats allowed).
+    pub(crate) fn new(own: RowFlags, mut superseded: Vec<u32>) -> LiveRows {
+        superseded.retain(|r| own.get(*r as usize));
+        superseded.sort_unstable();
+        superseded.dedup();
+        LiveRows {
+            count: own.count() - superseded.len(),
+            superseded: Arc::new(Superseded::new(superseded)),
+            own,
         }
     }
 
-    /// The rows `mask` admits.
+    /// The rows `flags` says are live.
     #[cfg(test)]
-    pub(crate) fn from_vec(mask: Vec<bool>) -> Live {
-        Live::new(RowFlags::from_vec(mask), Vec::new())
+    pub(crate) fn from_vec(flags: Vec<bool>) -> LiveRows {
+        LiveRows::new(RowFlags::from_vec(flags), Vec::new())
     }
 
     /// Whether row `r` is live.
     #[inline]
     pub(crate) fn admits(&self, r: usize) -> bool {
-        self.base.get(r) && !self.hidden.contains(r)
+        self.own.get(r) && !self.superseded.contains(r)
     }
 
     /// Live rows.
@@ -115,45 +113,46 @@ impl Live {
 
     /// Rows of the source (live or not).
     pub(crate) fn len(&self) -> usize {
-        self.base.len()
+        self.own.len()
     }
 
     /// The live rows, ascending.
     pub(crate) fn rows(&self) -> impl Iterator<Item = usize> + '_ {
-        self.base
+        self.own
             .iter_set()
-            .filter(move |r| !self.hidden.contains(*r))
+            .filter(move |r| !self.superseded.contains(*r))
     }
 
-    /// The live rows `filter` (per row of the source) admits: a mask of the query's own.
-    pub(crate) fn and(&self, filter: &[bool]) -> Live {
-        let mut mask = self.base.to_vec();
-        for (m, f) in mask.iter_mut().zip(filter) {
+    /// The live rows `filter` (per row of the source) admits too.
+    pub(crate) fn and(&self, filter: &[bool]) -> LiveRows {
+        let mut flags = self.own.to_vec();
+        for (m, f) in flags.iter_mut().zip(filter) {
             *m &= *f;
         }
-        if let Some(past) = mask.get_mut(filter.len()..) {
+        if let Some(past) = flags.get_mut(filter.len()..) {
             past.fill(false);
         }
-        for r in self.hidden.rows() {
-            mask[*r as usize] = false;
+        for r in self.superseded.rows() {
+            flags[*r as usize] = false;
         }
-        Live::new(RowFlags::from_vec(mask), Vec::new())
+        LiveRows::new(RowFlags::from_vec(flags), Vec::new())
     }
 
     /// The source's own flags.
-    pub(crate) fn base(&self) -> &RowFlags {
-        &self.base
+    pub(crate) fn own(&self) -> &RowFlags {
+        &self.own
     }
 
-    /// The rows the base flags that newer memtables hide.
-    pub(crate) fn hidden(&self) -> &Arc<Hidden> {
-        &self.hidden
+    /// The rows the own flags admit that newer memtables supersede.
+    pub(crate) fn superseded(&self) -> &Arc<Superseded> {
+        &self.superseded
     }
 }
 
-/// What newer generations hide of every generation of one list, from one pass over their rows.
+/// What newer generations supersede of every generation of one list, from one pass over their
+/// rows.
 #[derive(Debug)]
-struct ListMasks {
+struct ListLiveRows {
     /// `(id, epoch)` of the generations, oldest first.
     ids: Vec<(u64, u64)>,
     /// Key hash → `(generation position, row)` of the newest version in the list, kept only
@@ -164,10 +163,10 @@ struct ListMasks {
     live: Vec<RowFlags>,
 }
 
-/// Lists of generations whose masks a handle keeps, the most recently computed: the list
+/// Lists of generations whose live rows a handle keeps, the most recently computed: the list
 /// queries see, the one a flush or a compaction is about to make visible, and older ones
-/// queries of an older snapshot may still ask for. Their masks share the flag chunks that did
-/// not change between them.
+/// queries of an older snapshot may still ask for. Their flags share the chunks that did not
+/// change between them.
 const KEPT_LISTS: usize = 4;
 
 /// Lists among the kept ones that also keep their key map (as large as their rows), so that a
@@ -176,10 +175,10 @@ const KEPT_LISTS: usize = 4;
 /// flush's that raced with it).
 const KEPT_MAPS: usize = 2;
 
-impl ListMasks {
-    /// The masks of `gens` (oldest first), newest to oldest with a growing map of the keys
+impl ListLiveRows {
+    /// The live rows of `gens` (oldest first), newest to oldest with a growing map of the keys
     /// seen: O(rows) whatever the number of generations.
-    fn build(gens: &[&Arc<Generation>]) -> ListMasks {
+    fn build(gens: &[&Arc<Generation>]) -> ListLiveRows {
         let mut newest: HashMap<u64, (u32, u32), BuildHasherDefault<HashIsKey>> =
             HashMap::with_capacity_and_hasher(
                 gens.iter().map(|g| g.rows().num_rows()).sum(),
@@ -211,7 +210,7 @@ impl ListMasks {
             }
             live[pos] = RowFlags::from_vec(flags);
         }
-        ListMasks {
+        ListLiveRows {
             ids: gens.iter().map(|g| key_of(g)).collect(),
             newest: Some(newest),
             live,
@@ -219,10 +218,10 @@ impl ListMasks {
     }
 
     /// The list extended with `added` generations (newer than every generation of this list,
-    /// oldest first, `all` being the whole new list): each of their rows hides the version the
+    /// oldest first, `all` being the whole new list): each of their rows supersedes the version the
     /// list held, if any. O(their rows). The key map moves to the new list; this one keeps its
-    /// masks (flag chunks the new rows leave alone are shared).
-    fn extend(&mut self, all: &[&Arc<Generation>], added: usize) -> Option<ListMasks> {
+    /// live rows (flag chunks the new rows leave alone are shared).
+    fn extend(&mut self, all: &[&Arc<Generation>], added: usize) -> Option<ListLiveRows> {
         let mut newest = self.newest.take()?;
         let mut live = self.live.clone();
         let first = all.len() - added;
@@ -256,7 +255,7 @@ impl ListMasks {
                 }
             }
         }
-        Some(ListMasks {
+        Some(ListLiveRows {
             ids: all.iter().map(|g| key_of(g)).collect(),
             newest: Some(newest),
             live,
@@ -267,12 +266,12 @@ impl ListMasks {
 /// Memtable rows checked against one older source, and `(older row, memtable row)` pairs.
 type Pairs = Arc<Mutex<(usize, Vec<(u32, u32)>)>>;
 
-/// The rows of older sources one memtable's keys hide, kept up to date incrementally: each
+/// The rows of older sources one memtable's keys supersede, kept up to date incrementally: each
 /// memtable row is looked up in each older source once, not once per query.
 #[derive(Debug, Default)]
-struct MemtableBlocks {
+struct Superseding {
     /// Per older source (and its rows): memtable rows checked so far, and `(older row,
-    /// memtable row)` for each hidden row of the older source. Kept while the memtable is (a
+    /// memtable row)` for each superseded row of the older source. Kept while the memtable is (a
     /// source a compaction replaced leaves its few pairs until then).
     per_source: Mutex<HashMap<(SourceKey, usize), Pairs>>,
 }
@@ -285,7 +284,7 @@ struct MemKeys {
     first: HashMap<u64, u32, BuildHasherDefault<HashIsKey>>,
 }
 
-/// A source newer memtables may hide rows of, with its key lookup.
+/// A source newer memtables may supersede rows of, with its key lookup.
 enum Older<'a> {
     Generation(&'a Generation),
     /// A memtable source, its live rows and their key lookup.
@@ -323,51 +322,34 @@ impl Older<'_> {
     }
 }
 
-/// The block lists a handle keeps between queries (a cache: anything dropped is recomputed).
-#[derive(Debug, Default)]
-pub(crate) struct BlockLists {
-    /// What newer generations hide of each generation, for the lists last computed (most
+/// The live rows a handle keeps between queries (a cache: anything dropped is recomputed).
+#[derive(Default)]
+pub(crate) struct LiveRowCache {
+    /// What newer generations supersede of each generation, for the lists last computed (most
     /// recent first).
-    lists: Mutex<Vec<ListMasks>>,
-    /// Per memtable id: what its rows hide of each older source.
-    memtables: Mutex<HashMap<u64, Arc<MemtableBlocks>>>,
-    /// Per memtable (and its rows) newer ones hide rows of: its key lookup.
+    lists: Mutex<Vec<ListLiveRows>>,
+    /// Per memtable id: what its rows supersede of each older source.
+    memtables: Mutex<HashMap<u64, Arc<Superseding>>>,
+    /// Per memtable (and its rows) newer ones supersede rows of: its key lookup.
     keys: Mutex<HashMap<(SourceKey, usize), Arc<MemKeys>>>,
-    /// Per source: the dead rows of its text index last counted.
-    dead: Mutex<HashMap<SourceKey, Arc<Mutex<DeadTerms>>>>,
     /// Lists computed from scratch.
     #[cfg(test)]
     builds: std::sync::atomic::AtomicUsize,
-    /// Called where `warm` computes (extends a list, counts dead rows): what a test checks
-    /// there.
+    /// Called where a list is computed ahead without the lock: what a test checks there.
     #[cfg(test)]
-    computing: Mutex<Option<fn(&BlockLists)>>,
+    pub(super) computing: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
 }
 
-/// A source's identity while a handle keeps something for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum SourceKey {
-    Memtable(u64),
-    Generation(u64, u64),
-}
-
-impl SourceKey {
-    fn of(s: &Source) -> SourceKey {
-        match s {
-            Source::Memtable(m) => SourceKey::Memtable(m.view.id),
-            Source::Generation(g) => {
-                let (id, epoch) = key_of(g);
-                SourceKey::Generation(id, epoch)
-            }
-        }
+impl std::fmt::Debug for LiveRowCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveRowCache")
+            .field("lists", &lock(&self.lists).len())
+            .field("memtables", &lock(&self.memtables).len())
+            .finish_non_exhaustive()
     }
 }
 
-fn key_of(g: &Generation) -> (u64, u64) {
-    (g.meta().id, g.meta().epoch)
-}
-
-impl BlockLists {
+impl LiveRowCache {
     /// Drop what is kept for memtables and sources `sources` does not hold (flushed memtables,
     /// generations no longer listed).
     pub(crate) fn retain(&self, sources: &[Source]) {
@@ -379,18 +361,22 @@ impl BlockLists {
             })
             .collect();
         lock(&self.memtables).retain(|id, _| mems.contains(id));
-        // The masks of generation lists are not dropped here: a list no snapshot names yet may
-        // be the one a flush or a compaction is about to make visible (see `warm`). They go
-        // as newer lists are computed, and at most two keep a key map.
+        // The live rows of generation lists are not dropped here: a list no snapshot names yet
+        // may be the one a flush or a compaction is about to make visible (see
+        // `compute_ahead`). They go as newer lists are computed, and at most two keep a key
+        // map.
         let keys: HashSet<SourceKey> = sources.iter().map(SourceKey::of).collect();
         lock(&self.keys).retain(|(k, _), _| keys.contains(k));
-        // What is kept for the generations of the kept lists stays too (`warm`).
-        let kept = self.listed();
-        lock(&self.dead).retain(|k, _| keys.contains(k) || kept.contains(k));
+    }
+
+    /// Whether the lock on the kept lists is free (a test's check).
+    #[cfg(test)]
+    pub(super) fn lists_free(&self) -> bool {
+        self.lists.try_lock().is_ok()
     }
 
     /// The generations the kept lists name.
-    fn listed(&self) -> HashSet<SourceKey> {
+    pub(crate) fn listed(&self) -> HashSet<SourceKey> {
         lock(&self.lists)
             .iter()
             .flat_map(|l| l.ids.iter())
@@ -398,15 +384,7 @@ impl BlockLists {
             .collect()
     }
 
-    /// What `source`'s text index holds of rows that were dead for the last query that asked.
-    pub(crate) fn dead_terms(&self, source: &Source) -> Arc<Mutex<DeadTerms>> {
-        lock(&self.dead)
-            .entry(SourceKey::of(source))
-            .or_default()
-            .clone()
-    }
-
-    fn memtable(&self, id: u64) -> Arc<MemtableBlocks> {
+    fn memtable(&self, id: u64) -> Arc<Superseding> {
         lock(&self.memtables).entry(id).or_default().clone()
     }
 
@@ -429,68 +407,30 @@ impl BlockLists {
     }
 
     /// Compute ahead what the first query over generation list `gens` (oldest first) would:
-    /// what newer generations hide of each, and each one's key lookup. A flush or a compaction
-    /// does this before it makes its list visible, so no query waits for it.
+    /// what newer generations supersede of each, and each one's key lookup. A flush or a
+    /// compaction does this before it makes its list visible, so no query waits for it.
+    /// Returns each generation's own flags (see [`LiveRows`]).
     ///
-    /// With `ts`, also what each generation's text index holds of the rows newer generations
-    /// hide (as the BM25 statistics count them, see [`DeadTerms`]): a merged generation holds
-    /// many such rows, and counting them is a search's to do otherwise.
-    ///
-    /// With `recount`, the generations searches counted are counted again with the new list's
-    /// flags and the rows memtables hid at the last search (a flush's list: the rows its
-    /// generation hides are counted then, not by a search). Without it (a compaction's, at the
-    /// background's priority) they are left alone: a search would wait for the lock held
-    /// meanwhile.
-    pub(crate) fn warm(
+    /// In the `background` (a compaction's list), a kept list is extended without holding the
+    /// lock searches take (see [`LiveRowCache::generation_live_rows`]).
+    pub(crate) fn compute_ahead(
         &self,
         gens: &[&Arc<Generation>],
-        ts: Option<&TextSchema>,
-        recount: bool,
-    ) -> Result<()> {
-        let masks = self.generation_masks(gens, !recount);
-        // Statistics only for a handle that counts them (one that ran a full-text search).
-        let ts = ts.filter(|_| !lock(&self.dead).is_empty());
-        for (g, base) in gens.iter().zip(masks) {
+        background: bool,
+    ) -> Vec<RowFlags> {
+        let own = self.generation_live_rows(gens, background);
+        for g in gens {
             g.row_of_hash();
-            let (Some(ts), Some(ti)) = (ts, g.text()) else {
-                continue;
-            };
-            let source = Source::Generation(Arc::clone(g));
-            let key = SourceKey::of(&source);
-            let counted = lock(&self.dead).get(&key).cloned();
-            match counted {
-                // A generation a search counted is counted with the rows memtables hid then
-                // (else they would be counted back in, and out again by the next search).
-                Some(dead) if recount => {
-                    let mut dead = lock(&dead);
-                    let hidden = dead.last_hidden();
-                    dead.update(ts, &source, ti, &Live::new(base, hidden))?;
-                }
-                Some(_) => {}
-                // Counted before any search can see it, then made visible: a search never
-                // waits for this count (a compaction's runs at the background's priority).
-                None => {
-                    let mut fresh = DeadTerms::default();
-                    self.computing_here();
-                    fresh.update(ts, &source, ti, &Live::new(base, Vec::new()))?;
-                    lock(&self.dead)
-                        .entry(key)
-                        .or_insert_with(|| Arc::new(Mutex::new(fresh)));
-                }
-            }
         }
-        // What is kept for generations no kept list names goes (a handle that no longer
-        // searches would otherwise keep it for every list it computes).
-        let kept = self.listed();
-        lock(&self.dead).retain(|k, _| matches!(k, SourceKey::Memtable(_)) || kept.contains(k));
-        Ok(())
+        own
     }
 
-    /// Where `warm` computes without holding the locks searches take: a test checks them here.
+    /// Where a list is computed ahead without holding the locks searches take: a test checks
+    /// them here.
     fn computing_here(&self) {
         #[cfg(test)]
-        if let Some(f) = *lock(&self.computing) {
-            f(self);
+        if let Some(f) = lock(&self.computing).clone() {
+            f();
         }
     }
 
@@ -504,9 +444,9 @@ impl BlockLists {
     /// its own. Otherwise it is extended under the lock: queries asking for the same new list
     /// at once (after a read-only handle's refresh) wait for one extension instead of each
     /// building the list from scratch.
-    fn generation_masks(&self, gens: &[&Arc<Generation>], background: bool) -> Vec<RowFlags> {
+    fn generation_live_rows(&self, gens: &[&Arc<Generation>], background: bool) -> Vec<RowFlags> {
         let ids: Vec<(u64, u64)> = gens.iter().map(|g| key_of(g)).collect();
-        let extends = |l: &ListMasks| {
+        let extends = |l: &ListLiveRows| {
             l.newest.is_some() && ids.len() > l.ids.len() && ids[..l.ids.len()] == l.ids[..]
         };
         let mut lists = lock(&self.lists);
@@ -524,9 +464,9 @@ impl BlockLists {
                 l.extend(gens, added)
             }
             Some(l) => {
-                // Its map moves out (as extending always moved it to the new list); its masks
+                // Its map moves out (as extending always moved it to the new list); its live rows
                 // stay.
-                let mut l = ListMasks {
+                let mut l = ListLiveRows {
                     ids: l.ids.clone(),
                     newest: l.newest.take(),
                     live: l.live.clone(),
@@ -548,7 +488,7 @@ impl BlockLists {
                 #[cfg(test)]
                 self.builds
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let built = ListMasks::build(gens);
+                let built = ListLiveRows::build(gens);
                 lists = lock(&self.lists);
                 built
             }
@@ -557,32 +497,32 @@ impl BlockLists {
         if let Some(l) = lists.iter().find(|l| l.ids == ids) {
             return l.live.clone();
         }
-        let masks = computed.live.clone();
+        let own = computed.live.clone();
         lists.insert(0, computed);
         lists.truncate(KEPT_LISTS);
         for l in lists.iter_mut().skip(KEPT_MAPS) {
             l.newest = None;
         }
-        masks
+        own
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl MemtableBlocks {
-    /// The rows of `older` hidden by the rows of the memtable `view`. Every version and
-    /// tombstone hides: a memtable is newer than every generation and every memtable frozen
+impl Superseding {
+    /// The rows of `older` the rows of the memtable `view` supersede. Every version and
+    /// tombstone supersedes: a memtable is newer than every generation and every memtable frozen
     /// before it.
-    fn hidden_in(&self, older: &Older, view: &MemtableView) -> Vec<u32> {
+    fn superseded_in(&self, older: &Older, view: &MemtableView) -> Vec<u32> {
         let entry = lock(&self.per_source)
             .entry(older.key())
             .or_default()
             .clone();
         // Other sources' checks against this memtable go on meanwhile.
         let mut pairs = lock(&entry);
-        let (checked, hidden) = &mut *pairs;
+        let (checked, superseded) = &mut *pairs;
         let rows = view.rows;
         if *checked < rows {
             for (b, hashes) in view.row_hashes.iter().enumerate() {
@@ -592,14 +532,14 @@ impl MemtableBlocks {
                     let r = ord - start;
                     let key = || Key::from_array(view.batches[b].column(0).as_ref(), r);
                     if let Some(row) = older.row_of_key(hashes[r], key) {
-                        hidden.push((row as u32, ord as u32));
+                        superseded.push((row as u32, ord as u32));
                     }
                 }
             }
             *checked = rows;
         }
-        // A query holding an older view sees only what its own rows hide.
-        hidden
+        // A query holding an older view sees only what its own rows supersede.
+        superseded
             .iter()
             .filter(|(_, ord)| (*ord as usize) < rows)
             .map(|(row, _)| *row)
@@ -608,10 +548,10 @@ impl MemtableBlocks {
 }
 
 /// The live rows of each source of a snapshot (newest first, memtables first): each source's
-/// own flags (a generation's from the handle's block lists of its generation list), less what
-/// the newer memtables' rows hide of it. Computed concurrently across sources.
-pub(crate) fn live_masks(sources: &[Source], cache: &BlockLists) -> Vec<Live> {
-    let memtables: Vec<(&MemtableSource, Arc<MemtableBlocks>)> = sources
+/// own flags (a generation's from the handle's live rows of its generation list), less what
+/// the newer memtables' rows supersede of it. Computed concurrently across sources.
+pub(crate) fn live_rows(sources: &[Source], cache: &LiveRowCache) -> Vec<LiveRows> {
+    let memtables: Vec<(&MemtableSource, Arc<Superseding>)> = sources
         .iter()
         .map_while(|s| match s {
             Source::Memtable(mt) => Some((mt, cache.memtable(mt.view.id))),
@@ -627,15 +567,15 @@ pub(crate) fn live_masks(sources: &[Source], cache: &BlockLists) -> Vec<Live> {
         })
         .collect();
     debug_assert_eq!(gens.len(), sources.len() - m, "memtables come first");
-    // The generations' own masks (what newer generations hide), oldest first.
+    // The generations' own flags (less what newer generations supersede), oldest first.
     let oldest_first: Vec<&Arc<Generation>> = gens.iter().rev().copied().collect();
-    let mut bases = cache.generation_masks(&oldest_first, false);
-    bases.reverse();
+    let mut own = cache.generation_live_rows(&oldest_first, false);
+    own.reverse();
     use rayon::prelude::*;
     (0..sources.len())
         .into_par_iter()
         .map(|i| {
-            let (base, older) = match &sources[i] {
+            let (own, older) = match &sources[i] {
                 Source::Memtable(mt) => {
                     let live = &mt.view.live;
                     let keys = (i > 0).then(|| cache.mem_keys(&sources[i], live));
@@ -644,15 +584,15 @@ pub(crate) fn live_masks(sources: &[Source], cache: &BlockLists) -> Vec<Live> {
                         keys.map(|k| Older::Memtable(&sources[i], live, k)),
                     )
                 }
-                Source::Generation(g) => (bases[i - m].clone(), Some(Older::Generation(g))),
+                Source::Generation(g) => (own[i - m].clone(), Some(Older::Generation(g))),
             };
-            let mut hidden = Vec::new();
+            let mut superseded = Vec::new();
             if let Some(older) = older {
                 for (mt, blocks) in &memtables[..i.min(m)] {
-                    hidden.extend(blocks.hidden_in(&older, &mt.view));
+                    superseded.extend(blocks.superseded_in(&older, &mt.view));
                 }
             }
-            Live::new(base, hidden)
+            LiveRows::new(own, superseded)
         })
         .collect()
 }
@@ -686,7 +626,7 @@ mod tests {
         Source::memtable(format!("memtable {id}"), view)
     }
 
-    fn admitted(live: &Live) -> Vec<bool> {
+    fn admitted(live: &LiveRows) -> Vec<bool> {
         let flags: Vec<bool> = (0..live.len()).map(|r| live.admits(r)).collect();
         assert_eq!(flags.iter().filter(|f| **f).count(), live.count());
         assert_eq!(
@@ -697,87 +637,27 @@ mod tests {
     }
 
     /// A generation `id` of rows with keys `keys` and text `text`.
-    fn text_generation(ts: &TextSchema, id: u64, keys: &[&str], text: &str) -> Arc<Generation> {
-        let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t"]}"#).unwrap();
-        let texts: ArrayRef = Arc::new(StringArray::from(vec![text; keys.len()]));
-        let keys: ArrayRef = Arc::new(StringArray::from(keys.to_vec()));
-        let user = RecordBatch::try_new(s.arrow_schema(), vec![keys, texts]).unwrap();
-        let spec = crate::generation::IndexSpec {
-            text: Some(ts),
-            vector: None,
-        };
-        let rows = s.to_stored(&user, id).unwrap();
-        let (g, _) = Generation::build(id, 1, rows, &s.stored_schema(), spec, None, 1).unwrap();
-        Arc::new(g)
-    }
-
-    #[test]
-    fn a_compactions_warm_computes_holding_no_lock_a_search_takes() {
-        // A compaction computes its list ahead on a thread of the background's priority:
-        // while it extends a list or counts dead rows, a search must find every lock it takes
-        // (the kept lists, the dead-row statistics and each source's) free.
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        static CALLS: AtomicUsize = AtomicUsize::new(0);
-        static HELD: AtomicUsize = AtomicUsize::new(0);
-        fn check(lists: &BlockLists) {
-            CALLS.fetch_add(1, Ordering::SeqCst);
-            let free = lists.lists.try_lock().is_ok()
-                && lists
-                    .dead
-                    .try_lock()
-                    .is_ok_and(|d| d.values().all(|s| s.try_lock().is_ok()));
-            if !free {
-                HELD.fetch_add(1, Ordering::SeqCst);
-            }
-        }
-        let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t"]}"#).unwrap();
-        let ts = TextSchema::new(&s).unwrap();
-        let ts: &TextSchema = &ts;
-        let g1 = text_generation(ts, 1, &["a", "b", "c"], "one two");
-        let g2 = text_generation(ts, 2, &["a", "d"], "two three");
-        let g3 = text_generation(ts, 3, &["b", "e"], "three four");
-        let lists = BlockLists::default();
-        // A handle that searched [g1, g2]: their list and dead rows are kept.
-        lists.dead_terms(&Source::Generation(g1.clone()));
-        lists.warm(&[&g1, &g2], Some(ts), true).unwrap();
-        *lock(&lists.computing) = Some(check);
-        // A list extending it, computed ahead at the background's priority.
-        lists.warm(&[&g1, &g2, &g3], Some(ts), false).unwrap();
-        assert!(
-            CALLS.load(Ordering::SeqCst) >= 2,
-            "the list was extended and g3 counted"
-        );
-        assert_eq!(HELD.load(Ordering::SeqCst), 0, "a lock was held");
-        // What it computed is kept: g3's dead rows and the extended list.
-        assert!(lock(&lists.dead).contains_key(&SourceKey::Generation(3, 1)));
-        let masks = lists.generation_masks(&[&g1, &g2, &g3], false);
-        let flags: Vec<Vec<bool>> = masks.iter().map(RowFlags::to_vec).collect();
-        assert_eq!(
-            flags,
-            vec![vec![false, false, true], vec![true, true], vec![true, true]]
-        );
-    }
 
     #[test]
     fn a_hash_collision_never_hides_a_live_row() {
         // "b" in the newer source collides with "a" in the older one: "a" must stay live.
         let newer = source(2, &["b", "c"], &[7, 9], false);
         let older = source(1, &["a", "c", "d"], &[7, 9, 11], false);
-        let m = live_masks(&[newer, older], &BlockLists::default());
+        let m = live_rows(&[newer, older], &LiveRowCache::default());
         assert_eq!(admitted(&m[0]), vec![true, true]);
         assert_eq!(
             admitted(&m[1]),
             vec![true, false, true],
-            "only the superseded 'c' is hidden"
+            "only the older 'c' is superseded"
         );
     }
 
     #[test]
     fn a_newer_memtable_hides_what_its_own_view_holds() {
-        // The handle's block lists are kept across queries: the newer memtable's rows are
+        // The handle's live rows are kept across queries: the newer memtable's rows are
         // looked up in the older one as they come, and a query of a shorter view of it (one
-        // taken before) still sees only what that view's rows hide.
-        let cache = BlockLists::default();
+        // taken before) still sees only what that view's rows supersede.
+        let cache = LiveRowCache::default();
         let older = source(1, &["a", "b", "c"], &[1, 2, 3], false);
         let short = source(2, &["b"], &[2], false);
         let long = source(2, &["b", "c"], &[2, 3], false);
@@ -786,7 +666,7 @@ mod tests {
             (&long, [true, false, false]),
             (&short, [true, false, true]),
         ] {
-            let m = live_masks(&[newer.clone(), older.clone()], &cache);
+            let m = live_rows(&[newer.clone(), older.clone()], &cache);
             assert_eq!(admitted(&m[1]), expect, "{} rows", newer.rows());
             // A filter (shorter than the rows: the rest fail it) selects among the live rows.
             let filtered = admitted(&m[1].and(&[false, true]));
@@ -815,10 +695,10 @@ mod tests {
 
     #[test]
     fn each_list_is_computed_once_and_lists_a_flush_extends_stay_available() {
-        let cache = BlockLists::default();
-        let masks = |gens: &[&Arc<Generation>]| -> Vec<Vec<bool>> {
+        let cache = LiveRowCache::default();
+        let live = |gens: &[&Arc<Generation>]| -> Vec<Vec<bool>> {
             cache
-                .generation_masks(gens, false)
+                .generation_live_rows(gens, false)
                 .iter()
                 .map(|f| (0..f.len()).map(|r| f.get(r)).collect())
                 .collect()
@@ -831,28 +711,28 @@ mod tests {
         let l1 = [&g1, &g2];
         let l2 = [&g1, &g2, &g3];
         let m1 = vec![vec![true, false, true], vec![true]];
-        assert_eq!(masks(&l1), m1);
+        assert_eq!(live(&l1), m1);
         assert_eq!(builds(), 1);
         // A flush computes its list ahead from the list queries see, which stays as it was.
-        cache.warm(&l2, None, true).unwrap();
+        cache.compute_ahead(&l2, false);
         let m2 = vec![vec![true, false, false], vec![true], vec![false]];
-        assert_eq!(masks(&l1), m1);
-        assert_eq!(masks(&l2), m2);
+        assert_eq!(live(&l1), m1);
+        assert_eq!(live(&l2), m2);
         assert_eq!(builds(), 1);
         // A compaction merges g1 and g2 and computes its list; a flush that races with it
         // extends the list queries see; the compaction then publishes on top of the flush.
         let g12 = generation(12, &["a", "b", "c"], false);
         let lc = [&g12, &g3];
-        cache.warm(&lc, None, false).unwrap();
+        cache.compute_ahead(&lc, true);
         assert_eq!(builds(), 2, "a compaction's list starts no kept list");
         let l3 = [&g1, &g2, &g3, &g4];
-        cache.warm(&l3, None, true).unwrap();
+        cache.compute_ahead(&l3, false);
         let lc4 = [&g12, &g3, &g4];
         assert_eq!(
-            masks(&lc4),
+            live(&lc4),
             vec![vec![false, true, false], vec![false], vec![true]]
         );
-        assert_eq!(masks(&l2), m2, "an older snapshot's list is kept");
+        assert_eq!(live(&l2), m2, "an older snapshot's list is kept");
         assert_eq!(builds(), 2, "every list extended a kept one");
     }
 
@@ -863,7 +743,7 @@ mod tests {
         let newest = source(3, &["x"], &[7], false);
         let middle = source(2, &["a"], &[7], true);
         let oldest = source(1, &["a", "z"], &[7, 3], false);
-        let m = live_masks(&[newest, middle, oldest], &BlockLists::default());
+        let m = live_rows(&[newest, middle, oldest], &LiveRowCache::default());
         assert_eq!(admitted(&m[0]), vec![true]);
         assert_eq!(admitted(&m[1]), vec![false], "a tombstone is never live");
         assert_eq!(admitted(&m[2]), vec![false, true]);
