@@ -102,6 +102,10 @@ pub(crate) enum Reason {
     /// A bug or an unexpected internal state.
     #[error("{0}")]
     Internal(String),
+    /// A text index (tantivy) failed. Where a persisted index fails to open, the caller makes
+    /// it a `Corrupt` error naming the object (see [`Error::corrupt_in`]).
+    #[error("tantivy: {0}")]
+    Text(#[from] tantivy::TantivyError),
     /// An error an application built with [`Error::new`].
     #[error("{msg}")]
     Other { kind: ErrorKind, msg: String },
@@ -143,6 +147,7 @@ impl From<Reason> for Error {
             Reason::Io(_) => ErrorKind::Unavailable,
             Reason::Closed => ErrorKind::Closed,
             Reason::Internal(_) => ErrorKind::Internal,
+            Reason::Text(_) => ErrorKind::Internal,
             Reason::Other { kind, .. } => *kind,
         };
         Error {
@@ -202,6 +207,14 @@ impl Error {
             detail: detail.to_string(),
         }
         .into()
+    }
+
+    /// This error, met while reading `what` of the persisted `object`, as that object's
+    /// corruption: a `Data` error naming the object and what of it failed, with this error as
+    /// its source.
+    pub(crate) fn corrupt_in(self, object: impl fmt::Display, what: &str) -> Self {
+        let msg = format!("{what}: {}", self.msg);
+        Error::data(object, msg).with_source(self)
     }
 
     /// A torn object: short, or failing its CRC.
@@ -311,6 +324,24 @@ impl From<arrow::error::ArrowError> for Error {
 impl From<datafusion::error::DataFusionError> for Error {
     fn from(e: datafusion::error::DataFusionError) -> Self {
         Error::internal(format!("datafusion: {e}")).with_source(e)
+    }
+}
+
+impl From<tantivy::TantivyError> for Error {
+    fn from(e: tantivy::TantivyError) -> Self {
+        Reason::Text(e).into()
+    }
+}
+
+impl From<tantivy::directory::error::OpenReadError> for Error {
+    fn from(e: tantivy::directory::error::OpenReadError) -> Self {
+        Reason::Text(e.into()).into()
+    }
+}
+
+impl From<tantivy::query::QueryParserError> for Error {
+    fn from(e: tantivy::query::QueryParserError) -> Self {
+        Reason::Text(e.into()).into()
     }
 }
 

@@ -89,10 +89,6 @@ pub struct MergeReport {
     pub recall: Vec<(usize, f64, f64)>,
 }
 
-fn tv(e: impl std::fmt::Display) -> Error {
-    Error::internal(format!("tantivy: {e}"))
-}
-
 /// Build the inputs, then time each way of making the merged generation's indexes.
 pub fn run(o: &MergeOptions) -> Result<MergeReport> {
     if o.inputs < 2 || o.docs < o.inputs {
@@ -200,30 +196,30 @@ fn merge_segments(inputs: &[Arc<Generation>]) -> Result<f64> {
             .text()
             .ok_or_else(|| Error::internal("an input without a text index"))?;
         let index = ti.searcher().index();
-        for seg in index.searchable_segment_metas().map_err(tv)? {
+        for seg in index.searchable_segment_metas()? {
             for file in crate::text::segment_files(&seg) {
                 if let Ok(bytes) = index.directory().atomic_read(&file) {
-                    dir.atomic_write(&file, &bytes).map_err(tv)?;
+                    dir.atomic_write(&file, &bytes)
+                        .map_err(tantivy::TantivyError::from)?;
                 }
             }
             segments.push(seg);
         }
-        meta.get_or_insert(index.load_metas().map_err(tv)?);
+        meta.get_or_insert(index.load_metas()?);
     }
     let mut meta = meta.ok_or_else(|| Error::internal("no inputs"))?;
     meta.segments = segments;
     let json = serde_json::to_vec(&meta).map_err(|e| Error::internal(e.to_string()))?;
     dir.atomic_write(std::path::Path::new("meta.json"), &json)
-        .map_err(tv)?;
-    let index = tantivy::Index::open(dir).map_err(tv)?;
-    let mut writer: tantivy::IndexWriter =
-        index.writer_with_num_threads(1, 128_000_000).map_err(tv)?;
-    let ids = index.searchable_segment_ids().map_err(tv)?;
+        .map_err(tantivy::TantivyError::from)?;
+    let index = tantivy::Index::open(dir)?;
+    let mut writer: tantivy::IndexWriter = index.writer_with_num_threads(1, 128_000_000)?;
+    let ids = index.searchable_segment_ids()?;
     let t = Instant::now();
-    writer.merge(&ids).wait().map_err(tv)?;
-    writer.wait_merging_threads().map_err(tv)?;
+    writer.merge(&ids).wait()?;
+    writer.wait_merging_threads()?;
     let secs = t.elapsed().as_secs_f64();
-    let merged = index.searchable_segment_metas().map_err(tv)?;
+    let merged = index.searchable_segment_metas()?;
     if merged.len() != 1 {
         return Err(Error::internal(format!(
             "the merge left {} segments",

@@ -523,10 +523,6 @@ mod reference {
     use tantivy::schema::{Field, Value, FAST, STORED, TEXT};
     use tantivy::TantivyDocument;
 
-    fn tv(e: impl std::fmt::Display) -> Error {
-        Error::internal(format!("reference index: {e}"))
-    }
-
     pub(super) struct Reference {
         index: tantivy::Index,
         fields: Vec<Field>,
@@ -543,8 +539,7 @@ mod reference {
                 .map(|c| b.add_text_field(c, TEXT))
                 .collect();
             let index = tantivy::Index::create_in_ram(b.build());
-            let mut w: tantivy::IndexWriter =
-                index.writer_with_num_threads(1, 100_000_000).map_err(tv)?;
+            let mut w: tantivy::IndexWriter = index.writer_with_num_threads(1, 100_000_000)?;
             for batch in rows {
                 let keys = batch.column(0).as_primitive::<Int64Type>();
                 for r in 0..batch.num_rows() {
@@ -559,25 +554,23 @@ mod reference {
                             d.add_text(*f, col.value(r));
                         }
                     }
-                    w.add_document(d).map_err(tv)?;
+                    w.add_document(d)?;
                 }
             }
-            w.commit().map_err(tv)?;
+            w.commit()?;
             Ok(Reference { index, fields, id })
         }
 
         /// Every match, by score descending then key.
         pub(super) fn search(&self, query: &str) -> Result<Vec<(i64, f32)>> {
             let parser = QueryParser::for_index(&self.index, self.fields.clone());
-            let q = parser.parse_query(query).map_err(tv)?;
-            let searcher = self.index.reader().map_err(tv)?.searcher();
+            let q = parser.parse_query(query)?;
+            let searcher = self.index.reader()?.searcher();
             let n = (searcher.num_docs() as usize).max(1);
-            let hits = searcher
-                .search(&q, &TopDocs::with_limit(n).order_by_score())
-                .map_err(tv)?;
+            let hits = searcher.search(&q, &TopDocs::with_limit(n).order_by_score())?;
             let mut out = Vec::with_capacity(hits.len());
             for (score, addr) in hits {
-                let d: TantivyDocument = searcher.doc(addr).map_err(tv)?;
+                let d: TantivyDocument = searcher.doc(addr)?;
                 let key = d
                     .get_first(self.id)
                     .and_then(|v| v.as_i64())

@@ -195,11 +195,11 @@ impl Generation {
                 VectorIndex::open_hnsw_dump(&rows, col, metric, &section("hnsw/meta")?, || {
                     Ok((section("hnsw/graph")?, section("hnsw/data")?))
                 })
-                .map_err(|e| bad(format!("vector graph: {}", e.message())))?,
+                .map_err(|e| e.corrupt_in(object, "generation vector graph"))?,
             )),
             Some((col, metric, _)) => Some(Arc::new(
                 VectorIndex::open(&rows, col, metric, &section(GRAPH_SECTION)?)
-                    .map_err(|e| bad(format!("vector graph: {}", e.message())))?,
+                    .map_err(|e| e.corrupt_in(object, "generation vector graph"))?,
             )),
             None => None,
         };
@@ -220,7 +220,7 @@ impl Generation {
                 }
                 Some(
                     TextIndex::open(ts, files, counts)
-                        .map_err(|e| bad(format!("text index: {}", e.message())))?,
+                        .map_err(|e| e.corrupt_in(object, "generation text index"))?,
                 )
             }
             None => None,

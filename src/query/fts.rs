@@ -23,10 +23,6 @@ use std::sync::Arc;
 use tantivy::query::{Bm25StatisticsProvider, EnableScoring, Query, QueryParser, Weight};
 use tantivy::Term;
 
-fn tv(e: impl std::fmt::Display) -> Error {
-    Error::internal(format!("tantivy: {e}"))
-}
-
 /// BM25 statistics of the snapshot's live rows, for the query's terms.
 #[derive(Debug, Default)]
 pub(crate) struct GlobalStats {
@@ -220,14 +216,9 @@ pub(crate) fn plan(
         per_source.into_iter().map(|(ti, n, _)| (ti, n)).unzip();
     // One weight for every arm: BM25 over the global statistics does not depend on the arm.
     let weight: Option<Arc<dyn Weight>> = match indexes.first() {
-        Some(first) => Some(Arc::from(
-            query
-                .weight(EnableScoring::enabled_from_statistics_provider(
-                    &stats,
-                    first.searcher(),
-                ))
-                .map_err(tv)?,
-        )),
+        Some(first) => Some(Arc::from(query.weight(
+            EnableScoring::enabled_from_statistics_provider(&stats, first.searcher()),
+        )?)),
         None => None,
     };
     // Rows past a memtable index's last commit are scored from their postings in memory, with
@@ -470,13 +461,11 @@ fn search_arm(
         segments.push((seg, DocRows::of_segment(seg)?));
     }
     for (seg, rows) in segments {
-        weight
-            .for_each(seg, &mut |doc, score| {
-                if let Some(row) = rows.get(doc) {
-                    offer(row, score);
-                }
-            })
-            .map_err(tv)?;
+        weight.for_each(seg, &mut |doc, score| {
+            if let Some(row) = rows.get(doc) {
+                offer(row, score);
+            }
+        })?;
     }
     let rows: Vec<Ranked> = top.heap.into_sorted_vec();
     if rows.is_empty() {

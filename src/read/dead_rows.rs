@@ -123,8 +123,7 @@ impl DeadRowStats {
                     ts.fields()
                         .iter()
                         .map(|f| index.searcher().index().tokenizer_for_field(*f))
-                        .collect::<tantivy::Result<_>>()
-                        .map_err(tv)?,
+                        .collect::<tantivy::Result<_>>()?,
                 ),
             };
             for (pos, (col, field)) in ts.columns().iter().zip(ts.fields()).enumerate() {
@@ -351,8 +350,10 @@ pub(crate) fn past_view(
             }
         }
         for (t, n) in terms.iter().zip(df.iter_mut()) {
-            let inv = seg.inverted_index(t.field()).map_err(tv)?;
-            let Some(mut postings) = inv.read_postings(t, IndexRecordOption::Basic).map_err(tv)?
+            let inv = seg.inverted_index(t.field())?;
+            let Some(mut postings) = inv
+                .read_postings(t, IndexRecordOption::Basic)
+                .map_err(tantivy::TantivyError::from)?
             else {
                 continue;
             };
@@ -369,10 +370,6 @@ pub(crate) fn past_view(
         *n += index.tail_doc_freq_from(t, from);
     }
     Ok((df, tokens))
-}
-
-fn tv(e: impl std::fmt::Display) -> crate::Error {
-    crate::Error::internal(e.to_string())
 }
 
 /// `total` with `n` added (`change` > 0) or taken away.
