@@ -152,7 +152,7 @@ impl Source {
             ));
             let cols: Vec<ArrayRef> = b.columns()[..n].to_vec();
             let ub = RecordBatch::try_new(schema, cols)?;
-            let v = super::evaluate(filter, &ub)?;
+            let v = super::filter::evaluate(filter, &ub)?;
             passes.extend(v.values().iter());
         }
         passes.truncate(rows);
