@@ -6,6 +6,11 @@
 //! floating-point additions; on x86-64 CPUs with AVX2 the same code is compiled a second time
 //! for AVX2 and chosen at run time. No fused multiply-add is used, so both builds round alike.
 
+/// Dimensions from which `cosine` graphs keep their points in half precision for walks and
+/// construction. Below, distances between near neighbours are as small as half precision's
+/// rounding (about 5e-4) on dense data, and a distance reads few bytes anyway.
+pub(crate) const HALF_MIN_DIM: usize = 32;
+
 /// Lanes of independent partial sums.
 pub(crate) const LANES: usize = 32;
 

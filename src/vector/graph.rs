@@ -322,7 +322,7 @@ impl FlatGraph {
             .iter()
             .map(|n| if *n > 0.0 { 1.0 / n } else { 0.0 })
             .collect();
-        let halves = if metric == Metric::Cosine && dim >= super::HALF_MIN_DIM {
+        let halves = if metric == Metric::Cosine && dim >= distance::HALF_MIN_DIM {
             unit_halves(dim, &vectors, &inverse_norms)
         } else {
             Vec::new()

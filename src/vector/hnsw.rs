@@ -192,7 +192,7 @@ impl HnswBuilder {
 
     /// Whether points are kept in half precision (see [`Point`]).
     fn half(&self) -> bool {
-        self.space == Space::UnitDot && self.dim >= super::HALF_MIN_DIM
+        self.space == Space::UnitDot && self.dim >= distance::HALF_MIN_DIM
     }
 
     #[inline]

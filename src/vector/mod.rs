@@ -28,11 +28,6 @@ use hnsw_rs::prelude::{Distance, Hnsw, HnswIo};
 /// Name of the bundle section holding a generation's graph.
 pub(crate) const GRAPH_SECTION: &str = "vector/graph";
 
-/// Dimensions from which `cosine` graphs keep their points in half precision for walks and
-/// construction. Below, distances between near neighbours are as small as half precision's
-/// rounding (about 5e-4) on dense data, and a distance reads few bytes anyway.
-pub(crate) const HALF_MIN_DIM: usize = 32;
-
 fn hn(e: impl std::fmt::Display) -> Error {
     Error::internal(format!("hnsw: {e}"))
 }
