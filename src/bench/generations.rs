@@ -41,10 +41,10 @@ pub struct Options {
     #[arg(long, default_value = "1,2,5,10,18,32,64", value_delimiter = ',')]
     pub gens: Vec<usize>,
     /// Latency added to every GET, HEAD and LIST, in milliseconds.
-    #[arg(long = "get-latency-ms", default_value = "10", value_parser = super::millis)]
+    #[arg(long = "get-latency-ms", default_value = "10", value_parser = super::options::millis)]
     pub get_latency: Duration,
     /// Latency added to every PUT and DELETE, in milliseconds.
-    #[arg(long = "put-latency-ms", default_value = "20", value_parser = super::millis)]
+    #[arg(long = "put-latency-ms", default_value = "20", value_parser = super::options::millis)]
     pub put_latency: Duration,
     /// Output directory (indexes are built here and removed after use).
     #[arg(long, default_value = "bench-out")]
@@ -85,7 +85,7 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        super::defaults()
+        super::options::defaults()
     }
 }
 
@@ -563,12 +563,96 @@ pub async fn run(o: &Options) -> Result<Report> {
     say(format!("wrote {}", path.display()));
     if o.shape == Shape::Generations {
         let png = o.out.join("latency.png");
-        match super::plot::latency(&report, &png) {
+        match plot_latency(&report, &png) {
             Ok(()) => say(format!("wrote {}", png.display())),
             Err(e) => say(format!("no plot: {e}")),
         }
     }
     Ok(report)
+}
+
+/// `latency.png`: draw the report's p50 latencies against G into `path` (PNG, log-scaled G axis).
+fn plot_latency(report: &Report, path: &Path) -> Result<(), String> {
+    use plotters::prelude::*;
+    super::plot::register_font()?;
+    let err = |e: &dyn std::fmt::Display| format!("plot {}: {e}", path.display());
+    let max_g = report.runs.iter().map(|r| r.generations).max().unwrap_or(1) as f64;
+    // Ticks at the measured generation counts only.
+    let ticks: Vec<f64> = report
+        .runs
+        .iter()
+        .map(|r| r.generations)
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .map(|g| g as f64)
+        .collect();
+    let panels = [
+        ("cold", "cold: new handle + query"),
+        ("warm", "warm: loaded handle"),
+    ];
+    let root = BitMapBackend::new(path, (1400, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let areas = root.split_evenly((1, 2));
+    let colors = super::plot::PALETTE;
+    for ((mode, title), area) in panels.iter().zip(areas.iter()) {
+        let runs: Vec<&Run> = report.runs.iter().filter(|r| r.mode == *mode).collect();
+        let max_ms = runs.iter().map(|r| r.p50_ms).fold(0.0f64, f64::max) * 1.15 + 0.1;
+        let mut chart = ChartBuilder::on(area)
+            .caption(
+                format!(
+                    "{title}, {} docs, {} ms per GET",
+                    report.docs, report.get_latency_ms
+                ),
+                ("sans-serif", 20),
+            )
+            .margin(15)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(
+                (1f64..max_g.max(2.0))
+                    .log_scale()
+                    .with_key_points(ticks.clone()),
+                0f64..max_ms,
+            )
+            .map_err(|e| err(&e))?;
+        chart
+            .configure_mesh()
+            .x_desc("generations")
+            .x_label_formatter(&|g| format!("{g:.0}"))
+            .y_desc("p50 latency (ms)")
+            .draw()
+            .map_err(|e| err(&e))?;
+        for (query, color) in ["fts", "vector", "filtered"].iter().zip(colors) {
+            let mut pts: Vec<(f64, f64)> = runs
+                .iter()
+                .filter(|r| r.query == *query)
+                .map(|r| (r.generations as f64, r.p50_ms))
+                .collect();
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            if pts.is_empty() {
+                continue;
+            }
+            chart
+                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+                .map_err(|e| err(&e))?
+                .label(*query)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+            chart
+                .draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled())))
+                .map_err(|e| err(&e))?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperLeft)
+            .draw()
+            .map_err(|e| err(&e))?;
+    }
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
 }
 
 #[cfg(test)]

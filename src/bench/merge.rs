@@ -62,7 +62,7 @@ pub struct MergeOptions {
 
 impl Default for MergeOptions {
     fn default() -> Self {
-        super::defaults()
+        super::options::defaults()
     }
 }
 
