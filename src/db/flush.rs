@@ -5,9 +5,12 @@ use crate::format::manifest::Manifest;
 use crate::generation::{Generation, IndexSpec};
 use crate::memtable::{read_memtable, SharedMemtable};
 use crate::priority::in_background_thread;
+use crate::vector::graph::Adjacency;
+use crate::vector::MemVectorIndex;
 use crate::writer::publish::{self, clean_up_manifests, fenced_if_superseded, settle, Published};
 use crate::writer::{is_fenced, Writer};
 use crate::{Error, Result};
+use arrow::array::RecordBatch;
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -132,6 +135,38 @@ async fn published_earlier(
     }
 }
 
+/// The memtable's graph, every row in, as the generation's: no row is inserted into a graph
+/// twice. `None` (the generation's graph is built afresh) when the graph has no room for every
+/// row (2^28 ids), or when the background inserter makes no progress for a while (it should
+/// not happen) instead of waiting on. `rows` are the memtable's batches, their first rows and
+/// its row count; `ordinals` the rows the generation keeps.
+fn finish_graph(
+    mid: u64,
+    graph: &MemVectorIndex,
+    (batches, offsets, mrows): (Vec<RecordBatch>, Vec<usize>, usize),
+    ordinals: &[usize],
+) -> Option<Adjacency> {
+    if graph.coverable(mrows) < mrows {
+        return None;
+    }
+    let mut progress = (graph.indexed(), std::time::Instant::now());
+    while graph.indexed() < mrows {
+        if let Some(_role) = graph.try_start() {
+            graph.catch_up(&batches, &offsets, mrows, &|| true);
+        } else if graph.indexed() != progress.0 {
+            progress = (graph.indexed(), std::time::Instant::now());
+        } else if progress.1.elapsed() > STUCK_INSERTER {
+            tracing::warn!(
+                "memtable {mid}: its graph inserter is stuck; building the graph at flush"
+            );
+            return None;
+        } else {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    graph.to_adjacency(mrows, ordinals)
+}
+
 async fn flush_one(
     inner: &Arc<Writer>,
     m: &SharedMemtable,
@@ -170,32 +205,7 @@ async fn flush_one(
             text: text.as_deref(),
             vector,
         };
-        // The memtable's graph, every row in, becomes the generation's: no row is inserted
-        // into a graph twice.
-        // If the background inserter makes no progress for a while (it should not happen),
-        // the generation's graph is built here instead of waiting on.
-        let graph = mem_graph.and_then(|(graph, (batches, offsets, mrows))| {
-            // A graph without room for every row (2^28 ids) is not the generation's.
-            if graph.coverable(mrows) < mrows {
-                return None;
-            }
-            let mut progress = (graph.indexed(), std::time::Instant::now());
-            while graph.indexed() < mrows {
-                if let Some(_role) = graph.try_start() {
-                    graph.catch_up(&batches, &offsets, mrows, &|| true);
-                } else if graph.indexed() != progress.0 {
-                    progress = (graph.indexed(), std::time::Instant::now());
-                } else if progress.1.elapsed() > STUCK_INSERTER {
-                    tracing::warn!(
-                        "memtable {mid}: its graph inserter is stuck; building the graph at flush"
-                    );
-                    return None;
-                } else {
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-            }
-            graph.to_adjacency(mrows, &ordinals)
-        });
+        let graph = mem_graph.and_then(|(graph, rows)| finish_graph(mid, &graph, rows, &ordinals));
         Generation::build(gen_id, epoch, rows, &schema, spec, graph, 1)
     })
     .await?;
