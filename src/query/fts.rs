@@ -20,6 +20,7 @@ use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMerge
 use datafusion::physical_plan::ExecutionPlan;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
+use std::time::Duration;
 use tantivy::query::{Bm25StatisticsProvider, EnableScoring, Query, QueryParser, Weight};
 use tantivy::Term;
 
@@ -29,6 +30,28 @@ pub(crate) struct GlobalStats {
     pub docs: u64,
     pub tokens: HashMap<tantivy::schema::Field, u64>,
     pub doc_freq: HashMap<Term, u64>,
+}
+
+impl GlobalStats {
+    /// The statistics over the live rows of every source: each source's live rows and share
+    /// (its tokens per field of `ts`, and its document frequency of each of `terms`), summed.
+    fn sum<'a>(
+        ts: &TextSchema,
+        terms: &[Term],
+        shares: impl Iterator<Item = (usize, &'a SourceStats)>,
+    ) -> GlobalStats {
+        let mut stats = GlobalStats::default();
+        for (live_rows, s) in shares {
+            stats.docs += live_rows as u64;
+            for (field, n) in ts.fields().iter().zip(&s.tokens) {
+                *stats.tokens.entry(*field).or_default() += n;
+            }
+            for (term, n) in terms.iter().zip(&s.doc_freq) {
+                *stats.doc_freq.entry(term.clone()).or_default() += n;
+            }
+        }
+        stats
+    }
 }
 
 impl Bm25StatisticsProvider for GlobalStats {
@@ -151,6 +174,48 @@ pub(crate) fn sort_ordering(
     .ok_or_else(|| Error::internal("empty ordering"))
 }
 
+/// Log a full-text plan that took 10 ms or more (`lsmsearch::slow`), with the time to its
+/// live rows and to its statistics.
+fn log_slow_plan(total: Duration, t_live: Duration, t_stats: Duration) {
+    if total.as_millis() >= 10 {
+        tracing::debug!(
+            target: "lsmsearch::slow",
+            "full-text plan took {:.1} ms: live rows {:.1}, statistics {:.1}, filters and arms {:.1}",
+            total.as_secs_f64() * 1e3,
+            t_live.as_secs_f64() * 1e3,
+            (t_stats - t_live).as_secs_f64() * 1e3,
+            (total - t_stats).as_secs_f64() * 1e3
+        );
+    }
+}
+
+/// The weight and tail query every arm shares (see [`scoring`]).
+type SharedScoring = (Option<Arc<dyn Weight>>, Option<Arc<TailQuery>>);
+
+/// What every arm scores with: one weight (BM25 over the global statistics does not depend on
+/// the arm; `None` without sources) and, when a memtable's index holds rows past its last
+/// commit and the query allows it, the same query compiled for them (scored from their
+/// postings in memory; otherwise from a tantivy segment of them).
+fn scoring(
+    query: &dyn Query,
+    ts: &TextSchema,
+    stats: &GlobalStats,
+    indexes: &[TextIndex],
+) -> Result<SharedScoring> {
+    let weight: Option<Arc<dyn Weight>> = match indexes.first() {
+        Some(first) => Some(Arc::from(query.weight(
+            EnableScoring::enabled_from_statistics_provider(stats, first.searcher()),
+        )?)),
+        None => None,
+    };
+    let tail_query = if indexes.iter().any(TextIndex::has_tail) {
+        TailQuery::compile(query, ts, stats)?.map(Arc::new)
+    } else {
+        None
+    };
+    Ok((weight, tail_query))
+}
+
 /// Build the physical plan of a full-text search over a snapshot.
 pub(crate) fn plan(
     schema: &IndexSchema,
@@ -201,33 +266,10 @@ pub(crate) fn plan(
             .collect::<Result<_>>()
     })?;
     let t_stats = started.elapsed();
-    // Global statistics over the live rows of every source.
-    let mut stats = GlobalStats::default();
-    for (_, live_rows, s) in &per_source {
-        stats.docs += *live_rows as u64;
-        for (field, n) in ts.fields().iter().zip(&s.tokens) {
-            *stats.tokens.entry(*field).or_default() += n;
-        }
-        for (term, n) in terms.iter().zip(&s.doc_freq) {
-            *stats.doc_freq.entry(term.clone()).or_default() += n;
-        }
-    }
+    let stats = GlobalStats::sum(ts, &terms, per_source.iter().map(|(_, n, s)| (*n, s)));
     let (indexes, live_rows): (Vec<TextIndex>, Vec<usize>) =
         per_source.into_iter().map(|(ti, n, _)| (ti, n)).unzip();
-    // One weight for every arm: BM25 over the global statistics does not depend on the arm.
-    let weight: Option<Arc<dyn Weight>> = match indexes.first() {
-        Some(first) => Some(Arc::from(query.weight(
-            EnableScoring::enabled_from_statistics_provider(&stats, first.searcher()),
-        )?)),
-        None => None,
-    };
-    // Rows past a memtable index's last commit are scored from their postings in memory, with
-    // the same weights, when the query allows it (otherwise from a tantivy segment of them).
-    let tail_query: Option<Arc<TailQuery>> = if indexes.iter().any(TextIndex::has_tail) {
-        TailQuery::compile(query.as_ref(), ts, &stats)?.map(Arc::new)
-    } else {
-        None
-    };
+    let (weight, tail_query) = scoring(query.as_ref(), ts, &stats, &indexes)?;
 
     let mut arms: Vec<ArmSpec> = Vec::with_capacity(sources.len());
     let payload: Arc<[usize]> = (0..schema.payload.len())
@@ -282,17 +324,7 @@ pub(crate) fn plan(
         };
         arms.push(ArmSpec { description, work });
     }
-    let total = started.elapsed();
-    if total.as_millis() >= 10 {
-        tracing::debug!(
-            target: "lsmsearch::slow",
-            "full-text plan took {:.1} ms: live rows {:.1}, statistics {:.1}, filters and arms {:.1}",
-            total.as_secs_f64() * 1e3,
-            t_live.as_secs_f64() * 1e3,
-            (t_stats - t_live).as_secs_f64() * 1e3,
-            (total - t_stats).as_secs_f64() * 1e3
-        );
-    }
+    log_slow_plan(started.elapsed(), t_live, t_stats);
     let leaf = Arc::new(ArmExec::new(
         "FtsArmExec",
         out_schema,

@@ -200,32 +200,7 @@ pub(crate) fn plan(
                     query: &query,
                     k,
                 };
-                let admitted = || eligible.rows();
-                let admit = |r: usize| eligible.admits(r);
-                let hits = match &graph {
-                    ArmGraph::Generation(g) => {
-                        let rows = g.candidates(&query, k, ef, &admit);
-                        if rows.len() >= k.min(candidates) {
-                            arm.rank(rows.into_iter())
-                        } else {
-                            // The walk came back short (few live rows, or a selective filter): scan.
-                            arm.rank(admitted())
-                        }
-                    }
-                    ArmGraph::Memtable(g) => {
-                        // The graph covers rows [0, indexed); the rows after it are scanned.
-                        let (rows, indexed) = g.candidates(&query, k, ef, &admit);
-                        // Short only when fewer than k of the rows it covers are admitted.
-                        if rows.len() >= k
-                            || rows.len() >= eligible.rows().take_while(|r| *r < indexed).count()
-                        {
-                            arm.rank(rows.into_iter().chain(indexed..eligible.len()))
-                        } else {
-                            arm.rank(admitted())
-                        }
-                    }
-                    ArmGraph::None => arm.rank(admitted()),
-                };
+                let hits = arm.search(&graph, ef, candidates);
                 arm.output(hits, &out_schema, &payload)
             })
         };
@@ -287,6 +262,38 @@ struct Arm<'a> {
 }
 
 impl Arm<'_> {
+    /// The arm's top k: a walk of `graph` (with `ef`) re-ranked exactly, or an exact scan of
+    /// the `candidates` eligible rows without a graph or when the walk comes back short.
+    fn search(&self, graph: &ArmGraph, ef: usize, candidates: usize) -> Vec<Hit> {
+        let (query, k, eligible) = (self.query, self.k, self.eligible);
+        let admitted = || eligible.rows();
+        let admit = |r: usize| eligible.admits(r);
+        match graph {
+            ArmGraph::Generation(g) => {
+                let rows = g.candidates(query, k, ef, &admit);
+                if rows.len() >= k.min(candidates) {
+                    self.rank(rows.into_iter())
+                } else {
+                    // The walk came back short (few live rows, or a selective filter): scan.
+                    self.rank(admitted())
+                }
+            }
+            ArmGraph::Memtable(g) => {
+                // The graph covers rows [0, indexed); the rows after it are scanned.
+                let (rows, indexed) = g.candidates(query, k, ef, &admit);
+                // Short only when fewer than k of the rows it covers are admitted.
+                if rows.len() >= k
+                    || rows.len() >= eligible.rows().take_while(|r| *r < indexed).count()
+                {
+                    self.rank(rows.into_iter().chain(indexed..eligible.len()))
+                } else {
+                    self.rank(admitted())
+                }
+            }
+            ArmGraph::None => self.rank(admitted()),
+        }
+    }
+
     /// Exact distances to the given rows (admitted ones only); the top k, nearest first.
     /// Bit-identical to [`distance`] for every metric: a generation's cosine arm reuses the
     /// rows' norms its graph keeps instead of summing them again per query.
