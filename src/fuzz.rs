@@ -227,10 +227,19 @@ fn fixture() -> Fixture {
 }
 
 fn targets(fx: &Arc<Fixture>) -> Vec<Target> {
-    let mut targets = Vec::new();
-    let stored = fx.stored.clone();
+    let mut targets = vec![
+        wal_target(fx),
+        manifest_target(fx),
+        ipc_target(fx),
+        graph_target(fx),
+    ];
+    targets.extend(generation_targets(fx));
+    targets
+}
 
-    // WAL objects: rows of several sizes, deletes, a fence.
+/// WAL objects: rows of several sizes, deletes, a fence.
+fn wal_target(fx: &Arc<Fixture>) -> Target {
+    let stored = fx.stored.clone();
     let entry = |rows: Option<RecordBatch>, kind| WalEntry {
         kind,
         epoch: 7,
@@ -254,7 +263,7 @@ fn targets(fx: &Arc<Fixture>) -> Vec<Target> {
         wal_encode(&entry(None, WalKind::Fence), &stored).unwrap(),
     ];
     let s = stored.clone();
-    targets.push(Target {
+    Target {
         name: "wal",
         seeds: wal_seeds,
         fix: fix_trailing_crc,
@@ -265,9 +274,12 @@ fn targets(fx: &Arc<Fixture>) -> Vec<Target> {
             },
         ),
         weight: 30,
-    });
+    }
+}
 
-    // Manifests.
+/// Manifests.
+fn manifest_target(fx: &Arc<Fixture>) -> Target {
+    let stored = fx.stored.clone();
     let manifest = Manifest {
         version: 12,
         epoch: 3,
@@ -291,7 +303,7 @@ fn targets(fx: &Arc<Fixture>) -> Vec<Target> {
         last_seq: 40,
         next_generation_id: 4,
     };
-    targets.push(Target {
+    Target {
         name: "manifest",
         seeds: vec![manifest.encode().unwrap()],
         fix: fix_trailing_crc,
@@ -300,11 +312,14 @@ fn targets(fx: &Arc<Fixture>) -> Vec<Target> {
             Err(e) => stored_error(&e),
         }),
         weight: 30,
-    });
+    }
+}
 
-    // Arrow IPC streams of stored rows.
+/// Arrow IPC streams of stored rows.
+fn ipc_target(fx: &Arc<Fixture>) -> Target {
+    let stored = fx.stored.clone();
     let s = stored.clone();
-    targets.push(Target {
+    Target {
         name: "ipc",
         seeds: vec![
             ipc_encode(&stored, &[fx.rows.slice(0, 2)]).unwrap(),
@@ -318,9 +333,11 @@ fn targets(fx: &Arc<Fixture>) -> Vec<Target> {
             },
         ),
         weight: 30,
-    });
+    }
+}
 
-    // The vector graph section, then a walk over what was accepted.
+/// The vector graph section, then a walk over what was accepted.
+fn graph_target(fx: &Arc<Fixture>) -> Target {
     let bundle = Bundle::open(fx.generation.clone().into(), &"g").unwrap();
     let graph = bundle
         .section(crate::vector::GRAPH_SECTION)
@@ -328,7 +345,7 @@ fn targets(fx: &Arc<Fixture>) -> Vec<Target> {
         .to_vec();
     let rows = fx.rows.clone();
     let (vcol, metric, _) = fx.schema.vector_spec(&Settings::default()).unwrap();
-    targets.push(Target {
+    Target {
         name: "graph",
         seeds: vec![graph],
         fix: no_fix,
@@ -339,10 +356,15 @@ fn targets(fx: &Arc<Fixture>) -> Vec<Target> {
             Ok(())
         }),
         weight: 30,
-    });
+    }
+}
 
-    // Whole generation bundles (container parsing, then every section), and bundles rebuilt
-    // around one mutated section (every CRC valid: the section decoders see the damage).
+/// Whole generation bundles (container parsing, then every section), bundles rebuilt around
+/// one mutated section (every CRC valid: the section decoders see the damage), and the
+/// checked-in fixtures.
+fn generation_targets(fx: &Arc<Fixture>) -> Vec<Target> {
+    let mut targets = Vec::new();
+    let bundle = Bundle::open(fx.generation.clone().into(), &"g").unwrap();
     let run_generation = {
         let fx = fx.clone();
         move |b: &[u8]| -> Outcome {
