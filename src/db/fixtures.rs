@@ -164,6 +164,44 @@ async fn to_format_1(store: &Arc<dyn ObjectStore>, path: &object_store::path::Pa
     meta.bytes
 }
 
+/// Delete every manifest version but the latest, and rewrite the older of the index's two
+/// generations in format 1 (the latest manifest records its new size).
+async fn keep_the_latest_manifest_with_generation_1_in_format_1(loc: &Location) {
+    let store = loc.store.clone();
+    let paths = Paths::new(loc.root.clone());
+    let listed: Vec<_> = store.list(None).try_collect().await.expect("list");
+    let mut manifests: Vec<u64> = listed
+        .iter()
+        .filter_map(|m| parse_manifest(&m.location))
+        .collect();
+    manifests.sort_unstable();
+    let latest = *manifests.last().expect("a manifest");
+    for v in &manifests[..manifests.len() - 1] {
+        store.delete(&paths.manifest(*v)).await.expect("delete");
+    }
+    let mut gens: Vec<(u64, u64)> = listed
+        .iter()
+        .filter_map(|m| parse_generation(&m.location))
+        .collect();
+    gens.sort_unstable();
+    assert_eq!(gens.len(), 2, "two generations: {gens:?}");
+    let bytes = to_format_1(&store, &paths.generation(gens[0].0, gens[0].1)).await;
+    let mp = paths.manifest(latest);
+    let raw = store
+        .get(&mp)
+        .await
+        .expect("get")
+        .bytes()
+        .await
+        .expect("bytes");
+    let mut m = Manifest::decode(&raw, &mp).expect("manifest");
+    m.generations[0].bytes = bytes;
+    store
+        .put(&mp, m.encode().expect("encode").into())
+        .await
+        .expect("put");
+}
+
 #[tokio::test]
 #[ignore = "writes tests/fixtures/; run with --ignored when a format version is added"]
 async fn write_fixtures() {
@@ -219,39 +257,7 @@ async fn write_fixtures() {
         .await
         .expect("close");
 
-    let store = loc.store.clone();
-    let paths = Paths::new(loc.root.clone());
-    let listed: Vec<_> = store.list(None).try_collect().await.expect("list");
-    let mut manifests: Vec<u64> = listed
-        .iter()
-        .filter_map(|m| parse_manifest(&m.location))
-        .collect();
-    manifests.sort_unstable();
-    let latest = *manifests.last().expect("a manifest");
-    for v in &manifests[..manifests.len() - 1] {
-        store.delete(&paths.manifest(*v)).await.expect("delete");
-    }
-    let mut gens: Vec<(u64, u64)> = listed
-        .iter()
-        .filter_map(|m| parse_generation(&m.location))
-        .collect();
-    gens.sort_unstable();
-    assert_eq!(gens.len(), 2, "two generations: {gens:?}");
-    let bytes = to_format_1(&store, &paths.generation(gens[0].0, gens[0].1)).await;
-    let mp = paths.manifest(latest);
-    let raw = store
-        .get(&mp)
-        .await
-        .expect("get")
-        .bytes()
-        .await
-        .expect("bytes");
-    let mut m = Manifest::decode(&raw, &mp).expect("manifest");
-    m.generations[0].bytes = bytes;
-    store
-        .put(&mp, m.encode().expect("encode").into())
-        .await
-        .expect("put");
+    keep_the_latest_manifest_with_generation_1_in_format_1(&loc).await;
 
     // What it holds, as the model says, and what searches return today.
     // Graph walks on every arm, as tests/format_compat.rs searches.
