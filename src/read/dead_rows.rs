@@ -415,8 +415,9 @@ mod tests {
         (df, index.total_tokens(0))
     }
 
-    #[test]
-    fn counts_follow_the_dead_rows_of_each_query_in_any_order() {
+    /// Four rows, a tombstone of "k1", then "k0" again and "k4"; the text schema, its six
+    /// query terms.
+    fn dead_rows_fixture() -> (Arc<TextSchema>, Vec<RecordBatch>, Vec<Term>) {
         let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t"]}"#).unwrap();
         let ts = TextSchema::new(&s).unwrap();
         let stored = |keys: Vec<&str>, texts: Vec<Option<&str>>, seq| {
@@ -444,22 +445,35 @@ mod tests {
                 6,
             ),
         ];
-        let mem = Arc::new(MemTextIndex::new(ts.clone()).unwrap());
-        // A view of the first `rows` rows holds only the batches with them.
-        let source = |rows: usize| {
-            let n = [0, 4, 5].iter().filter(|o| **o < rows).count();
-            let view = MemtableView {
-                id: 1,
-                batches: batches[..n].to_vec(),
-                offsets: vec![0, 4, 5][..n].to_vec(),
-                rows,
-                live: RowFlags::default(),
-                text: Some(mem.clone()),
-                graph: None,
-                row_hashes: Vec::new(),
-            };
-            Source::memtable("memtable 1", view)
+        let terms: Vec<Term> = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
+            .iter()
+            .map(|w| Term::from_field_text(ts.fields()[0], w))
+            .collect();
+        (ts, batches, terms)
+    }
+
+    /// A view of the first `rows` rows of the fixture's `batches` (it holds only the batches
+    /// with them), with `mem` as its text index.
+    fn view_source(batches: &[RecordBatch], mem: &Arc<MemTextIndex>, rows: usize) -> Source {
+        let n = [0, 4, 5].iter().filter(|o| **o < rows).count();
+        let view = MemtableView {
+            id: 1,
+            batches: batches[..n].to_vec(),
+            offsets: vec![0, 4, 5][..n].to_vec(),
+            rows,
+            live: RowFlags::default(),
+            text: Some(mem.clone()),
+            graph: None,
+            row_hashes: Vec::new(),
         };
+        Source::memtable("memtable 1", view)
+    }
+
+    #[test]
+    fn counts_follow_the_dead_rows_of_each_query_in_any_order() {
+        let (ts, batches, terms) = dead_rows_fixture();
+        let mem = Arc::new(MemTextIndex::new(ts.clone()).unwrap());
+        let source = |rows: usize| view_source(&batches, &mem, rows);
         mem.commit(&batches, 7).unwrap();
         let full = mem.view(&batches, 7).unwrap();
         // The same rows as a search sees them when the index committed only the first batch:
@@ -469,10 +483,6 @@ mod tests {
         tailed.view(&batches, 5).unwrap();
         let tailed = tailed.view(&batches, 7).unwrap();
         assert_eq!(tailed.rows(), 7);
-        let terms: Vec<Term> = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
-            .iter()
-            .map(|w| Term::from_field_text(ts.fields()[0], w))
-            .collect();
         // Live rows of successive queries, newer and older views interleaved; the index holds rows
         // past a short view, which the view has no text for.
         let mut deads = [Box::<DeadRowStats>::default(), Box::default()];
@@ -525,8 +535,16 @@ mod tests {
             assert_eq!(got, df, "flags {flags:?}");
             assert_eq!(dead.tokens(0) + past_tokens[0], tokens, "flags {flags:?}");
         }
+    }
+
+    #[test]
+    fn rows_an_index_newly_covers_are_counted() {
         // The same live rows while the index catches up with them: the rows it newly covers
         // are counted although their flags did not change.
+        let (ts, batches, terms) = dead_rows_fixture();
+        let mem = Arc::new(MemTextIndex::new(ts.clone()).unwrap());
+        mem.commit(&batches, 7).unwrap();
+        let source = |rows: usize| view_source(&batches, &mem, rows);
         let growing = Arc::new(MemTextIndex::new(ts.clone()).unwrap());
         growing.commit(&batches, 2).unwrap();
         let short = growing.view(&batches, 5).unwrap();
