@@ -413,6 +413,78 @@ fn vector_schema(dim: usize) -> IndexSchema {
     .expect("the benchmark schema is valid")
 }
 
+/// The slope of p50 latency against the generation count, per query kind and mode
+/// (`fts/warm`, ...).
+fn slopes(runs: &[Run]) -> std::collections::BTreeMap<String, f64> {
+    let keys: std::collections::BTreeSet<String> = runs
+        .iter()
+        .map(|r| format!("{}/{}", r.query, r.mode))
+        .collect();
+    keys.into_iter()
+        .map(|k| {
+            let pts: Vec<(f64, f64)> = runs
+                .iter()
+                .filter(|r| format!("{}/{}", r.query, r.mode) == k)
+                .map(|r| (r.generations as f64, r.p50_ms))
+                .collect();
+            let s = slope(&pts);
+            (k, s)
+        })
+        .collect()
+}
+
+impl Run {
+    /// The run as a line of the printed table.
+    fn line(&self) -> String {
+        format!(
+            "{:>5} {:>9} {:>5} {:>9.2} {:>9.2} {:>9.2} {:>6} {:>6} {:>6}",
+            self.generations,
+            self.query,
+            self.mode,
+            self.p50_ms,
+            self.p95_ms,
+            self.p99_ms,
+            self.gets,
+            self.round_trips,
+            self.peak_concurrency
+        )
+    }
+}
+
+/// The vector-only shapes: many small generations of 128-d vectors, or few of 768-d ones;
+/// records the build time and rows in `report`, returns the runs measured.
+async fn vector_shape(
+    o: &Options,
+    report: &mut Report,
+    latency: LatencyConfig,
+) -> Result<Vec<Run>> {
+    let (g, per, dim) = if o.shape == Shape::ManySmall {
+        (800, 500, 128)
+    } else {
+        (40, 50, 768)
+    };
+    let schema = vector_schema(dim);
+    let dir = o.out.join(format!("index-{}", report.shape));
+    let b = Build {
+        schema: schema.clone(),
+        total: g * per,
+        generations: vec![per; g],
+        rows: Box::new(|from, n| vector_batch(&schema, dim, from, n)),
+    };
+    let secs = build(&dir, b, o.progress, o.reuse, o.compaction).await?;
+    report.build_seconds.insert(g, secs);
+    report.docs = g * per;
+    let (loc, store) = Location::parse(&dir.display().to_string())?.with_latency(latency);
+    let queries: Vec<Query> = (0..100)
+        .map(|i| Query::Vector(random_unit(1 << 40 | i, dim), true))
+        .collect();
+    let runs = measure(&loc, &store, g, "vector", &queries, o).await?;
+    if !o.reuse {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(runs.into())
+}
+
 /// Run the benchmark; prints the table as it goes and writes `results.json` and
 /// `latency.png` into `o.out`.
 pub async fn run(o: &Options) -> Result<Report> {
@@ -446,20 +518,7 @@ pub async fn run(o: &Options) -> Result<Report> {
         "{:>5} {:>9} {:>5} {:>9} {:>9} {:>9} {:>6} {:>6} {:>6}",
         "gens", "query", "mode", "p50 ms", "p95 ms", "p99 ms", "GETs", "trips", "peak"
     ));
-    let print = |r: &Run| {
-        say(format!(
-            "{:>5} {:>9} {:>5} {:>9.2} {:>9.2} {:>9.2} {:>6} {:>6} {:>6}",
-            r.generations,
-            r.query,
-            r.mode,
-            r.p50_ms,
-            r.p95_ms,
-            r.p99_ms,
-            r.gets,
-            r.round_trips,
-            r.peak_concurrency
-        ))
-    };
+    let print = |r: &Run| say(r.line());
     match o.shape {
         Shape::Generations => {
             let corpus = Corpus::load(o.data.as_deref())?;
@@ -507,49 +566,13 @@ pub async fn run(o: &Options) -> Result<Report> {
             }
         }
         Shape::ManySmall | Shape::WideVectors => {
-            let (g, per, dim) = if o.shape == Shape::ManySmall {
-                (800, 500, 128)
-            } else {
-                (40, 50, 768)
-            };
-            let schema = vector_schema(dim);
-            let dir = o.out.join(format!("index-{}", report.shape));
-            let b = Build {
-                schema: schema.clone(),
-                total: g * per,
-                generations: vec![per; g],
-                rows: Box::new(|from, n| vector_batch(&schema, dim, from, n)),
-            };
-            let secs = build(&dir, b, o.progress, o.reuse, o.compaction).await?;
-            report.build_seconds.insert(g, secs);
-            report.docs = g * per;
-            let (loc, store) = Location::parse(&dir.display().to_string())?.with_latency(latency);
-            let queries: Vec<Query> = (0..100)
-                .map(|i| Query::Vector(random_unit(1 << 40 | i, dim), true))
-                .collect();
-            for r in measure(&loc, &store, g, "vector", &queries, o).await? {
+            for r in vector_shape(o, &mut report, latency).await? {
                 print(&r);
                 report.runs.push(r);
             }
-            if !o.reuse {
-                let _ = std::fs::remove_dir_all(&dir);
-            }
         }
     }
-    let keys: std::collections::BTreeSet<String> = report
-        .runs
-        .iter()
-        .map(|r| format!("{}/{}", r.query, r.mode))
-        .collect();
-    for k in keys {
-        let pts: Vec<(f64, f64)> = report
-            .runs
-            .iter()
-            .filter(|r| format!("{}/{}", r.query, r.mode) == k)
-            .map(|r| (r.generations as f64, r.p50_ms))
-            .collect();
-        report.slope_ms_per_generation.insert(k, slope(&pts));
-    }
+    report.slope_ms_per_generation = slopes(&report.runs);
     say(String::new());
     say("slope of p50 against generations (ms per generation):".to_string());
     for (k, s) in &report.slope_ms_per_generation {

@@ -609,26 +609,35 @@ mod reference {
     }
 }
 
-/// Run the stream (see the module documentation).
-pub async fn run(o: &StreamOptions) -> Result<StreamReport> {
-    let rate_ok = |r: f64| r.is_finite() && r >= 0.0;
-    if o.writers == 0 || o.batch == 0 || o.dim == 0 || !rate_ok(o.rate) || !rate_ok(o.qps) {
-        return Err(crate::Error::invalid(
-            "writers, batch and dim must be at least 1, rate and qps at least 0",
-        ));
+impl StreamOptions {
+    /// Refuse options the benchmark cannot run with.
+    fn check(&self) -> Result<()> {
+        let o = self;
+        let rate_ok = |r: f64| r.is_finite() && r >= 0.0;
+        if o.writers == 0 || o.batch == 0 || o.dim == 0 || !rate_ok(o.rate) || !rate_ok(o.qps) {
+            return Err(crate::Error::invalid(
+                "writers, batch and dim must be at least 1, rate and qps at least 0",
+            ));
+        }
+        if o.readers > 0 && o.kinds.is_empty() {
+            return Err(crate::Error::invalid("readers need query kinds"));
+        }
+        if let Some(k) = o
+            .kinds
+            .iter()
+            .find(|k| !["fts", "vector", "filtered"].contains(&k.as_str()))
+        {
+            return Err(crate::Error::invalid(format!(
+                "unknown query kind '{k}' (fts, vector, filtered)"
+            )));
+        }
+        Ok(())
     }
-    if o.readers > 0 && o.kinds.is_empty() {
-        return Err(crate::Error::invalid("readers need query kinds"));
-    }
-    if let Some(k) = o
-        .kinds
-        .iter()
-        .find(|k| !["fts", "vector", "filtered"].contains(&k.as_str()))
-    {
-        return Err(crate::Error::invalid(format!(
-            "unknown query kind '{k}' (fts, vector, filtered)"
-        )));
-    }
+}
+
+/// The corpus, its pools of rows and vectors, and a new index in `<out>/index` with the
+/// benchmark's schema.
+async fn prepare(o: &StreamOptions) -> Result<(Arc<Shared>, IndexSchema, PathBuf)> {
     let corpus = Corpus::load(o.data.as_deref())?;
     let mut embedder = Embedder::new(o.dim);
     let pool_rows = 20_000usize;
@@ -673,29 +682,99 @@ pub async fn run(o: &StreamOptions) -> Result<StreamReport> {
         queries,
         query_vectors,
     });
-    let mut tasks = tokio::task::JoinSet::new();
-    let max_generations = Arc::new(AtomicUsize::new(0));
-    {
-        let (s, most) = (s.clone(), max_generations.clone());
-        tasks.spawn(async move {
-            while !s.stop.load(Ordering::SeqCst) {
-                most.fetch_max(s.index.stats().generations.len(), Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Ok(())
-        });
+    Ok((s, schema, dir))
+}
+
+/// A latency as `p50/p99/max` milliseconds (`-` without samples).
+fn p50_p99_max(l: Option<&Latency>) -> String {
+    l.map_or("-".to_string(), |l| {
+        format!("{:.1}/{:.1}/{:.0}", l.p50_ms, l.p99_ms, l.max_ms)
+    })
+}
+
+impl Interval {
+    /// The interval as a line of the printed table.
+    fn line(&self) -> String {
+        format!(
+            "{:>6.0} {:>8.0} {:>19} {:>19} {:>19} {:>19} {:>5} {:>4} {:>8} {:>8} {:>9} {:>7.0}",
+            self.t,
+            self.rows_per_s,
+            p50_p99_max(Some(&self.append)),
+            p50_p99_max(self.queries.get("fts")),
+            p50_p99_max(self.queries.get("vector")),
+            p50_p99_max(self.queries.get("filtered")),
+            self.generations,
+            self.compactions,
+            self.compaction_debt_rows,
+            self.memtable_rows,
+            self.unindexed_rows,
+            self.rss_mib
+        )
     }
-    for w in 0..o.writers {
-        tasks.spawn(writer(s.clone(), o.clone(), w));
-    }
-    for r in 0..o.readers {
-        tasks.spawn(reader(s.clone(), o.clone(), r));
-    }
-    let say = |line: String| {
-        if o.print {
-            println!("{line}");
+}
+
+impl StreamReport {
+    /// The lines printed after the run.
+    fn summary(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        out.push(format!(
+            "total: {} rows in {:.1} s = {:.0} rows/s; append p50 {:.1} ms, p99 {:.1} ms, max {:.0} ms",
+            self.rows,
+            self.seconds,
+            self.rows_per_s,
+            self.append.p50_ms,
+            self.append.p99_ms,
+            self.append.max_ms
+        ));
+        for (k, l) in &self.queries {
+            out.push(format!(
+                "       {k}: {} queries, p50 {:.2} ms, p99 {:.2} ms, max {:.0} ms",
+                l.count, l.p50_ms, l.p99_ms, l.max_ms
+            ));
         }
-    };
+        for c in &self.checkpoints {
+            out.push(format!(
+                "checkpoint at {:.0} s: {} live rows, recall@10 {:.3}, full-text {} of {} queries differ from one tantivy index",
+                c.t, c.live_rows, c.recall_at_10, c.fts_mismatches, c.fts_queries
+            ));
+        }
+        out.push(format!(
+            "peak RSS {:.0} MiB = {:.0} MiB per 100,000 rows acknowledged; {} live rows at the end",
+            self.peak_rss_mib, self.peak_rss_mib_per_100k_rows, self.live_rows
+        ));
+        out.push(format!(
+            "generations: at most {} at once, {} after the final flush ({} rows, {} bytes), {} compactions{}",
+            self.max_generations,
+            self.generations_at_end,
+            self.generation_rows,
+            self.generation_bytes,
+            self.compactions,
+            self
+                .space_amplification
+                .map(|a| format!("; space amplification {a:.2}"))
+                .unwrap_or_default()
+        ));
+        out
+    }
+}
+
+/// What the sampling loop of a stream run gathered.
+struct Sampled {
+    intervals: Vec<Interval>,
+    snapshots: Vec<Snapshot>,
+    peak_rss: f64,
+    /// Seconds the run lasted, checkpoints left out.
+    seconds: f64,
+}
+
+/// Sample the run every interval (printing a line with `say`) and take the checkpoints, until
+/// the duration has passed; fails when a task of `tasks` ends early.
+async fn sample(
+    o: &StreamOptions,
+    s: &Arc<Shared>,
+    tasks: &mut tokio::task::JoinSet<Result<()>>,
+    say: &dyn Fn(String),
+) -> Result<Sampled> {
     say(format!(
         "{:>6} {:>8} {:>19} {:>19} {:>19} {:>19} {:>5} {:>4} {:>8} {:>8} {:>9} {:>7}",
         "t(s)",
@@ -719,11 +798,6 @@ pub async fn run(o: &StreamOptions) -> Result<StreamReport> {
     let mut last_t = 0.0;
     let mut peak_rss = rss_mib();
     let mut next_checkpoint = o.checkpoint;
-    let fmt = |l: Option<&Latency>| {
-        l.map_or("-".to_string(), |l| {
-            format!("{:.1}/{:.1}/{:.0}", l.p50_ms, l.p99_ms, l.max_ms)
-        })
-    };
     loop {
         let running = started.elapsed() - paused;
         if running >= o.duration {
@@ -763,33 +837,56 @@ pub async fn run(o: &StreamOptions) -> Result<StreamReport> {
             compaction_debt_rows: st.compaction_debt_rows,
             rss_mib: rss,
         };
-        say(format!(
-            "{:>6.0} {:>8.0} {:>19} {:>19} {:>19} {:>19} {:>5} {:>4} {:>8} {:>8} {:>9} {:>7.0}",
-            row.t,
-            row.rows_per_s,
-            fmt(Some(&row.append)),
-            fmt(row.queries.get("fts")),
-            fmt(row.queries.get("vector")),
-            fmt(row.queries.get("filtered")),
-            row.generations,
-            row.compactions,
-            row.compaction_debt_rows,
-            row.memtable_rows,
-            row.unindexed_rows,
-            row.rss_mib
-        ));
+        say(row.line());
         intervals.push(row);
         last_acked = acked;
         last_t = t;
         if !o.checkpoint.is_zero() && running >= next_checkpoint {
             next_checkpoint += o.checkpoint;
             let p = Instant::now();
-            snapshots.push(snapshot(&s, t, snapshots.len()).await?);
+            snapshots.push(snapshot(s, t, snapshots.len()).await?);
             paused += p.elapsed();
         }
     }
+    Ok(Sampled {
+        intervals,
+        snapshots,
+        peak_rss,
+        seconds: (started.elapsed() - paused).as_secs_f64(),
+    })
+}
+
+/// Run the stream (see the module documentation).
+pub async fn run(o: &StreamOptions) -> Result<StreamReport> {
+    o.check()?;
+    let (s, schema, dir) = prepare(o).await?;
+    let mut tasks = tokio::task::JoinSet::new();
+    let max_generations = Arc::new(AtomicUsize::new(0));
+    {
+        let (s, most) = (s.clone(), max_generations.clone());
+        tasks.spawn(async move {
+            while !s.stop.load(Ordering::SeqCst) {
+                most.fetch_max(s.index.stats().generations.len(), Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Ok(())
+        });
+    }
+    for w in 0..o.writers {
+        tasks.spawn(writer(s.clone(), o.clone(), w));
+    }
+    for r in 0..o.readers {
+        tasks.spawn(reader(s.clone(), o.clone(), r));
+    }
+    let say = |line: String| {
+        if o.print {
+            println!("{line}");
+        }
+    };
+    let sampled = sample(o, &s, &mut tasks, &say).await?;
+    let (intervals, snapshots, peak_rss) = (sampled.intervals, sampled.snapshots, sampled.peak_rss);
     s.stop.store(true, Ordering::SeqCst);
-    let seconds = (started.elapsed() - paused).as_secs_f64();
+    let seconds = sampled.seconds;
     while let Some(r) = tasks.join_next().await {
         r.map_err(|e| crate::Error::internal(format!("stream task: {e}")))??;
     }
@@ -846,43 +943,9 @@ pub async fn run(o: &StreamOptions) -> Result<StreamReport> {
         compactions: end.compactions,
         space_amplification,
     };
-    say(format!(
-        "total: {} rows in {:.1} s = {:.0} rows/s; append p50 {:.1} ms, p99 {:.1} ms, max {:.0} ms",
-        report.rows,
-        report.seconds,
-        report.rows_per_s,
-        report.append.p50_ms,
-        report.append.p99_ms,
-        report.append.max_ms
-    ));
-    for (k, l) in &report.queries {
-        say(format!(
-            "       {k}: {} queries, p50 {:.2} ms, p99 {:.2} ms, max {:.0} ms",
-            l.count, l.p50_ms, l.p99_ms, l.max_ms
-        ));
+    for line in report.summary() {
+        say(line);
     }
-    for c in &report.checkpoints {
-        say(format!(
-            "checkpoint at {:.0} s: {} live rows, recall@10 {:.3}, full-text {} of {} queries differ from one tantivy index",
-            c.t, c.live_rows, c.recall_at_10, c.fts_mismatches, c.fts_queries
-        ));
-    }
-    say(format!(
-        "peak RSS {:.0} MiB = {:.0} MiB per 100,000 rows acknowledged; {} live rows at the end",
-        report.peak_rss_mib, report.peak_rss_mib_per_100k_rows, report.live_rows
-    ));
-    say(format!(
-        "generations: at most {} at once, {} after the final flush ({} rows, {} bytes), {} compactions{}",
-        report.max_generations,
-        report.generations_at_end,
-        report.generation_rows,
-        report.generation_bytes,
-        report.compactions,
-        report
-            .space_amplification
-            .map(|a| format!("; space amplification {a:.2}"))
-            .unwrap_or_default()
-    ));
     let path = o.out.join("results.json");
     let json = serde_json::to_vec_pretty(&report)
         .map_err(|e| crate::Error::internal(format!("results.json: {e}")))?;
