@@ -10,7 +10,8 @@
 //!
 //! This test reads every `crate::…` path in `src/` (outside comments; `src/bin/` is the
 //! command line, a client of the library) and fails on an edge that does not point down a
-//! layer, naming the file, the line and the edge.
+//! layer, naming the file, the line and the edge. Below that, files within a module never use
+//! each other in a circle, and no function is longer than [`MAX_FUNCTION_LINES`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -271,4 +272,459 @@ fn the_checker_sees_an_upward_edge() {
         .filter(|m| layers[m] >= layers["storage"])
         .collect();
     assert_eq!(up, ["query", "read", "db"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Circles between files.
+//
+// Within a top-level module, files may use each other, but never in a circle: a file uses
+// another when its code names an item there (`crate::a::b::Item`, `super::Item`,
+// `self::child::Item`, or `child::Item` for a `mod child;` it declares). A re-export
+// (`pub use child::Item;`) is a module's surface, not a use: a `mod.rs` may re-export what its
+// children define while they use what it defines.
+
+/// The module path of a file (`src/db/flush.rs` → `["db", "flush"]`, `src/lib.rs` → `[]`).
+fn module_path(file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src()).expect("under src/");
+    let mut segs: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if let Some(last) = segs.pop() {
+        let stem = last.trim_end_matches(".rs");
+        if stem != "mod" && stem != "lib" {
+            segs.push(stem.to_string());
+        }
+    }
+    segs
+}
+
+/// Code without comment lines and without re-export statements.
+fn code_without_reexports(text: &str) -> String {
+    let code: Vec<String> = code_lines(text).into_iter().map(|(_, l)| l).collect();
+    let mut out = String::new();
+    let mut in_reexport = false;
+    for l in code {
+        let t = l.trim_start();
+        if !in_reexport && (t.starts_with("pub use ") || t.starts_with("pub(crate) use ")) {
+            in_reexport = true;
+        }
+        if in_reexport {
+            if t.trim_end().ends_with(';') {
+                in_reexport = false;
+            }
+            continue;
+        }
+        out.push_str(&l);
+        out.push('\n');
+    }
+    out
+}
+
+/// The paths named after `head::` in `code` (groups expanded), each as its segments.
+fn paths_after(code: &str, head: &str) -> Vec<(usize, Vec<String>)> {
+    let bytes = code.as_bytes();
+    let pat = format!("{head}::");
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some(i) = code[at..].find(&pat) {
+        let start = at + i;
+        at = start + pat.len();
+        let before = start.checked_sub(1).map(|b| bytes[b]);
+        if before.is_some_and(|b| b == b'$' || b == b':' || b.is_ascii_alphanumeric() || b == b'_')
+        {
+            continue;
+        }
+        let mut prefix = Vec::new();
+        let mut rest = &code[at..];
+        loop {
+            if let Some(group) = rest.strip_prefix('{') {
+                let mut depth = 1;
+                let end = group
+                    .char_indices()
+                    .find(|(_, c)| {
+                        match c {
+                            '{' => depth += 1,
+                            '}' => depth -= 1,
+                            _ => {}
+                        }
+                        depth == 0
+                    })
+                    .map_or(group.len(), |(j, _)| j);
+                for element in split_top_level(&group[..end]) {
+                    let mut p = prefix.clone();
+                    p.extend(
+                        element
+                            .split("::")
+                            .map(first_segment)
+                            .filter(|s| !s.is_empty() && s != "self"),
+                    );
+                    out.push((start, p));
+                }
+                break;
+            }
+            let seg = first_segment(rest);
+            if seg.is_empty() {
+                out.push((start, prefix));
+                break;
+            }
+            rest = &rest[rest.find(&seg).expect("a segment") + seg.len()..];
+            prefix.push(seg);
+            match rest.strip_prefix("::") {
+                Some(r) => rest = r,
+                None => {
+                    out.push((start, prefix));
+                    break;
+                }
+            }
+        }
+    }
+    out
+}
+
+fn split_top_level(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut depth = 0;
+    let mut cur = String::new();
+    for c in s.chars() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(std::mem::take(&mut cur));
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(c);
+    }
+    out.push(cur);
+    out.into_iter().filter(|e| !e.trim().is_empty()).collect()
+}
+
+/// How many inline modules (`mod tests { … }`) are open at byte `pos` of `code`.
+fn inline_depth(code: &str, pos: usize) -> usize {
+    let mut depth = 0;
+    let mut at = 0;
+    while let Some(i) = code[at..pos].find("mod ") {
+        let start = at + i;
+        at = start + 4;
+        let after = &code[at..pos];
+        let name = first_segment(after);
+        let tail = after[name.len()..].trim_start();
+        if name.is_empty() || !tail.starts_with('{') {
+            continue;
+        }
+        let body = &tail[1..];
+        let open = body.matches('{').count() as i64 - body.matches('}').count() as i64;
+        if open >= 0 {
+            depth += 1;
+        }
+    }
+    depth
+}
+
+/// The files each file of `src/` (outside `src/bin/`) uses.
+fn file_edges() -> BTreeMap<PathBuf, BTreeSet<PathBuf>> {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let by_module: BTreeMap<Vec<String>, PathBuf> =
+        files.iter().map(|f| (module_path(f), f.clone())).collect();
+    let resolve = |segs: &[String]| {
+        (0..=segs.len())
+            .rev()
+            .find_map(|n| by_module.get(&segs[..n]).cloned())
+    };
+    let mut edges = BTreeMap::new();
+    for file in &files {
+        let me = module_path(file);
+        let code = code_without_reexports(&std::fs::read_to_string(file).expect("a source file"));
+        let mut out = BTreeSet::new();
+        let mut add = |target: Option<PathBuf>| {
+            if let Some(t) = target {
+                if &t != file && !t.ends_with("lib.rs") {
+                    out.insert(t);
+                }
+            }
+        };
+        for (_, p) in paths_after(&code, "crate") {
+            add(resolve(&p));
+        }
+        for (pos, p) in paths_after(&code, "super") {
+            // `super` inside an inline module is this file.
+            let mut base = me.clone();
+            if inline_depth(&code, pos) == 0 {
+                base.pop();
+            }
+            let mut p = p.as_slice();
+            while let Some(rest) = p.strip_prefix(&["super".to_string()]) {
+                base.pop();
+                p = rest;
+            }
+            base.extend(p.iter().cloned());
+            add(resolve(&base));
+        }
+        for (_, p) in paths_after(&code, "self") {
+            let mut base = me.clone();
+            base.extend(p);
+            add(resolve(&base));
+        }
+        // `child::Item` for a child module this file declares.
+        for line in code.lines() {
+            let t = line.trim_start();
+            let decl = t
+                .strip_prefix("pub(crate) mod ")
+                .or_else(|| t.strip_prefix("pub mod "))
+                .or_else(|| t.strip_prefix("mod "));
+            let Some(decl) = decl.filter(|d| d.trim_end().ends_with(';')) else {
+                continue;
+            };
+            let child = first_segment(decl);
+            let mut path = me.clone();
+            path.push(child.clone());
+            if !paths_after(&code, &child).is_empty() {
+                add(by_module.get(&path).cloned());
+            }
+        }
+        edges.insert(file.clone(), out);
+    }
+    edges
+}
+
+/// Groups of files that use each other in a circle (strongly connected components of more than
+/// one file), each sorted, as paths relative to `src/`.
+fn circles(edges: &BTreeMap<PathBuf, BTreeSet<PathBuf>>) -> Vec<Vec<String>> {
+    // Kosaraju: order by finish time, then collect on the reversed graph.
+    fn visit(
+        v: &PathBuf,
+        edges: &BTreeMap<PathBuf, BTreeSet<PathBuf>>,
+        seen: &mut BTreeSet<PathBuf>,
+        order: &mut Vec<PathBuf>,
+    ) {
+        if !seen.insert(v.clone()) {
+            return;
+        }
+        for w in edges.get(v).into_iter().flatten() {
+            visit(w, edges, seen, order);
+        }
+        order.push(v.clone());
+    }
+    let mut seen = BTreeSet::new();
+    let mut order = Vec::new();
+    for v in edges.keys() {
+        visit(v, edges, &mut seen, &mut order);
+    }
+    let mut reversed: BTreeMap<PathBuf, BTreeSet<PathBuf>> = BTreeMap::new();
+    for (v, ws) in edges {
+        for w in ws {
+            reversed.entry(w.clone()).or_default().insert(v.clone());
+        }
+    }
+    let mut assigned = BTreeSet::new();
+    let mut out = Vec::new();
+    for v in order.iter().rev() {
+        let mut group = Vec::new();
+        visit(v, &reversed, &mut assigned, &mut group);
+        if group.len() > 1 {
+            let mut names: Vec<String> = group
+                .iter()
+                .map(|f| {
+                    f.strip_prefix(src())
+                        .expect("under src/")
+                        .display()
+                        .to_string()
+                })
+                .collect();
+            names.sort();
+            out.push(names);
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn no_two_files_use_each_other_in_a_circle() {
+    let found = circles(&file_edges());
+    assert!(
+        found.is_empty(),
+        "files that use each other in a circle:\n  {}",
+        found
+            .iter()
+            .map(|c| c.join(" → "))
+            .collect::<Vec<_>>()
+            .join("\n  ")
+    );
+}
+
+#[test]
+fn the_circle_checker_sees_a_circle() {
+    let a = PathBuf::from("a.rs");
+    let b = PathBuf::from("b.rs");
+    let c = PathBuf::from("c.rs");
+    let root = src();
+    let (a, b, c) = (root.join(a), root.join(b), root.join(c));
+    let mut edges = BTreeMap::new();
+    edges.insert(a.clone(), BTreeSet::from([b.clone()]));
+    edges.insert(b.clone(), BTreeSet::from([c.clone()]));
+    edges.insert(c.clone(), BTreeSet::from([a.clone()]));
+    assert_eq!(circles(&edges), [["a.rs", "b.rs", "c.rs"]]);
+    edges.insert(c.clone(), BTreeSet::new());
+    assert!(circles(&edges).is_empty());
+    // The parser: a group, `super` at file level and inside an inline module, a child.
+    let code = "use crate::{db::flush::run, read::Snapshot};\nfn f() { super::g() }\n\
+                mod tests { use super::*; }\n";
+    let crate_paths: Vec<_> = paths_after(code, "crate")
+        .into_iter()
+        .map(|p| p.1)
+        .collect();
+    assert_eq!(
+        crate_paths,
+        [vec!["db", "flush", "run"], vec!["read", "Snapshot"]]
+    );
+    let supers: Vec<usize> = paths_after(code, "super")
+        .into_iter()
+        .map(|(pos, _)| inline_depth(code, pos))
+        .collect();
+    assert_eq!(supers, [0, 1]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Function length.
+
+/// The longest a function of `src/` may be, in lines from `fn` to its closing brace.
+const MAX_FUNCTION_LINES: usize = 120;
+
+/// Functions allowed to be longer, with the reason.
+const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[];
+
+/// Every function of `src/` (outside `src/bin/`) longer than `max` lines: (file, name, lines).
+fn long_functions(max: usize) -> Vec<(String, String, usize)> {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    files.sort();
+    let mut out = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("a source file");
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let Some(name) = fn_name(line) else {
+                continue;
+            };
+            let Some(len) = body_lines(&lines[i..]) else {
+                continue;
+            };
+            if len > max {
+                let rel = file.strip_prefix(src()).expect("under src/");
+                out.push((rel.display().to_string(), name, len));
+            }
+        }
+    }
+    out
+}
+
+/// The name of the function a line declares, if it does.
+fn fn_name(line: &str) -> Option<String> {
+    let mut t = line.trim_start();
+    if t.starts_with("//") {
+        return None;
+    }
+    for prefix in [
+        "pub(crate) ",
+        "pub(super) ",
+        "pub ",
+        "const ",
+        "async ",
+        "unsafe ",
+    ] {
+        t = t.strip_prefix(prefix).unwrap_or(t);
+    }
+    let name = first_segment(t.strip_prefix("fn ")?);
+    (!name.is_empty()).then_some(name)
+}
+
+/// Lines from a function's declaration to its closing brace (`None` for a declaration without
+/// a body). Strings, characters and line comments are skipped when counting braces.
+fn body_lines(lines: &[&str]) -> Option<usize> {
+    let mut depth = 0i64;
+    let mut opened = false;
+    for (n, line) in lines.iter().enumerate() {
+        let mut chars = line.chars().peekable();
+        let mut in_str = false;
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' if in_str => {
+                    chars.next();
+                }
+                '"' => in_str = !in_str,
+                '/' if !in_str && chars.peek() == Some(&'/') => break,
+                '\'' if !in_str => {
+                    // A character literal ('{', '\n') or a lifetime ('a).
+                    let rest: String = chars.clone().take(3).collect();
+                    if rest.starts_with('\\') {
+                        chars.nth(2);
+                    } else if rest.chars().nth(1) == Some('\'') {
+                        chars.nth(1);
+                    }
+                }
+                '{' if !in_str => {
+                    depth += 1;
+                    opened = true;
+                }
+                '}' if !in_str => depth -= 1,
+                ';' if !in_str && !opened => return None,
+                _ => {}
+            }
+        }
+        if opened && depth == 0 {
+            return Some(n + 1);
+        }
+    }
+    None
+}
+
+#[test]
+fn no_function_is_longer_than_the_limit() {
+    let long: Vec<String> = long_functions(MAX_FUNCTION_LINES)
+        .into_iter()
+        .filter(|(file, name, _)| {
+            !LONG_FUNCTIONS
+                .iter()
+                .any(|(f, n, _)| f == file && n == name)
+        })
+        .map(|(file, name, len)| format!("{file}: fn {name}: {len} lines"))
+        .collect();
+    assert!(
+        long.is_empty(),
+        "functions longer than {MAX_FUNCTION_LINES} lines (split them, or list them with a \
+         reason in LONG_FUNCTIONS):\n  {}",
+        long.join("\n  ")
+    );
+    // Every exception still exists and is still long: the list does not outlive its reasons.
+    let all = long_functions(MAX_FUNCTION_LINES);
+    for (f, n, _) in LONG_FUNCTIONS {
+        assert!(
+            all.iter().any(|(file, name, _)| file == f && name == n),
+            "{f}: fn {n} is listed in LONG_FUNCTIONS but is no longer long"
+        );
+    }
+}
+
+#[test]
+fn the_length_checker_counts_a_body() {
+    let code = [
+        "fn f() {",
+        "    let s = \"}\";",
+        "    let c = '{';",
+        "    // }",
+        "}",
+        "x",
+    ];
+    assert_eq!(fn_name(code[0]).as_deref(), Some("f"));
+    assert_eq!(body_lines(&code), Some(5));
+    assert_eq!(body_lines(&["fn g();"]), None);
+    assert_eq!(
+        fn_name("pub(crate) async fn run<'a>(x: &'a str) {").as_deref(),
+        Some("run")
+    );
 }
