@@ -43,33 +43,26 @@ pub struct Settings {
     /// means better recall, bigger graphs and slower flushes. Default 16.
     pub hnsw_m: usize,
     /// HNSW: candidate list size while inserting into a graph (a memtable's, which its flush
-    /// turns into the generation's, or one built at flush). Default 100, from `lsmsearch bench
-    /// stream` (128-d cosine, release, 2 cores; recall@10 against exact search on snapshots):
-    /// at max rate (1 writer of 1,000-row Durable batches, 40 s) ef_construction/ef_search
-    /// 200/100 gave 5,300 rows/s and recall 0.92-0.94, 64/100 11,200 rows/s and 0.75-0.80,
-    /// 100/200 11,800 rows/s and 0.93-0.97, 100/400 10,800 rows/s and 0.96-0.98.
+    /// turns into the generation's, or one built at flush). Larger means better recall and
+    /// slower inserts. Default 100 (`docs/performance.md`, "How the defaults were chosen").
     pub hnsw_ef_construction: usize,
     /// HNSW: default candidate list size of a graph search (a query's `ef` overrides it). A
     /// compaction's merged generation is walked with this times one more than the flushes
     /// whose rows it holds (`GenerationMeta::flushes`; the total list of the graphs it
     /// replaced did not find as much in one graph), the flushes bounded by its rows in units of
     /// half `memtable_max_rows`, and divided by how much longer a list built its graph
-    /// ([`Settings::compaction_ef_construction`]).
-    /// Default 400, from the paced `lsmsearch bench stream` (1 writer at 2,000 rows/s in
-    /// 100-row batches, 20 queries/s, 90 s): recall@10 on snapshots 0.958-0.970 and vector
-    /// p50 4.1 ms, against 0.902-0.910 and 2.7 ms at 200.
+    /// ([`Settings::compaction_ef_construction`]). Larger means better recall and slower
+    /// searches. Default 400 (`docs/performance.md`, "How the defaults were chosen").
     pub hnsw_ef_search: usize,
     /// A vector arm scans exactly instead of walking its graph when its live rows and filter
     /// leave fewer candidate rows than this (a walk over a sparse filter can come back short;
     /// a scan of few rows is cheap). Default 2,048.
     pub vector_exact_below: usize,
     /// The active memtable gets a vector graph, filled in the background, once it holds this
-    /// many rows; below it (and for `dot`) memtables are scanned exactly. Default 2,048, from
-    /// the measured crossover (`cargo bench --bench vector`, 784-d Fashion-MNIST, release, 2
-    /// cores: scan 0.84 / graph 0.62 ms p50 at 1,000 rows, 1.65 / 0.91 at 2,000, 16.0 / 2.7
-    /// at 20,000, 39.8 / 4.1 at 50,000) and equal to `vector_exact_below`, under which an arm
-    /// scans anyway. The graph costs background CPU (about 1,000 to 2,800 784-d rows/s on 2
-    /// cores): raise it (or set `usize::MAX`) for ingest-bound workloads.
+    /// many rows; below it (and for `dot`) memtables are scanned exactly. Default 2,048, near
+    /// the measured crossover of a scan and a walk, and equal to `vector_exact_below`, under
+    /// which an arm scans anyway (`docs/performance.md`, "How the defaults were chosen"). The
+    /// graph costs background CPU: raise it (or set `usize::MAX`) for ingest-bound workloads.
     pub memtable_graph_above: usize,
     /// Budget, in bytes, of a handle's cache of decoded generations (rows, key sets, text
     /// indexes, vector graphs; each weighs about its object's size). Queries fetch the
@@ -93,9 +86,9 @@ pub struct Settings {
     pub compaction_max_generations: usize,
     /// A compaction's merged graph continues the graph of its largest input (its nodes keep
     /// their links; only the other rows are inserted) instead of being built afresh. Cheaper in
-    /// proportion to the largest input's share of the rows, but measured worse on clustered
-    /// vectors (near-duplicate documents): recall@10 0.80-0.86 against 0.89 for fresh graphs in
-    /// the paced `bench stream`. Default off.
+    /// proportion to the largest input's share of the rows, but it found less on clustered
+    /// vectors (near-duplicate documents) in the benchmarks (`docs/performance.md`, "How the
+    /// defaults were chosen"). Default off.
     pub compaction_continue_graph: bool,
     /// Cores one compaction may use to build the merged generation's vector graph (the CPU
     /// budget that keeps compaction from starving appends and queries; a compaction also reads
@@ -104,13 +97,9 @@ pub struct Settings {
     /// HNSW: candidate list size while a compaction builds its merged generation's graph. A
     /// merged graph is walked with a list [`Settings::hnsw_ef_construction`] /
     /// `compaction_ef_construction` times the one its flushes would need (see
-    /// [`Settings::hnsw_ef_search`]). Default 100, as flushes. From `lsmsearch bench merge
-    /// --docs 200000 --inputs 4` (clustered 128-d vectors; recall@10 against exact search):
-    /// 100 builds in 22.8 s and finds 0.750 / 0.866 / 0.933 with lists of 400 / 800 / 1,600;
-    /// 200 builds in 63.6 s and finds 0.868 / 0.934 / 0.970, the same recall with half the
-    /// list; but on 2 cores a compaction that takes 2.8 times longer lags so far behind the
-    /// paced `bench stream` (one compaction in 180 s instead of two, up to 7 generations) that
-    /// searches walk more graphs and vector p50 rises from 5.6 to 6.2 ms.
+    /// [`Settings::hnsw_ef_search`]). Larger builds a graph that finds as much with a shorter
+    /// list, but takes longer to build. Default 100, as flushes (`docs/performance.md`, "How
+    /// the defaults were chosen").
     pub compaction_ef_construction: usize,
     /// Milliseconds a generation object replaced by a compaction is kept before it is deleted
     /// (and never while a query of this handle still reads it), so that queries and read-only
