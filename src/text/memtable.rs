@@ -384,25 +384,8 @@ impl MemTextIndex {
                             counts.push(0);
                             continue;
                         }
-                        let mut n = 0u32;
-                        let mut ts = analyzers[f].token_stream(col.value(r));
-                        while ts.advance() {
-                            let token = ts.token();
-                            if !in_postings(&token.text) {
-                                continue;
-                            }
-                            n += 1;
-                            let p = match postings[f].get_mut(token.text.as_str()) {
-                                Some(p) => p,
-                                None => postings[f].entry(token.text.clone()).or_default(),
-                            };
-                            if p.rows.last() != Some(&row) {
-                                p.rows.push(row);
-                                p.ends.push(p.positions.len() as u32);
-                            }
-                            p.positions.push(token.position as u32);
-                            *p.ends.last_mut().expect("pushed above") += 1;
-                        }
+                        let n =
+                            add_postings(&mut analyzers[f], col.value(r), row, &mut postings[f]);
                         counts.push(n);
                     }
                 }
@@ -427,6 +410,36 @@ impl MemTextIndex {
             segment: Mutex::new(None),
         })
     }
+}
+
+/// Add the tokens of `text` (row `row` of a tail segment) to `postings`, with their positions,
+/// as `analyzer` makes them; returns how many tokens tantivy would count (see [`in_postings`]).
+fn add_postings(
+    analyzer: &mut tantivy::tokenizer::TextAnalyzer,
+    text: &str,
+    row: u32,
+    postings: &mut HashMap<String, TailPostings>,
+) -> u32 {
+    let mut n = 0u32;
+    let mut ts = analyzer.token_stream(text);
+    while ts.advance() {
+        let token = ts.token();
+        if !in_postings(&token.text) {
+            continue;
+        }
+        n += 1;
+        let p = match postings.get_mut(token.text.as_str()) {
+            Some(p) => p,
+            None => postings.entry(token.text.clone()).or_default(),
+        };
+        if p.rows.last() != Some(&row) {
+            p.rows.push(row);
+            p.ends.push(p.positions.len() as u32);
+        }
+        p.positions.push(token.position as u32);
+        *p.ends.last_mut().expect("pushed above") += 1;
+    }
+    n
 }
 
 #[cfg(test)]

@@ -166,6 +166,19 @@ fn is_exact_phrase(q: &tantivy::query::PhraseQuery) -> bool {
     format!("{q:?}") == format!("{plain:?}")
 }
 
+/// How many times a phrase occurs in a row (tantivy's phrase count): the positions of its first
+/// term where each later term `k` (positions `rest[k - 1]`, ascending) is at `start + k`.
+fn phrase_count(first: &[u32], rest: &[&[u32]]) -> u32 {
+    first
+        .iter()
+        .filter(|start| {
+            rest.iter()
+                .enumerate()
+                .all(|(k, ps)| ps.binary_search(&(**start + k as u32 + 1)).is_ok())
+        })
+        .count() as u32
+}
+
 impl TailQuery {
     /// Compile `query` (as [`crate::query::fts`] parses it) over `stats`, or `None` when it
     /// holds a clause tail segments cannot score without tantivy.
@@ -288,17 +301,7 @@ impl TailQuery {
                             Err(_) => continue 'rows,
                         }
                     }
-                    // Phrase starts: term k at start + k for every k (tantivy's phrase count).
-                    let count = postings[0]
-                        .positions(i)
-                        .iter()
-                        .filter(|start| {
-                            positions
-                                .iter()
-                                .enumerate()
-                                .all(|(k, ps)| ps.binary_search(&(**start + k as u32 + 1)).is_ok())
-                        })
-                        .count() as u32;
+                    let count = phrase_count(postings[0].positions(i), &positions);
                     if count > 0 {
                         out.push((*row, weight.score(fieldnorm(*row, *field), count)));
                     }
