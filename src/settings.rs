@@ -5,7 +5,7 @@ use std::time::Duration;
 
 /// Tuning knobs of an index handle. Every field has a default; see each field for its cost.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct Settings {
     /// Freeze and flush the memtable once it holds this many rows (every version and tombstone
     /// counts). Larger memtables mean fewer generations but more memory and a longer replay after a

@@ -414,6 +414,21 @@ async fn the_bad_input_matrix() {
         &["ingest", &loc, &crafted],
         &["crafted.arrow"],
     );
+    m.cli(
+        "cli: an unknown setting",
+        &["scan", &loc, "--settings", r#"{"memtable_rows": 10}"#],
+        &["settings", "memtable_rows"],
+    );
+    m.cli(
+        "cli: a setting out of range",
+        &["stats", &loc, "--settings", r#"{"memtable_max_rows": 0}"#],
+        &["memtable_max_rows"],
+    );
+    m.cli(
+        "cli: settings that are not JSON",
+        &["flush", &loc, "--settings", "memtable_max_rows=10"],
+        &["settings"],
+    );
     let parquet = file("garbage.parquet", b"PAR1 this is not a parquet file PAR1");
     m.cli(
         "cli: garbage Parquet",

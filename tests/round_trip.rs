@@ -243,3 +243,78 @@ async fn both_handles_answer_every_read_alike() {
     assert_eq!(w.0, model);
     assert_eq!(w, r);
 }
+
+/// Every command that opens an index takes `--settings`: an ingest that prunes every manifest
+/// version but the newest keeps one, where the default settings keep ten, and a reader opened
+/// with settings of its own reads every row.
+#[test]
+fn the_command_line_takes_settings_for_the_index_it_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let idx = dir.path().join("idx");
+    let location = idx.display().to_string();
+    let schema = dir.path().join("schema.json");
+    std::fs::write(
+        &schema,
+        r#"{"primary_key": "id", "text": ["body"],
+            "vector": {"column": "emb", "dim": 4, "metric": "l2"},
+            "payload": [{"name": "year", "type": "int64"}]}"#,
+    )
+    .unwrap();
+    let rows = dir.path().join("rows.jsonl");
+    let lines: Vec<String> = (0..35)
+        .map(|i| {
+            format!(r#"{{"id": "k{i}", "body": "row {i}", "emb": [{i}, 1, 2, 3], "year": 2000}}"#)
+        })
+        .collect();
+    std::fs::write(&rows, lines.join("\n")).unwrap();
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_lsmsearch"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let versions = || std::fs::read_dir(idx.join("manifest")).unwrap().count();
+    let rows = rows.to_str().unwrap();
+    cli(&["init", &location, "--schema", schema.to_str().unwrap()]);
+    // Seven flushes, each a manifest version.
+    let ingest = [
+        "ingest",
+        &location,
+        rows,
+        "--batch-size",
+        "5",
+        "--flush-every",
+        "5",
+    ];
+    let mut with = ingest.to_vec();
+    with.extend(["--settings", r#"{"manifest_retention": 0}"#]);
+    cli(&with);
+    assert_eq!(
+        versions(),
+        1,
+        "a retention of 0 keeps the newest version only"
+    );
+    cli(&ingest);
+    assert!(
+        versions() > 5,
+        "the default retention keeps ten: {}",
+        versions()
+    );
+    let scanned = cli(&["scan", &location, "--settings", r#"{"query_threads": 1}"#]);
+    assert_eq!(scanned.lines().count(), 35);
+    let stats = cli(&[
+        "stats",
+        &location,
+        "--json",
+        "--settings",
+        r#"{"cache_bytes": 1048576}"#,
+    ]);
+    let v: serde_json::Value = serde_json::from_str(stats.trim()).unwrap();
+    assert!(v["generations"].as_array().is_some_and(|g| !g.is_empty()));
+}

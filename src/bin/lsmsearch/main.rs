@@ -24,22 +24,39 @@ struct Cli {
     command: Command,
 }
 
+/// Where the index a command opens lives, and the settings of its handle.
+#[derive(clap::Args, Debug, Clone)]
+struct Open {
+    /// Where the index lives (a local path, memory:// or s3://bucket/prefix).
+    location: String,
+    /// Settings of the handle as JSON: any fields of `Settings` (e.g. '{"cache_bytes":
+    /// 268435456, "memtable_max_rows": 50000}'); the others keep their defaults, and an
+    /// unknown field is an error.
+    #[arg(long, value_parser = settings_json, default_value = "{}")]
+    settings: Settings,
+}
+
+/// `--settings`: a JSON object of `Settings` fields.
+fn settings_json(v: &str) -> Result<Settings, String> {
+    serde_json::from_str(v).map_err(|e| format!("settings: {e}"))
+}
+
 // Parsed once per process: the size of the largest variant does not matter.
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Create an index at LOCATION (a local path, memory:// or s3://bucket/prefix).
     Init {
-        /// Where the index lives.
-        location: String,
+        #[command(flatten)]
+        open: Open,
         /// The schema file (JSON): {"primary_key": "id", "text": [...], "vector": {...}, "payload": [...]}.
         #[arg(long)]
         schema: PathBuf,
     },
     /// Append the rows of FILE (JSON lines, Parquet or Arrow IPC), upserting by primary key.
     Ingest {
-        /// Where the index lives.
-        location: String,
+        #[command(flatten)]
+        open: Open,
         /// JSON lines (.jsonl, .json, .ndjson), Parquet (.parquet) or Arrow IPC (.arrow, .arrows, .ipc).
         file: PathBuf,
         /// Rows per append call.
@@ -54,27 +71,27 @@ enum Command {
     },
     /// Delete rows by primary key.
     Delete {
-        /// Where the index lives.
-        location: String,
+        #[command(flatten)]
+        open: Open,
         /// Keys to delete.
         #[arg(required = true)]
         keys: Vec<String>,
     },
     /// Flush the memtable (the rows replayed from the WAL) into a generation.
     Flush {
-        /// Where the index lives.
-        location: String,
+        #[command(flatten)]
+        open: Open,
     },
     /// Flush the memtable, then merge every generation into one (superseded versions and
     /// tombstones dropped).
     Compact {
-        /// Where the index lives.
-        location: String,
+        #[command(flatten)]
+        open: Open,
     },
     /// Print every live row as JSON lines.
     Scan {
-        /// Where the index lives.
-        location: String,
+        #[command(flatten)]
+        open: Open,
         /// A SQL predicate over the index's columns, e.g. "year >= 2020 AND lang = 'en'".
         #[arg(long)]
         filter: Option<String>,
@@ -82,8 +99,8 @@ enum Command {
     /// Full-text search (BM25 with global statistics over the live rows: key, _score, payload)
     /// or vector search (exact distances: key, _distance, payload).
     Search {
-        /// Where the index lives.
-        location: String,
+        #[command(flatten)]
+        open: Open,
         /// The query, in tantivy's query-parser syntax: terms, AND/OR, "phrases", +required,
         /// -excluded, field:term, term^2.
         #[arg(long, conflicts_with_all = ["vector", "vector_file"], required_unless_present_any = ["vector", "vector_file"])]
@@ -112,8 +129,8 @@ enum Command {
     },
     /// Print the physical plan of a full-text search.
     Explain {
-        /// Where the index lives.
-        location: String,
+        #[command(flatten)]
+        open: Open,
         /// The query.
         #[arg(long)]
         fts: String,
@@ -126,8 +143,8 @@ enum Command {
     },
     /// Print generations, memtable rows, pending WAL objects and the writer epoch.
     Stats {
-        /// Where the index lives.
-        location: String,
+        #[command(flatten)]
+        open: Open,
     },
     /// Benchmarks.
     Bench {
@@ -212,23 +229,23 @@ fn main() -> std::process::ExitCode {
 async fn run(cli: Cli) -> lsmsearch::Result<()> {
     let json = cli.json;
     match cli.command {
-        Command::Init { location, schema } => init(&location, &schema, json).await,
+        Command::Init { open, schema } => init(&open, &schema, json).await,
         Command::Ingest {
-            location,
+            open,
             file,
             batch_size,
             flush_every,
             durability,
         } => {
             let durability: Durability = durability.parse()?;
-            ingest_file(&location, &file, batch_size, flush_every, durability, json).await
+            ingest_file(&open, &file, batch_size, flush_every, durability, json).await
         }
-        Command::Delete { location, keys } => delete(&location, &keys, json).await,
-        Command::Flush { location } => flush(&location, json).await,
-        Command::Compact { location } => compact(&location, json).await,
-        Command::Scan { location, filter } => scan(&location, filter).await,
+        Command::Delete { open, keys } => delete(&open, &keys, json).await,
+        Command::Flush { open } => flush(&open, json).await,
+        Command::Compact { open } => compact(&open, json).await,
+        Command::Scan { open, filter } => scan(&open, filter).await,
         Command::Search {
-            location,
+            open,
             fts,
             vector,
             vector_file,
@@ -256,17 +273,17 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
             } else {
                 Conjunction::Or
             };
-            search(&location, query, k, filter, conjunction, ef, exact, json).await
+            search(&open, query, k, filter, conjunction, ef, exact, json).await
         }
         Command::Explain {
-            location,
+            open,
             fts,
             k,
             filter,
-        } => explain(&location, &fts, k, filter, json).await,
-        Command::Stats { location } => {
+        } => explain(&open, &fts, k, filter, json).await,
+        Command::Stats { open } => {
             let index =
-                Index::open_read_only(Location::parse(&location)?, Settings::default()).await?;
+                Index::open_read_only(Location::parse(&open.location)?, open.settings).await?;
             print_stats(&index.stats(), json);
             Ok(())
         }
@@ -311,7 +328,7 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
 }
 
 /// `lsmsearch init`.
-async fn init(location: &str, schema: &Path, json: bool) -> lsmsearch::Result<()> {
+async fn init(open: &Open, schema: &Path, json: bool) -> lsmsearch::Result<()> {
     let text = std::fs::read_to_string(schema).map_err(|e| {
         Error::invalid(format!(
             "cannot read schema file '{}': {e}",
@@ -319,19 +336,24 @@ async fn init(location: &str, schema: &Path, json: bool) -> lsmsearch::Result<()
         ))
     })?;
     let schema = IndexSchema::from_json(&text)?;
-    let index = Index::create(Location::parse(location)?, schema, Settings::default()).await?;
+    let index = Index::create(
+        Location::parse(&open.location)?,
+        schema,
+        open.settings.clone(),
+    )
+    .await?;
     index.close().await?;
     if json {
-        println!("{}", serde_json::json!({"created": location}));
+        println!("{}", serde_json::json!({"created": open.location}));
     } else {
-        println!("created index at {location}");
+        println!("created index at {}", open.location);
     }
     Ok(())
 }
 
 /// `lsmsearch ingest`.
 async fn ingest_file(
-    location: &str,
+    open: &Open,
     file: &Path,
     batch_size: usize,
     flush_every: Option<usize>,
@@ -343,7 +365,7 @@ async fn ingest_file(
     if batch_size == 0 {
         return Err(Error::invalid("--batch-size must be at least 1"));
     }
-    let schema = Index::read_schema(&Location::parse(location)?).await?;
+    let schema = Index::read_schema(&Location::parse(&open.location)?).await?;
     let mut reader = lsmsearch::ingest::read_rows(file, &schema.arrow_schema(), batch_size)?;
     let first = reader.next().transpose()?;
     if let Some(b) = first.as_ref().filter(|b| b.num_rows() > 0) {
@@ -352,20 +374,20 @@ async fn ingest_file(
             .map_err(|e| e.context(format!("rows 0..{} of '{}'", b.num_rows(), file.display())))?;
     }
     let reader: lsmsearch::ingest::RowReader = Box::new(first.map(Ok).into_iter().chain(reader));
-    let index = Index::open(Location::parse(location)?, Settings::default()).await?;
+    let index = Index::open(Location::parse(&open.location)?, open.settings.clone()).await?;
     let r = ingest(&index, file, reader, flush_every, durability, json).await;
     index.close().await?;
     let n = r?;
     if !json {
-        println!("appended {n} rows to {location}");
+        println!("appended {n} rows to {}", open.location);
     }
     Ok(())
 }
 
 /// `lsmsearch delete`.
-async fn delete(location: &str, keys: &[String], json: bool) -> lsmsearch::Result<()> {
+async fn delete(open: &Open, keys: &[String], json: bool) -> lsmsearch::Result<()> {
     // Parse the keys before opening the index as its writer (which claims an epoch).
-    let kt = Index::read_schema(&Location::parse(location)?)
+    let kt = Index::read_schema(&Location::parse(&open.location)?)
         .await?
         .primary_key_type;
     let keys = keys
@@ -375,7 +397,7 @@ async fn delete(location: &str, keys: &[String], json: bool) -> lsmsearch::Resul
     if keys.is_empty() {
         return Err(Error::invalid("no keys to delete"));
     }
-    let index = Index::open(Location::parse(location)?, Settings::default()).await?;
+    let index = Index::open(Location::parse(&open.location)?, open.settings.clone()).await?;
     let r = index.delete(&keys).await;
     index.close().await?;
     let r = r?;
@@ -391,8 +413,8 @@ async fn delete(location: &str, keys: &[String], json: bool) -> lsmsearch::Resul
 }
 
 /// `lsmsearch flush`.
-async fn flush(location: &str, json: bool) -> lsmsearch::Result<()> {
-    let index = Index::open(Location::parse(location)?, Settings::default()).await?;
+async fn flush(open: &Open, json: bool) -> lsmsearch::Result<()> {
+    let index = Index::open(Location::parse(&open.location)?, open.settings.clone()).await?;
     let r = index.flush().await;
     let stats = index.stats();
     index.close().await?;
@@ -413,8 +435,8 @@ async fn flush(location: &str, json: bool) -> lsmsearch::Result<()> {
 }
 
 /// `lsmsearch compact`.
-async fn compact(location: &str, json: bool) -> lsmsearch::Result<()> {
-    let index = Index::open(Location::parse(location)?, Settings::default()).await?;
+async fn compact(open: &Open, json: bool) -> lsmsearch::Result<()> {
+    let index = Index::open(Location::parse(&open.location)?, open.settings.clone()).await?;
     let r = match index.flush().await {
         Ok(()) => index.compact().await,
         Err(e) => Err(e),
@@ -452,8 +474,9 @@ async fn compact(location: &str, json: bool) -> lsmsearch::Result<()> {
 }
 
 /// `lsmsearch scan`.
-async fn scan(location: &str, filter: Option<String>) -> lsmsearch::Result<()> {
-    let index = Index::open_read_only(Location::parse(location)?, Settings::default()).await?;
+async fn scan(open: &Open, filter: Option<String>) -> lsmsearch::Result<()> {
+    let index =
+        Index::open_read_only(Location::parse(&open.location)?, open.settings.clone()).await?;
     let rows = index.scan(ScanOptions { filter }).await?;
     print_json_lines(&rows)
 }
@@ -467,7 +490,7 @@ enum Query {
 /// `lsmsearch search`.
 #[allow(clippy::too_many_arguments)]
 async fn search(
-    location: &str,
+    open: &Open,
     query: Query,
     k: usize,
     filter: Option<String>,
@@ -476,7 +499,8 @@ async fn search(
     exact: bool,
     json: bool,
 ) -> lsmsearch::Result<()> {
-    let index = Index::open_read_only(Location::parse(location)?, Settings::default()).await?;
+    let index =
+        Index::open_read_only(Location::parse(&open.location)?, open.settings.clone()).await?;
     let rows = match query {
         Query::Fts(q) => {
             let opts = SearchOptions {
@@ -506,13 +530,14 @@ async fn search(
 
 /// `lsmsearch explain`.
 async fn explain(
-    location: &str,
+    open: &Open,
     fts: &str,
     k: usize,
     filter: Option<String>,
     json: bool,
 ) -> lsmsearch::Result<()> {
-    let index = Index::open_read_only(Location::parse(location)?, Settings::default()).await?;
+    let index =
+        Index::open_read_only(Location::parse(&open.location)?, open.settings.clone()).await?;
     let opts = SearchOptions {
         k,
         filter,
