@@ -5,6 +5,7 @@
 //! environment variables: `AWS_ENDPOINT`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
 //! `AWS_REGION`, `AWS_ALLOW_HTTP`).
 
+pub(crate) mod blocks;
 pub(crate) mod latency;
 pub(crate) mod paths;
 

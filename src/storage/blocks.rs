@@ -1,0 +1,485 @@
+//! A cache of immutable objects' bytes in fixed-size blocks, in memory and on local disk, so
+//! that a read of a byte range fetches only the blocks it lacks.
+//!
+//! Objects a generation is made of are created once and never overwritten, so a block is
+//! valid for as long as its object exists. A read of `range` in an object of `len` bytes asks
+//! the cache for every block the range touches at once: hits cost nothing, misses are fetched
+//! concurrently with one ranged GET each, concurrent misses of one block share one GET
+//! (foyer's `get_or_fetch`), and every fetched block passes the caller's check (its CRC) before
+//! it is cached, so a block is verified once, on arrival. The memory tier holds at most its
+//! byte budget; the disk tier (optional) holds at most its own in a directory a restarted
+//! process finds again.
+//!
+//! A block's key names the object by the store's location, its path and its length. A block
+//! cached on disk is checked again when it is read back (the object at the same name may be
+//! another one after an index was deleted and created again).
+//!
+//! Generations are still read whole (format 2); this cache serves their ranged reads once the
+//! format stores them in blocks. Until then only its tests use it.
+#![allow(dead_code)]
+
+use crate::{Error, Result};
+use bytes::{Bytes, BytesMut};
+use foyer::{
+    BlockEngineConfig, DeviceBuilder, FsDeviceBuilder, HybridCache, HybridCacheBuilder, RecoverMode,
+};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// The budgets and block size of a [`BlockCache`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BlockCacheConfig {
+    /// Bytes of blocks held in memory.
+    pub(crate) memory_bytes: u64,
+    /// Bytes of blocks held on local disk, in `disk_dir` (none without a directory or at 0).
+    pub(crate) disk_bytes: u64,
+    pub(crate) disk_dir: Option<PathBuf>,
+    /// Bytes per block (the last block of an object is shorter).
+    pub(crate) block_bytes: u64,
+}
+
+/// What a [`BlockCache`] served, since it was opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct BlockCacheStats {
+    /// Blocks asked for.
+    pub(crate) blocks: u64,
+    /// Blocks fetched from the object store (misses of both tiers).
+    pub(crate) fetched: u64,
+    /// Bytes fetched from the object store.
+    pub(crate) fetched_bytes: u64,
+    /// Blocks read back from the disk tier.
+    pub(crate) disk_hits: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    blocks: AtomicU64,
+    fetched: AtomicU64,
+    fetched_bytes: AtomicU64,
+    disk_hits: AtomicU64,
+}
+
+/// Checks a block on arrival: `(block index, its bytes)`; an error refuses it.
+pub(crate) type Verify = Arc<dyn Fn(u64, &Bytes) -> Result<()> + Send + Sync>;
+
+/// Blocks of immutable objects, in memory and on local disk.
+#[derive(Clone)]
+pub(crate) struct BlockCache {
+    cache: HybridCache<String, Bytes>,
+    block: u64,
+    counters: Arc<Counters>,
+}
+
+impl std::fmt::Debug for BlockCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockCache")
+            .field("block", &self.block)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl BlockCache {
+    /// A cache with `config`'s budgets; with a disk directory, the blocks a previous process
+    /// left there are found again.
+    pub(crate) async fn open(config: &BlockCacheConfig) -> Result<BlockCache> {
+        if config.block_bytes == 0 {
+            return Err(Error::invalid(
+                "the cache's block size must be at least 1 byte",
+            ));
+        }
+        let memory = usize::try_from(config.memory_bytes).unwrap_or(usize::MAX);
+        let builder = HybridCacheBuilder::new()
+            .with_name("lsmsearch-blocks")
+            .memory(memory)
+            .with_weighter(|key: &String, value: &Bytes| key.len() + value.len())
+            .storage();
+        let builder = match &config.disk_dir {
+            Some(dir) if config.disk_bytes > 0 => {
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    Error::invalid(format!(
+                        "cannot create cache directory {}: {e}",
+                        dir.display()
+                    ))
+                })?;
+                let capacity = usize::try_from(config.disk_bytes).unwrap_or(usize::MAX);
+                let device = FsDeviceBuilder::new(dir)
+                    .with_capacity(capacity)
+                    .build()
+                    .map_err(|e| cache_error(dir, e))?;
+                // Disk blocks of at least one cache block, and at most a sixteenth of the
+                // budget, so that eviction frees space in steps of a few percent.
+                let engine_block = (config.disk_bytes / 16)
+                    .clamp(config.block_bytes.max(1 << 20), 64 << 20)
+                    .min(config.disk_bytes) as usize;
+                builder
+                    .with_engine_config(
+                        BlockEngineConfig::new(device).with_block_size(engine_block),
+                    )
+                    .with_recover_mode(RecoverMode::Quiet)
+            }
+            _ => builder,
+        };
+        let cache = builder
+            .build()
+            .await
+            .map_err(|e| cache_error(config.disk_dir.as_deref().unwrap_or("memory".as_ref()), e))?;
+        Ok(BlockCache {
+            cache,
+            block: config.block_bytes,
+            counters: Arc::default(),
+        })
+    }
+
+    /// Bytes `range` of the immutable object at `path` in `store` (named `store_name`), which is
+    /// `len` bytes long, read through the cache: every block the range touches, the missing
+    /// ones fetched concurrently, each fetched block checked by `verify` before it is cached.
+    pub(crate) async fn read(
+        &self,
+        store: &Arc<dyn ObjectStore>,
+        store_name: &str,
+        path: &Path,
+        len: u64,
+        range: Range<u64>,
+        verify: &Verify,
+    ) -> Result<Bytes> {
+        if range.start > range.end || range.end > len {
+            return Err(Error::internal(format!(
+                "range {range:?} of object '{path}' of {len} bytes"
+            )));
+        }
+        if range.is_empty() {
+            return Ok(Bytes::new());
+        }
+        let first = range.start / self.block;
+        let last = (range.end - 1) / self.block;
+        let blocks = (first..=last).map(|b| self.block_of(store, store_name, path, len, b, verify));
+        let blocks = futures::future::try_join_all(blocks).await?;
+        // One block: a slice of it, no copy.
+        let start = (range.start - first * self.block) as usize;
+        if blocks.len() == 1 {
+            let end = start + (range.end - range.start) as usize;
+            return Ok(blocks[0].slice(start..end));
+        }
+        let mut out = BytesMut::with_capacity((range.end - range.start) as usize);
+        for (i, b) in blocks.iter().enumerate() {
+            let from = if i == 0 { start } else { 0 };
+            let to = if i == blocks.len() - 1 {
+                (range.end - last * self.block) as usize
+            } else {
+                b.len()
+            };
+            out.extend_from_slice(&b[from..to]);
+        }
+        Ok(out.freeze())
+    }
+
+    /// Block `b` of the object, from either tier or fetched.
+    async fn block_of(
+        &self,
+        store: &Arc<dyn ObjectStore>,
+        store_name: &str,
+        path: &Path,
+        len: u64,
+        b: u64,
+        verify: &Verify,
+    ) -> Result<Bytes> {
+        self.counters.blocks.fetch_add(1, Ordering::Relaxed);
+        let key = format!("{store_name}/{path}@{len}#{b}");
+        let range = b * self.block..((b + 1) * self.block).min(len);
+        let (store, path, verify_fetched) = (store.clone(), path.clone(), verify.clone());
+        let counters = self.counters.clone();
+        let fetched = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let fetched_here = fetched.clone();
+        let entry = self
+            .cache
+            .get_or_fetch(&key, move || async move {
+                let bytes = store
+                    .get_range(&path, range)
+                    .await
+                    .map_err(|e| Error::store(&path, e))?;
+                verify_fetched(b, &bytes)?;
+                counters.fetched.fetch_add(1, Ordering::Relaxed);
+                counters
+                    .fetched_bytes
+                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                fetched_here.store(true, Ordering::Relaxed);
+                Ok::<_, Error>(bytes)
+            })
+            .await
+            .map_err(|e| fetch_error(&key, e))?;
+        let bytes = entry.value().clone();
+        if !fetched.load(Ordering::Relaxed) && entry.source() == foyer::Source::Disk {
+            // Read back from disk: checked again (the name may now be another object's).
+            self.counters.disk_hits.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = verify(b, &bytes) {
+                self.cache.remove(&key);
+                return Err(e);
+            }
+        }
+        Ok(bytes)
+    }
+
+    /// What the cache served since it was opened.
+    pub(crate) fn stats(&self) -> BlockCacheStats {
+        let c = &self.counters;
+        BlockCacheStats {
+            blocks: c.blocks.load(Ordering::Relaxed),
+            fetched: c.fetched.load(Ordering::Relaxed),
+            fetched_bytes: c.fetched_bytes.load(Ordering::Relaxed),
+            disk_hits: c.disk_hits.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Bytes the memory tier holds.
+    pub(crate) fn memory_bytes(&self) -> u64 {
+        self.cache.memory().usage() as u64
+    }
+
+    /// Write what the memory tier holds to disk (when there is a disk tier) and stop.
+    pub(crate) async fn close(&self) -> Result<()> {
+        self.cache
+            .close()
+            .await
+            .map_err(|e| Error::internal(format!("closing the block cache: {e}")))
+    }
+}
+
+fn cache_error(dir: impl AsRef<std::path::Path>, e: impl std::fmt::Display) -> Error {
+    Error::invalid(format!(
+        "cannot open the block cache in {}: {e}",
+        dir.as_ref().display()
+    ))
+}
+
+/// A fetch's error as foyer hands it back: ours when it is ours, else the cache's.
+fn fetch_error(key: &str, e: foyer::Error) -> Error {
+    match e.downcast_ref::<Error>() {
+        Some(ours) => ours.clone(),
+        None => Error::internal(format!("block cache, block {key}: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::{LatencyConfig, LatencyStore};
+    use object_store::memory::InMemory;
+    use object_store::ObjectStoreExt;
+    use std::time::Duration;
+
+    const BLOCK: u64 = 1024;
+
+    fn accept() -> Verify {
+        Arc::new(|_, _| Ok(()))
+    }
+
+    /// An object of `len` pseudo-random bytes at `o`, in a store that counts requests (and
+    /// adds `latency` to each GET).
+    async fn object(len: usize, latency: Duration) -> (Arc<LatencyStore>, Path, Vec<u8>) {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let bytes: Vec<u8> = (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let path = Path::from("o");
+        inner.put(&path, bytes.clone().into()).await.unwrap();
+        let store = LatencyStore::new(
+            inner,
+            LatencyConfig {
+                read: latency,
+                write: Duration::ZERO,
+                bytes_per_second: None,
+            },
+        );
+        (store, path, bytes)
+    }
+
+    fn config(memory: u64, disk: Option<&std::path::Path>) -> BlockCacheConfig {
+        BlockCacheConfig {
+            memory_bytes: memory,
+            disk_bytes: if disk.is_some() { 64 << 20 } else { 0 },
+            disk_dir: disk.map(|d| d.to_path_buf()),
+            block_bytes: BLOCK,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_range_reads_the_bytes_of_the_object_and_fetches_each_block_once() {
+        let (store, path, bytes) = object(10_000, Duration::ZERO).await;
+        let dyn_store: Arc<dyn ObjectStore> = store.clone();
+        let cache = BlockCache::open(&config(1 << 20, None)).await.unwrap();
+        let len = bytes.len() as u64;
+        let ranges = [
+            0..1,
+            0..1024,
+            1000..1030,
+            1023..1025,
+            5000..9999,
+            9999..10_000,
+            0..10_000,
+            42..42,
+        ];
+        for r in ranges.iter().cloned() {
+            let got = cache
+                .read(&dyn_store, "mem", &path, len, r.clone(), &accept())
+                .await
+                .unwrap();
+            assert_eq!(&got[..], &bytes[r.start as usize..r.end as usize], "{r:?}");
+        }
+        // Ten blocks, each fetched once, in one GET each.
+        assert_eq!(store.counters().gets, 10);
+        assert_eq!(cache.stats().fetched, 10);
+        assert_eq!(cache.stats().fetched_bytes, len);
+        let again = cache
+            .read(&dyn_store, "mem", &path, len, 0..len, &accept())
+            .await
+            .unwrap();
+        assert_eq!(&again[..], &bytes[..]);
+        assert_eq!(store.counters().gets, 10, "a warm read makes no request");
+        // Out of the object: an error, not a short read.
+        let e = cache
+            .read(&dyn_store, "mem", &path, len, 9_000..10_001, &accept())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Internal, "{e}");
+    }
+
+    #[tokio::test]
+    async fn concurrent_misses_of_a_block_share_one_get() {
+        let (store, path, bytes) = object(4096, Duration::from_millis(30)).await;
+        let dyn_store: Arc<dyn ObjectStore> = store.clone();
+        let cache = BlockCache::open(&config(1 << 20, None)).await.unwrap();
+        let reads = (0..16).map(|i| {
+            let (cache, store, path) = (cache.clone(), dyn_store.clone(), path.clone());
+            async move {
+                cache
+                    .read(&store, "mem", &path, 4096, i..i + 100, &accept())
+                    .await
+            }
+        });
+        for (i, r) in futures::future::join_all(reads)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            assert_eq!(&r.unwrap()[..], &bytes[i..i + 100]);
+        }
+        assert_eq!(
+            store.counters().gets,
+            1,
+            "sixteen readers of one block, one GET"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_block_failing_its_check_is_refused_and_not_cached() {
+        let (store, path, bytes) = object(3000, Duration::ZERO).await;
+        let dyn_store: Arc<dyn ObjectStore> = store.clone();
+        let cache = BlockCache::open(&config(1 << 20, None)).await.unwrap();
+        let refuse_block_1: Verify = Arc::new(|b, _| {
+            if b == 1 {
+                Err(Error::data("o", "block 1 fails its CRC"))
+            } else {
+                Ok(())
+            }
+        });
+        let e = cache
+            .read(&dyn_store, "mem", &path, 3000, 500..2500, &refuse_block_1)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Data);
+        assert!(e.to_string().contains("block 1 fails its CRC"), "{e}");
+        // Not cached: the next read fetches it again, and gets the right bytes.
+        let gets = store.counters().gets;
+        let got = cache
+            .read(&dyn_store, "mem", &path, 3000, 1024..2048, &accept())
+            .await
+            .unwrap();
+        assert_eq!(&got[..], &bytes[1024..2048]);
+        assert_eq!(store.counters().gets, gets + 1);
+    }
+
+    #[tokio::test]
+    async fn the_memory_tier_stays_within_its_budget() {
+        let (store, path, bytes) = object(1 << 20, Duration::ZERO).await;
+        let dyn_store: Arc<dyn ObjectStore> = store.clone();
+        let budget = 64 << 10;
+        let cache = BlockCache::open(&config(budget, None)).await.unwrap();
+        let len = bytes.len() as u64;
+        for start in (0..len).step_by(BLOCK as usize) {
+            let got = cache
+                .read(
+                    &dyn_store,
+                    "mem",
+                    &path,
+                    len,
+                    start..start + BLOCK,
+                    &accept(),
+                )
+                .await
+                .unwrap();
+            assert_eq!(&got[..], &bytes[start as usize..(start + BLOCK) as usize]);
+            assert!(
+                cache.memory_bytes() <= budget,
+                "{} bytes held, budget {budget}",
+                cache.memory_bytes()
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_restarted_process_finds_its_disk_cache_and_checks_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, path, bytes) = object(20_000, Duration::ZERO).await;
+        let dyn_store: Arc<dyn ObjectStore> = store.clone();
+        let len = bytes.len() as u64;
+        {
+            // A memory tier of a few blocks: the rest go to disk as they are evicted, and
+            // what is left in memory at close.
+            let cache = BlockCache::open(&config(4 * BLOCK, Some(dir.path())))
+                .await
+                .unwrap();
+            cache
+                .read(&dyn_store, "mem", &path, len, 0..len, &accept())
+                .await
+                .unwrap();
+            cache.close().await.unwrap();
+        }
+        let gets = store.counters().gets;
+        let cache = BlockCache::open(&config(4 * BLOCK, Some(dir.path())))
+            .await
+            .unwrap();
+        let got = cache
+            .read(&dyn_store, "mem", &path, len, 0..len, &accept())
+            .await
+            .unwrap();
+        assert_eq!(&got[..], &bytes[..]);
+        let fetched = store.counters().gets - gets;
+        assert!(
+            cache.stats().disk_hits >= 15 && fetched <= 5,
+            "{} of 20 blocks read back from disk, {fetched} fetched",
+            cache.stats().disk_hits
+        );
+        // Blocks read back from disk are checked: a refused one is an error, and leaves.
+        let refuse: Verify = Arc::new(|_, _| Err(Error::data("o", "not this object")));
+        cache.close().await.unwrap();
+        let cache = BlockCache::open(&config(4 * BLOCK, Some(dir.path())))
+            .await
+            .unwrap();
+        let e = cache
+            .read(&dyn_store, "mem", &path, len, 0..BLOCK, &refuse)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Data, "{e}");
+    }
+}
