@@ -356,6 +356,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_error_of_ours_through_a_datafusion_stream_keeps_its_kind() {
+        // A search arm's or a scan's error reaches the caller through a DataFusion stream,
+        // wrapped as `External`: it must come back as it was, not as an internal error.
+        let ours = Error::invalid("a filter failed on row 3");
+        let through = datafusion::error::DataFusionError::External(Box::new(ours));
+        let back = Error::from(through);
+        assert_eq!(back.kind(), ErrorKind::Invalid, "{back}");
+        assert_eq!(back.message(), "a filter failed on row 3");
+    }
+
+    #[test]
     fn store_errors_keep_their_reason() {
         let nf = Error::store(
             "wal/1.wal",
