@@ -323,6 +323,12 @@ impl From<arrow::error::ArrowError> for Error {
 
 impl From<datafusion::error::DataFusionError> for Error {
     fn from(e: datafusion::error::DataFusionError) -> Self {
+        // One of ours that crossed a DataFusion stream comes back as it was.
+        if let datafusion::error::DataFusionError::External(inner) = &e {
+            if let Some(ours) = inner.downcast_ref::<Error>() {
+                return ours.clone();
+            }
+        }
         Error::internal(format!("datafusion: {e}")).with_source(e)
     }
 }
