@@ -318,3 +318,96 @@ fn the_command_line_takes_settings_for_the_index_it_opens() {
     let v: serde_json::Value = serde_json::from_str(stats.trim()).unwrap();
     assert!(v["generations"].as_array().is_some_and(|g| !g.is_empty()));
 }
+
+/// `scan_stream` returns the rows `scan` does, in the same order, in batches of at most 8,192
+/// rows built as the stream is polled; a filter that fails on the data fails the stream with
+/// the same `Invalid` error as `scan`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scan_streams_the_rows_of_scan_in_bounded_batches() {
+    use arrow::array::Array;
+    use futures::TryStreamExt;
+    let s = schema();
+    let index = Index::create(memory(), s.clone(), Settings::default())
+        .await
+        .unwrap();
+    let rows = |from: usize, to: usize, version: i64| {
+        (from..to)
+            .map(|i| Row::new(format!("k{i:06}"), version))
+            .collect::<Vec<_>>()
+    };
+    // A generation of 12,000 rows, then a memtable updating 2,000 of them, adding 2,000 and
+    // deleting 500.
+    for from in (0..12_000).step_by(2_000) {
+        index
+            .append(&batch(&s, &rows(from, from + 2_000, 1)))
+            .await
+            .unwrap();
+    }
+    index.flush().await.unwrap();
+    index
+        .append(&batch(&s, &rows(10_000, 14_000, 2)))
+        .await
+        .unwrap();
+    let deleted: Vec<lsmsearch::Key> = (0..500)
+        .map(|i| lsmsearch::Key::from(format!("k{i:06}")))
+        .collect();
+    index.delete(&deleted).await.unwrap();
+
+    for filter in [None, Some("year = 2".to_string())] {
+        let options = ScanOptions { filter };
+        let collected = index.scan(options.clone()).await.unwrap();
+        let streamed: Vec<_> = index
+            .scan_stream(options.clone())
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        assert!(streamed
+            .iter()
+            .all(|b| b.num_rows() <= 8192 && b.num_rows() > 0));
+        let keys = |batches: &[arrow::array::RecordBatch]| -> Vec<String> {
+            batches
+                .iter()
+                .flat_map(|b| {
+                    let k = b
+                        .column(0)
+                        .as_any()
+                        .downcast_ref::<arrow::array::StringArray>()
+                        .unwrap();
+                    (0..k.len())
+                        .map(|i| k.value(i).to_string())
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        assert_eq!(keys(&streamed), keys(&collected), "{:?}", options.filter);
+        assert_eq!(to_model(&streamed), to_model(&collected));
+        let expected = if options.filter.is_some() {
+            4_000
+        } else {
+            13_500
+        };
+        assert_eq!(keys(&streamed).len(), expected, "{:?}", options.filter);
+    }
+    assert!(
+        index
+            .scan_stream(ScanOptions::default())
+            .await
+            .unwrap()
+            .try_collect::<Vec<_>>()
+            .await
+            .unwrap()
+            .len()
+            >= 3
+    );
+    let bad = ScanOptions {
+        filter: Some("CAST(body AS BIGINT) > 1".to_string()),
+    };
+    let e = index.scan(bad.clone()).await.unwrap_err();
+    assert_eq!(e.kind(), lsmsearch::ErrorKind::Invalid, "{e}");
+    let streamed: Result<Vec<_>, _> = index.scan_stream(bad).await.unwrap().try_collect().await;
+    let e = lsmsearch::Error::from(streamed.unwrap_err());
+    assert_eq!(e.kind(), lsmsearch::ErrorKind::Invalid, "{e}");
+    index.close().await.unwrap();
+}

@@ -34,6 +34,14 @@ pub trait Search: sealed::Sealed {
     /// Every live row (newest version of each key, deleted keys excluded), optionally filtered.
     fn scan(&self, options: ScanOptions) -> impl Future<Output = Result<Vec<RecordBatch>>> + Send;
 
+    /// Every live row, optionally filtered, as a stream of batches built as it is polled, so
+    /// a scan of any size holds one batch at a time beside the snapshot it reads. Newest
+    /// source first; the rows of [`Search::scan`], in the same order.
+    fn scan_stream(
+        &self,
+        options: ScanOptions,
+    ) -> impl Future<Output = Result<SendableRecordBatchStream>> + Send;
+
     /// The physical plan of a full-text search: one `FtsArmExec` leaf with a partition per
     /// source (each arm's top k, with its live rows and the filter applied inside) under a
     /// `SortPreservingMergeExec(fetch = k)` ordered by `_score` descending then key.
@@ -109,6 +117,16 @@ macro_rules! read_methods {
         ) -> crate::Result<Vec<arrow::array::RecordBatch>> {
             let snapshot = self.snapshot().await?;
             self.$($path).+.scan(snapshot, options.filter.as_deref()).await
+        }
+
+        /// Every live row, optionally filtered, as a stream of batches (see
+        /// [`crate::Search::scan_stream`]).
+        pub async fn scan_stream(
+            &self,
+            options: crate::query::ScanOptions,
+        ) -> crate::Result<datafusion::execution::SendableRecordBatchStream> {
+            let snapshot = self.snapshot().await?;
+            self.$($path).+.scan_stream(snapshot, options.filter.as_deref())
         }
 
         /// The physical plan of a full-text search (see [`crate::Search::plan_fts`]).
@@ -228,6 +246,15 @@ macro_rules! impl_search {
             ) -> impl std::future::Future<Output = crate::Result<Vec<arrow::array::RecordBatch>>>
                    + Send {
                 <$handle>::scan(self, options)
+            }
+
+            fn scan_stream(
+                &self,
+                options: crate::query::ScanOptions,
+            ) -> impl std::future::Future<
+                Output = crate::Result<datafusion::execution::SendableRecordBatchStream>,
+            > + Send {
+                <$handle>::scan_stream(self, options)
             }
 
             fn plan_fts(

@@ -16,6 +16,7 @@ use crate::Result;
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{collect, execute_stream, ExecutionPlan};
 use std::sync::Arc;
 
@@ -116,7 +117,45 @@ impl Reader {
     ) -> Result<Vec<RecordBatch>> {
         let user = self.user_schema.clone();
         let filter = filter.map(|f| compile_filter(&user, f)).transpose()?;
-        tokio::task::spawn_blocking(move || snapshot.scan(&user, filter.as_ref())).await?
+        let mut cursor = snapshot.scan(user, filter, SCAN_BATCH_ROWS);
+        tokio::task::spawn_blocking(move || {
+            let mut out = Vec::new();
+            while let Some(batch) = cursor.next_batch() {
+                out.push(batch?);
+            }
+            Ok(out)
+        })
+        .await?
+    }
+
+    /// Every live row of the snapshot, optionally filtered, as a stream of batches of at most
+    /// [`SCAN_BATCH_ROWS`] rows, each built when the stream is polled for it (on a blocking
+    /// thread): a scan holds one batch at a time beside the snapshot.
+    pub(crate) fn scan_stream(
+        &self,
+        snapshot: Snapshot,
+        filter: Option<&str>,
+    ) -> Result<SendableRecordBatchStream> {
+        let user = self.user_schema.clone();
+        let filter = filter.map(|f| compile_filter(&user, f)).transpose()?;
+        let cursor = snapshot.scan(user.clone(), filter, SCAN_BATCH_ROWS);
+        let batches = futures::stream::try_unfold(cursor, |mut cursor| async move {
+            let (next, cursor) = tokio::task::spawn_blocking(move || {
+                let next = cursor.next_batch();
+                (next, cursor)
+            })
+            .await
+            .map_err(crate::Error::from)?;
+            match next {
+                Some(Ok(batch)) => Ok(Some((batch, cursor))),
+                Some(Err(e)) => Err(e),
+                None => Ok(None),
+            }
+        });
+        let batches = futures::TryStreamExt::map_err(batches, |e: crate::Error| {
+            datafusion::error::DataFusionError::External(Box::new(e))
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(user, batches)))
     }
 
     /// The physical plan of a full-text search over the snapshot.
@@ -158,6 +197,9 @@ impl Reader {
         self.generations.stats().await
     }
 }
+
+/// Rows per batch of a scan.
+pub(crate) const SCAN_BATCH_ROWS: usize = 8192;
 
 /// Run a plan to completion.
 pub(crate) async fn run(plan: Arc<dyn ExecutionPlan>) -> Result<Vec<RecordBatch>> {

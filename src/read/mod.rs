@@ -125,42 +125,86 @@ impl Snapshot {
             .install(|| live_rows::live_rows(&self.sources, &self.caches.live))
     }
 
-    /// Every live row that passes `filter`, projected to `user_schema`: one batch per source
-    /// holding any, newest source first, rows in their source's order. The filter sees live
-    /// rows only (a superseded version or a tombstone can never make it fail).
+    /// A cursor over every live row that passes `filter`, projected to `user_schema`, in
+    /// batches of at most `batch_rows` rows: newest source first, rows in their source's
+    /// order. The filter sees live rows only (a superseded version or a tombstone can never
+    /// make it fail). A batch is built only when asked for, so a scan holds one batch at a
+    /// time beside the snapshot.
     pub(crate) fn scan(
-        &self,
-        user_schema: &SchemaRef,
-        filter: Option<&Arc<dyn PhysicalExpr>>,
-    ) -> Result<Vec<RecordBatch>> {
-        let mut out = Vec::new();
-        for (source, live) in self.sources.iter().zip(self.live()) {
-            let idx: Vec<(usize, usize)> = live.rows().map(|ord| source.locate(ord)).collect();
-            if idx.is_empty() {
+        self,
+        user_schema: SchemaRef,
+        filter: Option<Arc<dyn PhysicalExpr>>,
+        batch_rows: usize,
+    ) -> ScanCursor {
+        let live = self.live();
+        ScanCursor {
+            snapshot: self,
+            live,
+            user_schema,
+            filter,
+            batch_rows: batch_rows.max(1),
+            source: 0,
+            rows: Vec::new(),
+            at: 0,
+        }
+    }
+}
+
+/// Where a scan is (see [`Snapshot::scan`]).
+pub(crate) struct ScanCursor {
+    snapshot: Snapshot,
+    live: Vec<LiveRows>,
+    user_schema: SchemaRef,
+    filter: Option<Arc<dyn PhysicalExpr>>,
+    batch_rows: usize,
+    /// The source being read, its live rows (ordinals) and how many were returned.
+    source: usize,
+    rows: Vec<usize>,
+    at: usize,
+}
+
+impl ScanCursor {
+    /// The next batch of live rows that pass the filter (never empty), or `None` at the end.
+    pub(crate) fn next_batch(&mut self) -> Option<Result<RecordBatch>> {
+        loop {
+            if self.at == self.rows.len() {
+                if self.source == self.snapshot.sources.len() {
+                    return None;
+                }
+                self.rows = self.live[self.source].rows().collect();
+                self.at = 0;
+                self.source += 1;
                 continue;
             }
-            let columns = (0..user_schema.fields().len())
-                .map(|c| {
-                    let arrays: Vec<&dyn Array> = source
-                        .batches()
-                        .iter()
-                        .map(|b| b.column(c).as_ref())
-                        .collect();
-                    arrow::compute::interleave(&arrays, &idx)
-                })
-                .collect::<std::result::Result<Vec<_>, _>>()?;
-            let rows = RecordBatch::try_new(user_schema.clone(), columns)?;
-            let rows = match filter {
-                Some(f) => {
-                    arrow::compute::filter_record_batch(&rows, &filter::evaluate(f, &rows)?)?
-                }
-                None => rows,
-            };
-            if rows.num_rows() > 0 {
-                out.push(rows);
+            let end = (self.at + self.batch_rows).min(self.rows.len());
+            let source = &self.snapshot.sources[self.source - 1];
+            let ords = &self.rows[self.at..end];
+            self.at = end;
+            match self.batch(source, ords) {
+                Ok(b) if b.num_rows() == 0 => continue,
+                other => return Some(other),
             }
         }
-        Ok(out)
+    }
+
+    /// Rows `ords` of `source`, projected and filtered.
+    fn batch(&self, source: &Source, ords: &[usize]) -> Result<RecordBatch> {
+        let idx: Vec<(usize, usize)> = ords.iter().map(|ord| source.locate(*ord)).collect();
+        let columns = (0..self.user_schema.fields().len())
+            .map(|c| {
+                let arrays: Vec<&dyn Array> = source
+                    .batches()
+                    .iter()
+                    .map(|b| b.column(c).as_ref())
+                    .collect();
+                arrow::compute::interleave(&arrays, &idx)
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let rows = RecordBatch::try_new(self.user_schema.clone(), columns)?;
+        Ok(match &self.filter {
+            Some(f) => arrow::compute::filter_record_batch(&rows, &filter::evaluate(f, &rows)?)?,
+            None => rows,
+        })
     }
 }
 

@@ -477,8 +477,14 @@ async fn compact(open: &Open, json: bool) -> lsmsearch::Result<()> {
 async fn scan(open: &Open, filter: Option<String>) -> lsmsearch::Result<()> {
     let index =
         Index::open_read_only(Location::parse(&open.location)?, open.settings.clone()).await?;
-    let rows = index.scan(ScanOptions { filter }).await?;
-    print_json_lines(&rows)
+    // Printed as the scan goes: one batch in memory at a time.
+    let mut batches = index.scan_stream(ScanOptions { filter }).await?;
+    while let Some(batch) = futures::StreamExt::next(&mut batches).await {
+        if !write_json_lines(&[batch?])? {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// What `lsmsearch search` looks for.
@@ -667,18 +673,23 @@ fn json_value(a: &dyn Array, row: usize) -> serde_json::Value {
 
 /// Print batches as JSON lines on stdout (vectors as arrays).
 fn print_json_lines(rows: &[RecordBatch]) -> lsmsearch::Result<()> {
+    write_json_lines(rows).map(drop)
+}
+
+/// Print `rows` as JSON lines; `false` when the reader of the output has gone (a closed pipe).
+fn write_json_lines(rows: &[RecordBatch]) -> lsmsearch::Result<bool> {
     let mut out = std::io::stdout().lock();
     let mut w = arrow::json::LineDelimitedWriter::new(&mut out);
     let broken_pipe = |e: &arrow::error::ArrowError| matches!(e, arrow::error::ArrowError::IoError(_, io) if io.kind() == std::io::ErrorKind::BrokenPipe);
     for b in rows {
         match w.write(&lists_for_json(b)?) {
-            Err(e) if broken_pipe(&e) => return Ok(()),
+            Err(e) if broken_pipe(&e) => return Ok(false),
             r => r?,
         }
     }
     match w.finish() {
-        Err(e) if broken_pipe(&e) => Ok(()),
-        r => Ok(r?),
+        Err(e) if broken_pipe(&e) => Ok(false),
+        r => r.map(|()| true).map_err(Into::into),
     }
 }
 
