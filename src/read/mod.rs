@@ -136,10 +136,9 @@ impl Snapshot {
         filter: Option<Arc<dyn PhysicalExpr>>,
         batch_rows: usize,
     ) -> ScanCursor {
-        let live = self.live();
         ScanCursor {
             snapshot: self,
-            live,
+            live: None,
             user_schema,
             filter,
             batch_rows: batch_rows.max(1),
@@ -153,7 +152,8 @@ impl Snapshot {
 /// Where a scan is (see [`Snapshot::scan`]).
 pub(crate) struct ScanCursor {
     snapshot: Snapshot,
-    live: Vec<LiveRows>,
+    /// Computed by the first batch (on the thread that builds it, never the caller's).
+    live: Option<Vec<LiveRows>>,
     user_schema: SchemaRef,
     filter: Option<Arc<dyn PhysicalExpr>>,
     batch_rows: usize,
@@ -166,12 +166,18 @@ pub(crate) struct ScanCursor {
 impl ScanCursor {
     /// The next batch of live rows that pass the filter (never empty), or `None` at the end.
     pub(crate) fn next_batch(&mut self) -> Option<Result<RecordBatch>> {
+        if self.live.is_none() {
+            self.live = Some(self.snapshot.live());
+        }
         loop {
             if self.at == self.rows.len() {
                 if self.source == self.snapshot.sources.len() {
                     return None;
                 }
-                self.rows = self.live[self.source].rows().collect();
+                self.rows = match &self.live {
+                    Some(live) => live[self.source].rows().collect(),
+                    None => Vec::new(),
+                };
                 self.at = 0;
                 self.source += 1;
                 continue;
