@@ -81,13 +81,23 @@ impl RowFlags {
 
     /// The flagged rows, ascending.
     pub(crate) fn iter_set(&self) -> impl Iterator<Item = usize> + '_ {
-        self.chunks.iter().enumerate().flat_map(|(c, chunk)| {
-            chunk
-                .iter()
-                .enumerate()
-                .filter(|(_, f)| **f)
-                .map(move |(i, _)| (c << CHUNK_BITS) + i)
-        })
+        self.iter_set_from(0)
+    }
+
+    /// The flagged rows from row `from` on, ascending (chunks before it are not looked at).
+    pub(crate) fn iter_set_from(&self, from: usize) -> impl Iterator<Item = usize> + '_ {
+        self.chunks
+            .iter()
+            .enumerate()
+            .skip(from >> CHUNK_BITS)
+            .flat_map(|(c, chunk)| {
+                chunk
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, f)| **f)
+                    .map(move |(i, _)| (c << CHUNK_BITS) + i)
+            })
+            .filter(move |r| *r >= from)
     }
 
     /// The rows of chunks whose flags may differ from `other`'s (not the same shared chunk),
@@ -117,6 +127,30 @@ impl RowFlags {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn iterating_from_a_row_skips_what_is_before_it() {
+        let flags = RowFlags::from_vec((0..3 * CHUNK + 7).map(|r| r % 3 == 0).collect());
+        for from in [
+            0,
+            1,
+            2,
+            3,
+            CHUNK - 1,
+            CHUNK,
+            CHUNK + 1,
+            3 * CHUNK + 6,
+            3 * CHUNK + 7,
+            5 * CHUNK,
+        ] {
+            let expected: Vec<usize> = flags.iter_set().filter(|r| *r >= from).collect();
+            assert_eq!(
+                flags.iter_set_from(from).collect::<Vec<_>>(),
+                expected,
+                "from {from}"
+            );
+        }
+    }
 
     #[test]
     fn flags_follow_a_plain_vector_and_share_untouched_chunks() {

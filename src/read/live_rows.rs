@@ -118,8 +118,13 @@ impl LiveRows {
 
     /// The live rows, ascending.
     pub(crate) fn rows(&self) -> impl Iterator<Item = usize> + '_ {
+        self.rows_from(0)
+    }
+
+    /// The live rows from row `from` on, ascending.
+    pub(crate) fn rows_from(&self, from: usize) -> impl Iterator<Item = usize> + '_ {
         self.own
-            .iter_set()
+            .iter_set_from(from)
             .filter(move |r| !self.superseded.contains(*r))
     }
 

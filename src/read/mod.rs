@@ -143,8 +143,7 @@ impl Snapshot {
             filter,
             batch_rows: batch_rows.max(1),
             source: 0,
-            rows: Vec::new(),
-            at: 0,
+            next: 0,
         }
     }
 }
@@ -157,10 +156,9 @@ pub(crate) struct ScanCursor {
     user_schema: SchemaRef,
     filter: Option<Arc<dyn PhysicalExpr>>,
     batch_rows: usize,
-    /// The source being read, its live rows (ordinals) and how many were returned.
+    /// The source being read, and the row of it to go on from.
     source: usize,
-    rows: Vec<usize>,
-    at: usize,
+    next: usize,
 }
 
 impl ScanCursor {
@@ -170,23 +168,16 @@ impl ScanCursor {
             self.live = Some(self.snapshot.live());
         }
         loop {
-            if self.at == self.rows.len() {
-                if self.source == self.snapshot.sources.len() {
-                    return None;
-                }
-                self.rows = match &self.live {
-                    Some(live) => live[self.source].rows().collect(),
-                    None => Vec::new(),
-                };
-                self.at = 0;
+            let live = self.live.as_ref()?.get(self.source)?;
+            let ords: Vec<usize> = live.rows_from(self.next).take(self.batch_rows).collect();
+            let Some(&last) = ords.last() else {
                 self.source += 1;
+                self.next = 0;
                 continue;
-            }
-            let end = (self.at + self.batch_rows).min(self.rows.len());
-            let source = &self.snapshot.sources[self.source - 1];
-            let ords = &self.rows[self.at..end];
-            self.at = end;
-            match self.batch(source, ords) {
+            };
+            self.next = last + 1;
+            let source = &self.snapshot.sources[self.source];
+            match self.batch(source, &ords) {
                 Ok(b) if b.num_rows() == 0 => continue,
                 other => return Some(other),
             }
