@@ -190,7 +190,8 @@ impl BlockCache {
     ) -> Result<Bytes> {
         self.counters.blocks.fetch_add(1, Ordering::Relaxed);
         let key = format!("{store_name}/{path}@{len}#{b}");
-        let range = b * self.block..((b + 1) * self.block).min(len);
+        let start = b.saturating_mul(self.block);
+        let range = start..start.saturating_add(self.block).min(len);
         let (store, path, verify_fetched) = (store.clone(), path.clone(), verify.clone());
         let counters = self.counters.clone();
         let fetched = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -198,10 +199,19 @@ impl BlockCache {
         let entry = self
             .cache
             .get_or_fetch(&key, move || async move {
+                let want = range.end - range.start;
                 let bytes = store
                     .get_range(&path, range)
                     .await
                     .map_err(|e| Error::store(&path, e))?;
+                // A store clamps a range past the object's end: a short block means the
+                // object is not `len` bytes long.
+                if bytes.len() as u64 != want {
+                    return Err(Error::data(
+                        &path,
+                        format!("block {b}: {} bytes where {want} were expected", bytes.len()),
+                    ));
+                }
                 verify_fetched(b, &bytes)?;
                 counters.fetched.fetch_add(1, Ordering::Relaxed);
                 counters
@@ -352,6 +362,20 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::Internal, "{e}");
+    }
+
+    #[tokio::test]
+    async fn an_object_shorter_than_its_length_is_an_error_not_a_panic() {
+        let (store, path, _) = object(3000, Duration::ZERO).await;
+        let dyn_store: Arc<dyn ObjectStore> = store.clone();
+        let cache = BlockCache::open(&config(1 << 20, None)).await.unwrap();
+        // Said to be 4,000 bytes long: its third block comes back short.
+        let e = cache
+            .read(&dyn_store, "mem", &path, 4000, 2000..3500, &accept())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Data, "{e}");
+        assert!(e.to_string().contains("block 2"), "{e}");
     }
 
     #[tokio::test]
