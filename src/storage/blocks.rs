@@ -178,7 +178,10 @@ impl BlockCache {
         Ok(out.freeze())
     }
 
-    /// Block `b` of the object, from either tier or fetched.
+    /// Block `b` of the object, from either tier or fetched. A block this call did not fetch
+    /// itself is checked before it is returned (a block read back from disk may be another
+    /// object's under the same name, and foyer makes a disk hit a memory entry before it
+    /// reaches the caller); a refused one leaves the cache and is fetched again, once.
     async fn block_of(
         &self,
         store: &Arc<dyn ObjectStore>,
@@ -190,48 +193,78 @@ impl BlockCache {
     ) -> Result<Bytes> {
         self.counters.blocks.fetch_add(1, Ordering::Relaxed);
         let key = format!("{store_name}/{path}@{len}#{b}");
+        let mut refused = None;
+        for _ in 0..2 {
+            let (bytes, fetched, source) =
+                self.get_or_fetch(&key, store, path, len, b, verify).await?;
+            if fetched {
+                return Ok(bytes);
+            }
+            if source == foyer::Source::Disk {
+                self.counters.disk_hits.fetch_add(1, Ordering::Relaxed);
+            }
+            match verify(b, &bytes) {
+                Ok(()) => return Ok(bytes),
+                Err(e) => {
+                    self.cache.remove(&key);
+                    refused = Some(e);
+                }
+            }
+        }
+        Err(refused.unwrap_or_else(|| Error::internal("a block refused without an error")))
+    }
+
+    /// The cached block under `key`, or block `b` fetched, checked and cached: its bytes,
+    /// whether this call fetched it, and where the cache found it.
+    async fn get_or_fetch(
+        &self,
+        key: &str,
+        store: &Arc<dyn ObjectStore>,
+        path: &Path,
+        len: u64,
+        b: u64,
+        verify: &Verify,
+    ) -> Result<(Bytes, bool, foyer::Source)> {
         let start = b.saturating_mul(self.block);
         let range = start..start.saturating_add(self.block).min(len);
-        let (store, path, verify_fetched) = (store.clone(), path.clone(), verify.clone());
+        let (store, path, verify) = (store.clone(), path.clone(), verify.clone());
         let counters = self.counters.clone();
         let fetched = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let fetched_here = fetched.clone();
         let entry = self
             .cache
-            .get_or_fetch(&key, move || async move {
+            .get_or_fetch(key, move || async move {
                 let want = range.end - range.start;
                 let bytes = store
                     .get_range(&path, range)
                     .await
                     .map_err(|e| Error::store(&path, e))?;
+                counters.fetched.fetch_add(1, Ordering::Relaxed);
+                counters
+                    .fetched_bytes
+                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
                 // A store clamps a range past the object's end: a short block means the
                 // object is not `len` bytes long.
                 if bytes.len() as u64 != want {
                     return Err(Error::data(
                         &path,
-                        format!("block {b}: {} bytes where {want} were expected", bytes.len()),
+                        format!(
+                            "block {b}: {} bytes where {want} were expected",
+                            bytes.len()
+                        ),
                     ));
                 }
-                verify_fetched(b, &bytes)?;
-                counters.fetched.fetch_add(1, Ordering::Relaxed);
-                counters
-                    .fetched_bytes
-                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                verify(b, &bytes)?;
                 fetched_here.store(true, Ordering::Relaxed);
                 Ok::<_, Error>(bytes)
             })
             .await
-            .map_err(|e| fetch_error(&key, e))?;
-        let bytes = entry.value().clone();
-        if !fetched.load(Ordering::Relaxed) && entry.source() == foyer::Source::Disk {
-            // Read back from disk: checked again (the name may now be another object's).
-            self.counters.disk_hits.fetch_add(1, Ordering::Relaxed);
-            if let Err(e) = verify(b, &bytes) {
-                self.cache.remove(&key);
-                return Err(e);
-            }
-        }
-        Ok(bytes)
+            .map_err(|e| fetch_error(key, e))?;
+        Ok((
+            entry.value().clone(),
+            fetched.load(Ordering::Relaxed),
+            entry.source(),
+        ))
     }
 
     /// What the cache served since it was opened.
@@ -505,5 +538,45 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::Data, "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_stale_block_on_disk_is_fetched_again_from_the_store() {
+        // An object cached on disk, then another object of the same length under the same name
+        // (an index deleted and created again): the reader's check refuses the old blocks,
+        // which are fetched again.
+        let dir = tempfile::tempdir().unwrap();
+        let (store, path, _) = object(8192, Duration::ZERO).await;
+        let dyn_store: Arc<dyn ObjectStore> = store.clone();
+        {
+            let cache = BlockCache::open(&config(2 * BLOCK, Some(dir.path())))
+                .await
+                .unwrap();
+            cache
+                .read(&dyn_store, "mem", &path, 8192, 0..8192, &accept())
+                .await
+                .unwrap();
+            cache.close().await.unwrap();
+        }
+        let new: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8).collect();
+        dyn_store.put(&path, new.clone().into()).await.unwrap();
+        let crcs: Vec<u32> = new.chunks(BLOCK as usize).map(crc32fast::hash).collect();
+        let check: Verify = Arc::new(move |b, bytes| {
+            if crc32fast::hash(bytes) == crcs[b as usize] {
+                Ok(())
+            } else {
+                Err(Error::data("o", format!("block {b} fails its CRC")))
+            }
+        });
+        let cache = BlockCache::open(&config(2 * BLOCK, Some(dir.path())))
+            .await
+            .unwrap();
+        let got = cache
+            .read(&dyn_store, "mem", &path, 8192, 0..8192, &check)
+            .await
+            .unwrap();
+        assert_eq!(&got[..], &new[..]);
+        assert!(cache.stats().disk_hits > 0, "the old blocks were found on disk");
+        assert_eq!(cache.stats().fetched, 8, "and all fetched again");
     }
 }
