@@ -30,6 +30,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+/// The largest block a [`BlockCache`] takes: foyer writes an entry to disk through buffers of
+/// 16 MiB, and random reads want small blocks anyway.
+pub(crate) const MAX_BLOCK_BYTES: u64 = 8 << 20;
+
 /// The budgets and block size of a [`BlockCache`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct BlockCacheConfig {
@@ -87,15 +91,28 @@ impl BlockCache {
     /// A cache with `config`'s budgets; with a disk directory, the blocks a previous process
     /// left there are found again.
     pub(crate) async fn open(config: &BlockCacheConfig) -> Result<BlockCache> {
-        if config.block_bytes == 0 {
-            return Err(Error::invalid(
-                "the cache's block size must be at least 1 byte",
-            ));
+        let block = config.block_bytes;
+        if !(1..=MAX_BLOCK_BYTES).contains(&block) {
+            return Err(Error::invalid(format!(
+                "the cache's block size is {block} bytes; it must be 1 to {MAX_BLOCK_BYTES}"
+            )));
+        }
+        // An entry weighs its block and its key (a store name and a path: under 1 KiB).
+        let entry = block + 1024;
+        if config.memory_bytes < 2 * entry {
+            return Err(Error::invalid(format!(
+                "the memory cache budget of {} bytes holds fewer than two blocks of {block} bytes with their keys",
+                config.memory_bytes
+            )));
         }
         let memory = usize::try_from(config.memory_bytes).unwrap_or(usize::MAX);
+        // foyer splits the budget evenly between shards and lets an entry heavier than a
+        // shard's share in anyway: each shard gets room for at least four blocks.
+        let shards = (config.memory_bytes / (4 * entry)).clamp(1, 8) as usize;
         let builder = HybridCacheBuilder::new()
             .with_name("lsmsearch-blocks")
             .memory(memory)
+            .with_shards(shards)
             .with_weighter(|key: &String, value: &Bytes| key.len() + value.len())
             .storage();
         let builder = match &config.disk_dir {
@@ -111,11 +128,21 @@ impl BlockCache {
                     .with_capacity(capacity)
                     .build()
                     .map_err(|e| cache_error(dir, e))?;
-                // Disk blocks of at least one cache block, and at most a sixteenth of the
-                // budget, so that eviction frees space in steps of a few percent.
+                // Disk blocks holding a cache block with its key and headers (foyer drops an
+                // entry bigger than a disk block less 4 KiB without a word), about a
+                // sixteenth of the budget so that eviction frees space in steps of a few
+                // percent, within 1 and 64 MiB; the budget holds at least two.
                 let engine_block = (config.disk_bytes / 16)
-                    .clamp(config.block_bytes.max(1 << 20), 64 << 20)
-                    .min(config.disk_bytes) as usize;
+                    .clamp(1 << 20, 64 << 20)
+                    .max(block + (64 << 10));
+                if config.disk_bytes < 2 * engine_block {
+                    return Err(Error::invalid(format!(
+                        "the disk cache budget of {} bytes is below {} bytes (two disk blocks)",
+                        config.disk_bytes,
+                        2 * engine_block
+                    )));
+                }
+                let engine_block = engine_block as usize;
                 builder
                     .with_engine_config(
                         BlockEngineConfig::new(device).with_block_size(engine_block),
@@ -549,7 +576,7 @@ mod tests {
         let (store, path, _) = object(8192, Duration::ZERO).await;
         let dyn_store: Arc<dyn ObjectStore> = store.clone();
         {
-            let cache = BlockCache::open(&config(2 * BLOCK, Some(dir.path())))
+            let cache = BlockCache::open(&config(4 * BLOCK, Some(dir.path())))
                 .await
                 .unwrap();
             cache
@@ -568,7 +595,7 @@ mod tests {
                 Err(Error::data("o", format!("block {b} fails its CRC")))
             }
         });
-        let cache = BlockCache::open(&config(2 * BLOCK, Some(dir.path())))
+        let cache = BlockCache::open(&config(4 * BLOCK, Some(dir.path())))
             .await
             .unwrap();
         let got = cache
@@ -576,7 +603,44 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(&got[..], &new[..]);
-        assert!(cache.stats().disk_hits > 0, "the old blocks were found on disk");
+        assert!(
+            cache.stats().disk_hits > 0,
+            "the old blocks were found on disk"
+        );
         assert_eq!(cache.stats().fetched, 8, "and all fetched again");
+    }
+
+    #[tokio::test]
+    async fn budgets_that_cannot_hold_blocks_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = config(1 << 20, None);
+        c.block_bytes = 0;
+        assert!(BlockCache::open(&c)
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("block size"));
+        c.block_bytes = MAX_BLOCK_BYTES + 1;
+        assert!(BlockCache::open(&c)
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("block size"));
+        let mut c = config(BLOCK, None);
+        let e = BlockCache::open(&c).await.unwrap_err();
+        assert!(e.to_string().contains("memory cache budget"), "{e}");
+        c = config(1 << 20, Some(dir.path()));
+        c.disk_bytes = 1 << 20;
+        let e = BlockCache::open(&c).await.unwrap_err();
+        assert!(e.to_string().contains("disk cache budget"), "{e}");
+        assert_eq!(e.kind(), crate::ErrorKind::Invalid);
+        // The largest block, with a memory budget of a few of them, and a disk tier.
+        c = BlockCacheConfig {
+            memory_bytes: 4 * (MAX_BLOCK_BYTES + 1024),
+            disk_bytes: 64 << 20,
+            disk_dir: Some(dir.path().to_path_buf()),
+            block_bytes: MAX_BLOCK_BYTES,
+        };
+        BlockCache::open(&c).await.unwrap().close().await.unwrap();
     }
 }
