@@ -129,6 +129,9 @@ pub struct Run {
     pub round_trips: u64,
     /// Most requests in flight at once (median).
     pub peak_concurrency: u64,
+    /// Bytes fetched from the object store per query (median; cold: the open included).
+    #[serde(default)]
+    pub bytes_read: u64,
     /// Queries measured.
     pub samples: usize,
 }
@@ -339,6 +342,7 @@ async fn measure(
             ),
             round_trips: median(counts.iter().map(|c| c.round_trips).collect()),
             peak_concurrency: median(counts.iter().map(|c| c.peak_concurrency).collect()),
+            bytes_read: median(counts.iter().map(|c| c.bytes_read).collect()),
             samples: ms.len(),
         }
     };
@@ -437,7 +441,7 @@ impl Run {
     /// The run as a line of the printed table.
     fn line(&self) -> String {
         format!(
-            "{:>5} {:>9} {:>5} {:>9.2} {:>9.2} {:>9.2} {:>6} {:>6} {:>6}",
+            "{:>5} {:>9} {:>5} {:>9.2} {:>9.2} {:>9.2} {:>6} {:>6} {:>6} {:>9.1}",
             self.generations,
             self.query,
             self.mode,
@@ -446,7 +450,8 @@ impl Run {
             self.p99_ms,
             self.gets,
             self.round_trips,
-            self.peak_concurrency
+            self.peak_concurrency,
+            self.bytes_read as f64 / 1e6
         )
     }
 }
@@ -515,8 +520,8 @@ pub async fn run(o: &Options) -> Result<Report> {
         }
     };
     say(format!(
-        "{:>5} {:>9} {:>5} {:>9} {:>9} {:>9} {:>6} {:>6} {:>6}",
-        "gens", "query", "mode", "p50 ms", "p95 ms", "p99 ms", "GETs", "trips", "peak"
+        "{:>5} {:>9} {:>5} {:>9} {:>9} {:>9} {:>6} {:>6} {:>6} {:>9}",
+        "gens", "query", "mode", "p50 ms", "p95 ms", "p99 ms", "GETs", "trips", "peak", "MB read"
     ));
     let print = |r: &Run| say(r.line());
     match o.shape {
