@@ -6,7 +6,7 @@ use super::{fts, vector, SearchOptions};
 use crate::format::GenerationMeta;
 use crate::generation::cache::{CacheStats, GenerationCache};
 use crate::read::pool::QueryPool;
-use crate::read::{compile_filter, ReadCaches, Snapshot, Source};
+use crate::read::{compile_filter, ReadCaches, ScanCursor, Snapshot, Source};
 use crate::schema::IndexSchema;
 use crate::settings::Settings;
 use crate::storage::paths::Paths;
@@ -115,17 +115,15 @@ impl Reader {
         snapshot: Snapshot,
         filter: Option<&str>,
     ) -> Result<Vec<RecordBatch>> {
+        let cursor = self.scan_cursor(snapshot, filter)?;
+        tokio::task::spawn_blocking(move || cursor.collect()).await?
+    }
+
+    /// A cursor over the snapshot's live rows that pass `filter` (compiled here).
+    fn scan_cursor(&self, snapshot: Snapshot, filter: Option<&str>) -> Result<ScanCursor> {
         let user = self.user_schema.clone();
         let filter = filter.map(|f| compile_filter(&user, f)).transpose()?;
-        let mut cursor = snapshot.scan(user, filter, SCAN_BATCH_ROWS);
-        tokio::task::spawn_blocking(move || {
-            let mut out = Vec::new();
-            while let Some(batch) = cursor.next_batch() {
-                out.push(batch?);
-            }
-            Ok(out)
-        })
-        .await?
+        Ok(snapshot.scan(user, filter, SCAN_BATCH_ROWS))
     }
 
     /// Every live row of the snapshot, optionally filtered, as a stream of batches of at most
@@ -136,12 +134,10 @@ impl Reader {
         snapshot: Snapshot,
         filter: Option<&str>,
     ) -> Result<SendableRecordBatchStream> {
-        let user = self.user_schema.clone();
-        let filter = filter.map(|f| compile_filter(&user, f)).transpose()?;
-        let cursor = snapshot.scan(user.clone(), filter, SCAN_BATCH_ROWS);
+        let cursor = self.scan_cursor(snapshot, filter)?;
         let batches = futures::stream::try_unfold(cursor, |mut cursor| async move {
             let (next, cursor) = tokio::task::spawn_blocking(move || {
-                let next = cursor.next_batch();
+                let next = cursor.next();
                 (next, cursor)
             })
             .await
@@ -155,6 +151,7 @@ impl Reader {
         let batches = futures::TryStreamExt::map_err(batches, |e: crate::Error| {
             datafusion::error::DataFusionError::External(Box::new(e))
         });
+        let user = self.user_schema.clone();
         Ok(Box::pin(RecordBatchStreamAdapter::new(user, batches)))
     }
 

@@ -161,9 +161,11 @@ pub(crate) struct ScanCursor {
     next: usize,
 }
 
-impl ScanCursor {
+impl Iterator for ScanCursor {
+    type Item = Result<RecordBatch>;
+
     /// The next batch of live rows that pass the filter (never empty), or `None` at the end.
-    pub(crate) fn next_batch(&mut self) -> Option<Result<RecordBatch>> {
+    fn next(&mut self) -> Option<Result<RecordBatch>> {
         if self.live.is_none() {
             self.live = Some(self.snapshot.live());
         }
@@ -183,7 +185,9 @@ impl ScanCursor {
             }
         }
     }
+}
 
+impl ScanCursor {
     /// Rows `ords` of `source`, projected and filtered.
     fn batch(&self, source: &Source, ords: &[usize]) -> Result<RecordBatch> {
         let idx: Vec<(usize, usize)> = ords.iter().map(|ord| source.locate(*ord)).collect();
