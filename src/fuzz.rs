@@ -413,16 +413,16 @@ fn generation_targets(fx: &Arc<Fixture>) -> Vec<Target> {
         weight: 2,
     });
     let names: Vec<String> = bundle.section_names().map(str::to_string).collect();
-    let sections: Vec<(String, Bytes)> = names
+    let sections: Vec<(String, Bytes, bool)> = names
         .iter()
-        .map(|n| (n.clone(), bundle.section(n).unwrap()))
+        .map(|n| (n.clone(), bundle.section(n).unwrap(), bundle.is_cold(n)))
         .collect();
     let meta = bundle.stats().clone();
     // Seeds: one per section, the section's bytes prefixed by its index.
     let seeds = sections
         .iter()
         .enumerate()
-        .map(|(i, (_, b))| {
+        .map(|(i, (_, b, _))| {
             let mut v = vec![i as u8];
             v.extend_from_slice(b);
             v
@@ -438,8 +438,8 @@ fn generation_targets(fx: &Arc<Fixture>) -> Vec<Target> {
             };
             let which = which as usize % sections.len();
             let mut w = BundleWriter::new();
-            for (i, (n, s)) in sections.iter().enumerate() {
-                w.add(n, if i == which { mutated } else { s });
+            for (i, (n, s, cold)) in sections.iter().enumerate() {
+                w.add_section(n, if i == which { mutated } else { s }, *cold);
             }
             let mut meta = meta.clone();
             let bytes = w.finish(&mut meta).map_err(|e| e.to_string())?;
@@ -462,11 +462,8 @@ fn use_generation(g: &Generation) -> Outcome {
             let rows = t.doc_rows(ord).map_err(|e| format!("doc rows: {e}"))?;
             for d in 0..seg.max_doc() {
                 if let Some(r) = rows.get(d) {
-                    if r >= g.rows().num_rows() {
-                        return Err(format!(
-                            "document {d} names row {r} of {}",
-                            g.rows().num_rows()
-                        ));
+                    if r >= g.num_rows() {
+                        return Err(format!("document {d} names row {r} of {}", g.num_rows()));
                     }
                     if r >= t.rows() {
                         return Err(format!("document {d} has no token counts"));

@@ -64,11 +64,24 @@ pub struct Settings {
     /// which an arm scans anyway (`docs/performance.md`, "How the defaults were chosen"). The
     /// graph costs background CPU: raise it (or set `usize::MAX`) for ingest-bound workloads.
     pub memtable_graph_above: usize,
-    /// Budget, in bytes, of a handle's cache of decoded generations (rows, key sets, text
-    /// indexes, vector graphs; each weighs about its object's size). Queries fetch the
-    /// generations that are not cached (concurrently) and evict the least used beyond the
-    /// budget; within it, warm queries do no object-store I/O. Default 4 GiB.
+    /// Budget, in bytes, of the memory tier of a handle's block cache: the blocks of
+    /// generation objects that queries read by range (the rows they return, the columns their
+    /// filters read). Within it, warm queries do no object-store I/O; beyond it, the least
+    /// used blocks leave memory (for the disk tier, when there is one). At least 34 KiB.
+    /// Default 256 MiB.
     pub cache_bytes: u64,
+    /// Budget, in bytes, of the disk tier of the block cache, in [`Settings::cache_dir`]; 0
+    /// (the default) or no directory: no disk tier. A process that opens the same directory
+    /// again finds the blocks an earlier one left there (each is checked again when read).
+    pub cache_disk_bytes: u64,
+    /// Directory of the block cache's disk tier (created when missing). Two handles open at
+    /// the same time need two directories. Default none.
+    pub cache_dir: Option<std::path::PathBuf>,
+    /// Budget, in bytes, of a handle's cache of opened generations: what each keeps in memory
+    /// (for a version-3 generation its hot part, its vectors and its text index; for an older
+    /// one its whole object). Queries open the generations that are not held (concurrently)
+    /// and evict the least used beyond the budget. Default 4 GiB.
+    pub hot_cache_bytes: u64,
     /// Merge generations in the writer's background (see `docs/architecture.md`,
     /// "Compaction"). Off, generations accumulate until [`crate::Index::compact`] is called.
     /// Default on.
@@ -111,6 +124,10 @@ pub struct Settings {
     pub query_threads: usize,
 }
 
+/// The smallest [`Settings::cache_bytes`]: two 16 KiB blocks of a generation's cold part with
+/// their keys (the block cache refuses a budget that holds fewer).
+const MIN_CACHE_BYTES: u64 = 2 * ((16 << 10) + 1024);
+
 impl Default for Settings {
     fn default() -> Self {
         Settings {
@@ -128,7 +145,10 @@ impl Default for Settings {
             hnsw_ef_search: 400,
             vector_exact_below: 2048,
             memtable_graph_above: 2048,
-            cache_bytes: 4 << 30,
+            cache_bytes: 256 << 20,
+            cache_disk_bytes: 0,
+            cache_dir: None,
+            hot_cache_bytes: 4 << 30,
             compaction: true,
             compaction_fanout: 4,
             compaction_max_generations: 16,
@@ -185,7 +205,8 @@ impl Settings {
         check(self.hnsw_m > 1, "hnsw_m")?;
         check(self.hnsw_ef_construction > 0, "hnsw_ef_construction")?;
         check(self.hnsw_ef_search > 0, "hnsw_ef_search")?;
-        check(self.cache_bytes > 0, "cache_bytes")?;
+        check(self.cache_bytes >= MIN_CACHE_BYTES, "cache_bytes")?;
+        check(self.hot_cache_bytes > 0, "hot_cache_bytes")?;
         check(self.compaction_fanout >= 2, "compaction_fanout")?;
         check(self.compaction_threads > 0, "compaction_threads")?;
         check(

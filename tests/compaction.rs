@@ -309,7 +309,7 @@ async fn queries_never_fail_go_stale_or_come_back_short_while_compactions_run() 
         Index::open_read_only(
             loc.clone(),
             Settings {
-                cache_bytes: 1,
+                hot_cache_bytes: 1,
                 ..Settings::default()
             },
         )
@@ -418,7 +418,7 @@ async fn a_read_only_handle_reads_on_after_its_generations_are_compacted_away() 
     let ro = Index::open_read_only(
         loc,
         Settings {
-            cache_bytes: 1,
+            hot_cache_bytes: 1,
             ..Settings::default()
         },
     )

@@ -78,9 +78,11 @@ pub(crate) async fn compact_once(
     let lower = (!job.urgent).then(|| Arc::new(Raisable::default()));
     let _running = Running::new(w, lower.clone());
     let merged = match build(w, &job, id, &inputs, lower.clone()).await? {
-        Some((g, bytes)) => {
-            upload(w, id, bytes).await?;
-            Some(Arc::new(g))
+        Some((_, bytes)) => {
+            let bytes = bytes::Bytes::from(bytes);
+            upload(w, id, bytes.clone()).await?;
+            // Opened from its hot part, as a reader opens it, and cached.
+            Some(w.reader.generations.insert_built(bytes).await?)
         }
         None => None,
     };
@@ -150,10 +152,12 @@ async fn build(
             (col, metric, params)
         });
     let inputs = inputs.to_vec();
+    // Every input's rows, read in full (their cold columns through the store).
+    let input_rows = futures::future::try_join_all(inputs.iter().map(|g| g.all_rows())).await?;
     let drop_tombstones = job.drop_tombstones;
     let continue_graph = settings.compaction_continue_graph;
     in_background_thread("lsmsearch-compact", lower, move || {
-        let (rows, kept) = merge_rows(&inputs, drop_tombstones)?;
+        let (rows, kept) = merge_rows(&inputs, &input_rows, drop_tombstones)?;
         if rows.num_rows() == 0 {
             return Ok(None);
         }
@@ -174,7 +178,7 @@ async fn build(
 }
 
 /// Create the merged generation's object (never overwriting one).
-async fn upload(w: &Writer, id: u64, bytes: Vec<u8>) -> Result<()> {
+async fn upload(w: &Writer, id: u64, bytes: bytes::Bytes) -> Result<()> {
     let path = w.paths.generation(id, w.epoch);
     let create = PutOptions {
         mode: PutMode::Create,
@@ -188,7 +192,7 @@ async fn upload(w: &Writer, id: u64, bytes: Vec<u8>) -> Result<()> {
     Ok(())
 }
 
-/// Cache the merged generation, and compute the live rows of the list the compaction will
+/// Compute the live rows of the list the compaction will
 /// publish (unless a flush adds to it meanwhile) at the compaction's priority, so that neither
 /// the first query over it nor the publish lock waits for them.
 async fn stage(
@@ -197,9 +201,6 @@ async fn stage(
     merged: Option<&Arc<Generation>>,
     lower: Option<Arc<Raisable>>,
 ) {
-    if let Some(g) = merged {
-        w.reader.generations.insert(g.clone()).await;
-    }
     let listed = w.read_state().manifest.generations.clone();
     let replacement = merged.map(|g| g.meta().clone());
     if let Ok(expected) = replace_run(&listed, &job.run, replacement, false) {

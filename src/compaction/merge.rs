@@ -4,7 +4,6 @@
 //! its largest input when it can ([`crate::Settings::compaction_continue_graph`]).
 
 use crate::generation::{Generation, HashIsKey};
-use crate::schema::deleted_flags;
 use crate::schema::Metric;
 use crate::settings::GraphParams;
 use crate::vector::graph::Adjacency;
@@ -20,23 +19,24 @@ use std::sync::Arc;
 /// `drop_tombstones` (nothing older remains for them to hide).
 pub(crate) fn merge_rows(
     inputs: &[Arc<Generation>],
+    rows: &[RecordBatch],
     drop_tombstones: bool,
 ) -> Result<(RecordBatch, Vec<Vec<bool>>)> {
     let schema = match inputs.first() {
-        Some(g) => g.rows().schema(),
+        Some(g) => g.schema().clone(),
         None => return Err(Error::internal("a compaction of no generations")),
     };
     // Key hash → (input, row) of the newest version seen, newest input first; a hit is confirmed
     // on the exact key, and a true hash collision falls back to asking every newer input.
     let mut seen: HashMap<u64, (usize, usize), BuildHasherDefault<HashIsKey>> =
         HashMap::with_capacity_and_hasher(
-            inputs.iter().map(|g| g.rows().num_rows()).sum(),
+            inputs.iter().map(|g| g.num_rows()).sum(),
             Default::default(),
         );
     let mut keep: Vec<Vec<bool>> = vec![Vec::new(); inputs.len()];
     for (i, g) in inputs.iter().enumerate().rev() {
-        let deleted = deleted_flags(g.rows());
-        let mut mine = vec![false; g.rows().num_rows()];
+        let deleted = g.deleted();
+        let mut mine = vec![false; g.num_rows()];
         for (r, h) in g.row_hashes().iter().enumerate() {
             let superseded = match seen.get(h) {
                 None => false,
@@ -56,10 +56,10 @@ pub(crate) fn merge_rows(
         }
         keep[i] = mine;
     }
-    let parts = inputs
+    let parts = rows
         .iter()
         .zip(&keep)
-        .map(|(g, k)| arrow::compute::filter_record_batch(g.rows(), &BooleanArray::from(k.clone())))
+        .map(|(r, k)| arrow::compute::filter_record_batch(r, &BooleanArray::from(k.clone())))
         .collect::<std::result::Result<Vec<_>, _>>()?;
     Ok((arrow::compute::concat_batches(&schema, &parts)?, keep))
 }
@@ -75,7 +75,7 @@ pub(crate) fn continue_largest(
     metric: Metric,
     params: GraphParams,
 ) -> Result<Option<Adjacency>> {
-    let Some(largest) = (0..inputs.len()).max_by_key(|i| inputs[*i].rows().num_rows()) else {
+    let Some(largest) = (0..inputs.len()).max_by_key(|i| inputs[*i].num_rows()) else {
         return Ok(None);
     };
     let Some(base) = inputs[largest].vector() else {

@@ -1,6 +1,6 @@
 //! Writes `tests/fixtures/index/`: an index holding an object of every format version this build
-//! reads (a version-1 generation with `hnsw/*` sections, a version-2 generation, version-1 WAL
-//! rows and fence objects, a version-1 manifest), and `tests/fixtures/index.json`, what it
+//! reads (a version-1 generation with `hnsw/*` sections, a version-2 generation, a version-3
+//! generation, version-1 WAL rows and fence objects, a version-1 manifest), and `tests/fixtures/index.json`, what it
 //! holds. `tests/format_compat.rs` opens them. Regenerate (only when a format version is added)
 //! with:
 //!
@@ -10,7 +10,7 @@
 
 use crate::format::bundle::{Bundle, BundleWriter};
 use crate::format::manifest::Manifest;
-use crate::storage::paths::{parse_generation, parse_manifest, Paths};
+use crate::storage::paths::{parse_generation, parse_manifest, parse_wal, Paths};
 use crate::vector::VectorIndex;
 use crate::{Index, IndexSchema, Key, Location, SearchOptions, Settings, VectorSearchOptions};
 use arrow::array::{
@@ -131,9 +131,14 @@ fn keys(batches: &[RecordBatch]) -> Vec<String> {
         .collect()
 }
 
-/// Rewrite generation `path` as a format-1 bundle (its graph as hnsw_rs dump files); returns
-/// its new size.
-async fn to_format_1(store: &Arc<dyn ObjectStore>, path: &object_store::path::Path) -> u64 {
+/// Rewrite generation `path` (written at the current version) as a bundle of format
+/// `version`, 1 (its graph as hnsw_rs dump files) or 2 (its graph as flat arrays); both keep
+/// every section hot and their rows as one Arrow IPC stream. Returns its new size.
+async fn to_format(
+    store: &Arc<dyn ObjectStore>,
+    path: &object_store::path::Path,
+    version: u32,
+) -> u64 {
     let bytes = store
         .get(path)
         .await
@@ -141,18 +146,33 @@ async fn to_format_1(store: &Arc<dyn ObjectStore>, path: &object_store::path::Pa
         .bytes()
         .await
         .expect("bytes");
-    let b = Bundle::open(bytes, path).expect("a bundle");
     let schema = IndexSchema::from_json(SCHEMA).expect("schema");
     let stored = schema.stored_schema();
-    let rows = crate::format::ipc::ipc_decode(b.section("rows").expect("rows"), &stored, &"rows")
-        .expect("rows");
-    let rows = arrow::compute::concat_batches(&stored, &rows).expect("rows");
+    let text = crate::text::TextSchema::new(&schema);
     let (vcol, metric, params) = schema.vector_spec(&Settings::default()).expect("vector");
-    let mut w = BundleWriter::with_version(1);
-    w.add("rows", &b.section("rows").expect("rows"));
+    let spec = crate::generation::IndexSpec {
+        text: text.as_deref(),
+        vector: Some((vcol, metric, params)),
+    };
+    let g = crate::generation::Generation::decode(bytes.clone(), &stored, spec, path)
+        .expect("a generation");
+    let rows = g.all_rows().await.expect("rows");
+    let b = Bundle::open(bytes, path).expect("a bundle");
+    let mut w = BundleWriter::with_version(version);
+    w.add(
+        "rows",
+        &crate::format::ipc::ipc_encode(&stored, std::slice::from_ref(&rows)).expect("rows"),
+    );
     w.add("pk_hashes", &b.section("pk_hashes").expect("hashes"));
-    for (name, bytes) in VectorIndex::build_hnsw_dump(&rows, vcol, metric, params).expect("hnsw") {
-        w.add(&name, &bytes);
+    if version == 1 {
+        for (name, bytes) in
+            VectorIndex::build_hnsw_dump(&rows, vcol, metric, params).expect("hnsw")
+        {
+            w.add(&name, &bytes);
+        }
+    } else {
+        let graph = crate::vector::GRAPH_SECTION;
+        w.add(graph, &b.section(graph).expect("graph"));
     }
     let names: Vec<String> = b.section_names().map(str::to_string).collect();
     for name in names.iter().filter(|n| n.starts_with("text")) {
@@ -164,9 +184,10 @@ async fn to_format_1(store: &Arc<dyn ObjectStore>, path: &object_store::path::Pa
     meta.bytes
 }
 
-/// Delete every manifest version but the latest, and rewrite the older of the index's two
-/// generations in format 1 (the latest manifest records its new size).
-async fn keep_the_latest_manifest_with_generation_1_in_format_1(loc: &Location) {
+/// Delete every manifest version but the latest, and rewrite the oldest of the index's three
+/// generations in format 1 and the next in format 2 (the latest manifest records their new
+/// sizes; the newest stays at the current version).
+async fn keep_the_latest_manifest_with_older_formats(loc: &Location) {
     let store = loc.store.clone();
     let paths = Paths::new(loc.root.clone());
     let listed: Vec<_> = store.list(None).try_collect().await.expect("list");
@@ -184,8 +205,11 @@ async fn keep_the_latest_manifest_with_generation_1_in_format_1(loc: &Location) 
         .filter_map(|m| parse_generation(&m.location))
         .collect();
     gens.sort_unstable();
-    assert_eq!(gens.len(), 2, "two generations: {gens:?}");
-    let bytes = to_format_1(&store, &paths.generation(gens[0].0, gens[0].1)).await;
+    assert_eq!(gens.len(), 3, "three generations: {gens:?}");
+    let mut sizes = Vec::new();
+    for (i, version) in [1, 2].into_iter().enumerate() {
+        sizes.push(to_format(&store, &paths.generation(gens[i].0, gens[i].1), version).await);
+    }
     let mp = paths.manifest(latest);
     let raw = store
         .get(&mp)
@@ -195,7 +219,17 @@ async fn keep_the_latest_manifest_with_generation_1_in_format_1(loc: &Location) 
         .await
         .expect("bytes");
     let mut m = Manifest::decode(&raw, &mp).expect("manifest");
-    m.generations[0].bytes = bytes;
+    for (g, bytes) in m.generations.iter_mut().zip(sizes) {
+        g.bytes = bytes;
+        g.hot_offset = None;
+    }
+    // WAL objects below the replay point (the fence the index was created with) are never
+    // read: none is left, so that every object of the fixture is one a reader checks.
+    for w in listed.iter().filter_map(|o| parse_wal(&o.location)) {
+        if w < m.wal_replay_from {
+            store.delete(&paths.wal(w)).await.expect("delete");
+        }
+    }
     store
         .put(&mp, m.encode().expect("encode").into())
         .await
@@ -235,6 +269,14 @@ async fn write_fixtures() {
     model.remove("k00");
     model.remove("k01");
     index.flush().await.expect("flush");
+    // Generation 3 (the current version): k30..k34 updated, k40..k42 new, k03 deleted.
+    let mut r = rows(&mut g, 30..35, 5);
+    r.extend(rows(&mut g, 40..43, 5));
+    index.append(&batch(&schema, &r)).await.expect("append");
+    model.extend(r.into_iter().map(|r| (r.id.clone(), r)));
+    index.delete(&[Key::from("k03")]).await.expect("delete");
+    model.remove("k03");
+    index.flush().await.expect("flush");
     // WAL rows: k35..k44 (k35..k39 updated), k02 and k36 deleted, k44 updated again.
     let r = rows(&mut g, 35..45, 3);
     index.append(&batch(&schema, &r)).await.expect("append");
@@ -257,7 +299,7 @@ async fn write_fixtures() {
         .await
         .expect("close");
 
-    keep_the_latest_manifest_with_generation_1_in_format_1(&loc).await;
+    keep_the_latest_manifest_with_older_formats(&loc).await;
 
     // What it holds, as the model says, and what searches return today.
     // Graph walks on every arm, as tests/format_compat.rs searches.

@@ -200,7 +200,7 @@ async fn flush_one(
     let schema = inner.reader.stored_schema.clone();
     let text = inner.reader.text_schema.clone();
     let vector = inner.reader.schema.vector_spec(&inner.reader.settings);
-    let (generation, bytes) = in_background_thread("lsmsearch-flush", None, move || {
+    let (_, bytes) = in_background_thread("lsmsearch-flush", None, move || {
         let spec = IndexSpec {
             text: text.as_deref(),
             vector,
@@ -217,35 +217,25 @@ async fn flush_one(
         mode: PutMode::Create,
         ..Default::default()
     };
-    let generation = match inner
+    let bytes = bytes::Bytes::from(bytes);
+    let object = match inner
         .loc
         .store
-        .put_opts(&path, PutPayload::from(bytes), create)
+        .put_opts(&path, PutPayload::from(bytes.clone()), create)
         .await
     {
-        Ok(_) => generation,
+        Ok(_) => bytes,
         Err(object_store::Error::AlreadyExists { .. }) => {
-            let landed = crate::storage::read_object(inner.loc.store.as_ref(), &path).await?;
-            let schema = inner.reader.stored_schema.clone();
-            let text = inner.reader.text_schema.clone();
-            let p = path.clone();
-            tokio::task::spawn_blocking(move || {
-                let spec = IndexSpec {
-                    text: text.as_deref(),
-                    vector,
-                };
-                Generation::decode(landed, &schema, spec, &p)
-            })
-            .await??
+            drop(bytes);
+            crate::storage::read_object(inner.loc.store.as_ref(), &path).await?
         }
         Err(e) => return Err(Error::store(&path, e)),
     };
 
-    // Cached first, so the first query that sees the generation finds it decoded; and the
-    // live rows of the list it will publish (unless a compaction publishes first) computed
-    // before taking the publish lock.
-    let generation = Arc::new(generation);
-    inner.reader.generations.insert(generation.clone()).await;
+    // Cached first (opened from its hot part, as a reader would), so the first query that
+    // sees the generation finds it; and the live rows of the list it will publish (unless a
+    // compaction publishes first) computed before taking the publish lock.
+    let generation = inner.reader.generations.insert_built(object).await?;
     let mut expected = inner.read_state().manifest.generations.clone();
     expected.push(generation.meta().clone());
     inner.reader.compute_ahead(&expected, None).await;

@@ -77,12 +77,7 @@ async fn claim(
     loop {
         let cur = latest_manifest(manifests, loc).await?;
         if reader.is_none() {
-            reader = Some(Reader::new(
-                loc,
-                paths,
-                cur.schema.clone(),
-                settings.clone(),
-            )?);
+            reader = Some(Reader::new(loc, paths, cur.schema.clone(), settings.clone()).await?);
         }
         let r = reader.as_ref().expect("just set");
         let generations = match r.generations.get_all(&cur.generations).await {
@@ -448,6 +443,7 @@ impl Index {
         for t in tasks {
             t.await?;
         }
+        self.inner.reader.generations.close().await?;
         last_write
     }
 
@@ -463,6 +459,18 @@ impl Index {
                 other => return other,
             }
         }
+    }
+
+    /// Whether a read that failed with `e` starts over: a generation object was deleted while
+    /// it read it by range. A writer deletes a replaced generation only once no query of its
+    /// own holds it, so this is for objects removed by hand or by another process; at most
+    /// three times.
+    async fn retry_gone(&self, e: &Error, attempts: &mut u32) -> Result<bool> {
+        if !e.is_not_found() || *attempts >= 3 {
+            return Ok(false);
+        }
+        *attempts += 1;
+        Ok(true)
     }
 
     async fn try_snapshot(&self) -> Result<Snapshot> {

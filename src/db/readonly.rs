@@ -36,6 +36,8 @@ pub struct ReadOnlyIndex {
     /// per memtable id).
     next_view_id: AtomicU64,
     view: std::sync::RwLock<View>,
+    /// Set by [`ReadOnlyIndex::close`]: reads are refused.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl ReadOnlyIndex {
@@ -48,7 +50,7 @@ impl ReadOnlyIndex {
             .load_latest()
             .await?
             .ok_or_else(|| Error::invalid(format!("no index at {}", loc.display)))?;
-        let reader = Reader::new(&loc, &paths, m.schema.clone(), settings)?;
+        let reader = Reader::new(&loc, &paths, m.schema.clone(), settings).await?;
         let handle = ReadOnlyIndex {
             view: std::sync::RwLock::new(View {
                 manifest: m.clone(),
@@ -61,6 +63,7 @@ impl ReadOnlyIndex {
             manifests,
             reader,
             next_view_id: AtomicU64::new(1),
+            closed: Default::default(),
         };
         let view = handle.load_view(Some(m)).await?;
         tracing::debug!(
@@ -160,6 +163,17 @@ impl ReadOnlyIndex {
         Ok(())
     }
 
+    /// Close the handle: later reads fail with a `Closed` error, and the block cache writes
+    /// the blocks its memory holds to its disk tier (when [`crate::Settings::cache_dir`] gives
+    /// one) so that the next handle opened on the same directory finds them. Closing twice
+    /// does nothing more.
+    pub async fn close(&self) -> Result<()> {
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.reader.generations.close().await
+    }
+
     fn view(&self) -> std::sync::RwLockReadGuard<'_, View> {
         self.view.read().unwrap_or_else(|e| e.into_inner())
     }
@@ -170,6 +184,9 @@ impl ReadOnlyIndex {
     async fn snapshot(&self) -> Result<Snapshot> {
         let mut attempts = 0;
         loop {
+            if self.closed.load(Ordering::SeqCst) {
+                return Err(Error::closed());
+            }
             let (wal, metas) = {
                 let v = self.view();
                 (v.wal.search_view(), v.manifest.generations.clone())
@@ -186,6 +203,18 @@ impl ReadOnlyIndex {
                 other => return other,
             }
         }
+    }
+
+    /// Whether a read that failed with `e` starts over: a generation object of its view was
+    /// deleted while it read it by range (a compaction replaced it and its grace period
+    /// passed), so the view moves to the newest manifest first. At most three times.
+    async fn retry_gone(&self, e: &Error, attempts: &mut u32) -> Result<bool> {
+        if !e.is_not_found() || *attempts >= 3 {
+            return Ok(false);
+        }
+        *attempts += 1;
+        self.refresh().await?;
+        Ok(true)
     }
 
     super::search::read_methods!(reader);

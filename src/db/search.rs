@@ -115,8 +115,14 @@ macro_rules! read_methods {
             &self,
             options: crate::query::ScanOptions,
         ) -> crate::Result<Vec<arrow::array::RecordBatch>> {
-            let snapshot = self.snapshot().await?;
-            self.$($path).+.scan(snapshot, options.filter.as_deref()).await
+            let mut attempts = 0;
+            loop {
+                let snapshot = self.snapshot().await?;
+                match self.$($path).+.scan(snapshot, options.filter.as_deref()).await {
+                    Err(e) if self.retry_gone(&e, &mut attempts).await? => {}
+                    other => return other,
+                }
+            }
         }
 
         /// Every live row, optionally filtered, as a stream of batches (see
@@ -196,7 +202,27 @@ macro_rules! read_methods {
         async fn run_search<F>(
             &self,
             kind: &str,
-            plan: impl FnOnce(crate::read::Snapshot) -> F,
+            plan: impl Fn(crate::read::Snapshot) -> F,
+        ) -> crate::Result<Vec<arrow::array::RecordBatch>>
+        where
+            F: std::future::Future<
+                Output = crate::Result<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>>,
+            >,
+        {
+            let mut attempts = 0;
+            loop {
+                match self.run_search_once(kind, &plan).await {
+                    Err(e) if self.retry_gone(&e, &mut attempts).await? => {}
+                    other => return other,
+                }
+            }
+        }
+
+        /// One attempt of [`Self::run_search`].
+        async fn run_search_once<F>(
+            &self,
+            kind: &str,
+            plan: &impl Fn(crate::read::Snapshot) -> F,
         ) -> crate::Result<Vec<arrow::array::RecordBatch>>
         where
             F: std::future::Future<

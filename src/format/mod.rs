@@ -45,9 +45,11 @@ impl ObjectKind {
     /// `(written, oldest read)`: the registry.
     const fn versions(self) -> (u32, u32) {
         match self {
-            // 2: the vector graph as flat adjacency arrays (`vector/graph`); 1: hnsw_rs dump
-            // files in `hnsw/graph`, `hnsw/data`, `hnsw/meta`.
-            ObjectKind::Generation => (2, 1),
+            // 3: a cold part read by range (rows as Parquet, vectors as raw f32) checked by
+            // block CRCs, and a hot part fetched whole; 2: the vector graph as flat adjacency
+            // arrays (`vector/graph`); 1: hnsw_rs dump files in `hnsw/graph`, `hnsw/data`,
+            // `hnsw/meta`.
+            ObjectKind::Generation => (3, 1),
             ObjectKind::GraphSection => (1, 1),
             ObjectKind::Wal => (1, 1),
             ObjectKind::Manifest => (1, 1),
@@ -125,6 +127,11 @@ pub struct GenerationMeta {
     /// manifests written before it existed.
     #[serde(default = "one")]
     pub flushes: u64,
+    /// Where the object's hot part starts (format version 3): a reader opening the
+    /// generation fetches bytes `[hot_offset, bytes)` in one request. Absent before version 3,
+    /// whose objects are read whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hot_offset: Option<u64>,
 }
 
 fn one() -> u64 {

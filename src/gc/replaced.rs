@@ -62,6 +62,7 @@ impl ReplacedGenerations {
                     min_seq: 0,
                     max_seq: 0,
                     flushes: 1,
+                    hot_offset: None,
                 },
                 since: now,
                 generation: Weak::new(),

@@ -11,15 +11,21 @@
 //! are dropped; a query holding one keeps it alive until it finishes.
 
 use super::{Generation, IndexSpec};
+use crate::format::bundle::Bundle;
 use crate::format::GenerationMeta;
+use crate::generation::cold::{ColdObject, ColdStore};
 use crate::schema::Metric;
-use crate::settings::GraphParams;
+use crate::settings::{GraphParams, Settings};
+use crate::storage::blocks::BlockCache;
 use crate::storage::paths::Paths;
 use crate::storage::Location;
 use crate::text::TextSchema;
 use crate::{Error, Result};
 use arrow::datatypes::SchemaRef;
+use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::ObjectStoreExt;
 use std::sync::Arc;
 
 /// What a cache holds right now.
@@ -27,10 +33,24 @@ use std::sync::Arc;
 pub struct CacheStats {
     /// Generations held.
     pub generations: u64,
-    /// Their weight in bytes: what each decoded generation holds in memory.
+    /// Their weight in bytes: what each opened generation holds in memory (see
+    /// [`crate::Settings::hot_cache_bytes`]).
     pub bytes: u64,
-    /// The budget.
+    /// The budget of opened generations.
     pub budget: u64,
+    /// Bytes of cold blocks held in memory by the block cache (see
+    /// [`crate::Settings::cache_bytes`]).
+    pub block_bytes: u64,
+    /// Blocks asked of the block cache since the handle opened.
+    pub blocks_read: u64,
+    /// Of them, blocks found in memory.
+    pub block_memory_hits: u64,
+    /// Of them, blocks read back from the disk tier.
+    pub block_disk_hits: u64,
+    /// Of them, blocks fetched from the object store, and their bytes.
+    pub blocks_fetched: u64,
+    /// Bytes of blocks fetched from the object store.
+    pub block_bytes_fetched: u64,
 }
 
 /// Decoded generations of one index, within a byte budget. Cheap to clone (shared).
@@ -47,6 +67,8 @@ struct Loader {
     vector: Option<(usize, Metric, GraphParams)>,
     concurrency: usize,
     budget: u64,
+    /// Where version-3 generations read their cold parts.
+    cold: ColdStore,
     cache: moka::future::Cache<(u64, u64), Arc<Generation>>,
     /// Generations no list of this handle will name again (see [`GenerationCache::retire`]).
     retired: std::sync::Mutex<Retired>,
@@ -82,22 +104,29 @@ impl GenerationCache {
         schema: SchemaRef,
         text: Option<Arc<TextSchema>>,
         vector: Option<(usize, Metric, GraphParams)>,
-        concurrency: usize,
-        budget: u64,
+        settings: &Settings,
+        blocks: BlockCache,
     ) -> Self {
+        let (concurrency, budget) = (settings.io_concurrency, settings.hot_cache_bytes);
         let cache = moka::future::Cache::builder()
             .max_capacity(budget)
             .weigher(|_, g: &Arc<Generation>| g.weight().min(u32::MAX as u64) as u32)
             .build();
         GenerationCache {
             inner: Arc::new(Loader {
-                loc,
+                loc: loc.clone(),
                 paths,
                 schema,
                 text,
                 vector,
                 concurrency: concurrency.max(1),
                 budget,
+                cold: ColdStore {
+                    store: loc.store.clone(),
+                    store_name: loc.display.clone(),
+                    cache: blocks,
+                    runtime: tokio::runtime::Handle::current(),
+                },
                 cache,
                 retired: Default::default(),
             }),
@@ -168,7 +197,45 @@ impl GenerationCache {
         Some(out)
     }
 
-    /// Put a generation this handle built in the cache (unless it is retired).
+    /// Put a generation this handle built and wrote (`object`, its bytes, checked again
+    /// here) in the cache (unless it is retired), opened as a reader opens it (from its hot
+    /// part, nothing fetched), and return it.
+    pub(crate) async fn insert_built(&self, object: Bytes) -> Result<Arc<Generation>> {
+        let whole = Bundle::open(object.clone(), &"a generation just built")?;
+        let meta = whole.stats().clone();
+        let p = self.inner.paths.generation(meta.id, meta.epoch);
+        let g = match meta.hot_offset {
+            Some(hot) => {
+                drop(whole);
+                // A copy: a slice would keep the whole object in memory.
+                let part = Bytes::copy_from_slice(&object[hot as usize..]);
+                let bundle = Bundle::open_hot(part, meta.bytes, &p)?;
+                self.inner.open_bundle(bundle, &p, Some(object)).await?
+            }
+            None => {
+                drop(whole);
+                let (schema, text, vector, p2) = (
+                    self.inner.schema.clone(),
+                    self.inner.text.clone(),
+                    self.inner.vector,
+                    p.clone(),
+                );
+                tokio::task::spawn_blocking(move || {
+                    let spec = IndexSpec {
+                        text: text.as_deref(),
+                        vector,
+                    };
+                    Generation::decode(object, &schema, spec, &p2)
+                })
+                .await??
+            }
+        };
+        let g = Arc::new(g);
+        self.insert(g.clone()).await;
+        Ok(g)
+    }
+
+    /// Put a generation in the cache (unless it is retired).
     pub(crate) async fn insert(&self, g: Arc<Generation>) {
         if self.is_retired((g.meta().id, g.meta().epoch)) {
             return;
@@ -209,30 +276,51 @@ impl GenerationCache {
     /// What the cache holds (after applying pending evictions).
     pub(crate) async fn stats(&self) -> CacheStats {
         self.inner.cache.run_pending_tasks().await;
+        let blocks = &self.inner.cold.cache;
+        let b = blocks.stats();
         CacheStats {
             generations: self.inner.cache.entry_count(),
             bytes: self.inner.cache.weighted_size(),
             budget: self.inner.budget,
+            block_bytes: blocks.memory_bytes(),
+            blocks_read: b.blocks,
+            block_memory_hits: b.blocks.saturating_sub(b.fetched + b.disk_hits),
+            block_disk_hits: b.disk_hits,
+            blocks_fetched: b.fetched,
+            block_bytes_fetched: b.fetched_bytes,
         }
+    }
+
+    /// Stop the block cache, writing what its memory tier holds to its disk tier (when it
+    /// has one) so that the next process finds it.
+    pub(crate) async fn close(&self) -> Result<()> {
+        self.inner.cold.cache.close().await
     }
 }
 
 impl Loader {
     async fn load(&self, meta: GenerationMeta) -> Result<Arc<Generation>> {
         let p = self.paths.generation(meta.id, meta.epoch);
-        let bytes = crate::storage::read_object(self.loc.store.as_ref(), &p).await?;
-        let schema = self.schema.clone();
-        let text = self.text.clone();
-        let vector = self.vector;
-        let p2 = p.clone();
-        let g = tokio::task::spawn_blocking(move || {
-            let spec = IndexSpec {
-                text: text.as_deref(),
-                vector,
-            };
-            Generation::decode(bytes, &schema, spec, &p2)
-        })
-        .await??;
+        let g = match meta.hot_offset {
+            Some(hot) => self.open_hot(&meta, hot, &p).await?,
+            None => {
+                let bytes = crate::storage::read_object(self.loc.store.as_ref(), &p).await?;
+                let (schema, text, vector, p2) = (
+                    self.schema.clone(),
+                    self.text.clone(),
+                    self.vector,
+                    p.clone(),
+                );
+                tokio::task::spawn_blocking(move || {
+                    let spec = IndexSpec {
+                        text: text.as_deref(),
+                        vector,
+                    };
+                    Generation::decode(bytes, &schema, spec, &p2)
+                })
+                .await??
+            }
+        };
         if g.meta() != &meta {
             return Err(Error::data(
                 &p,
@@ -240,6 +328,71 @@ impl Loader {
             ));
         }
         Ok(Arc::new(g))
+    }
+
+    /// Open a version-3 generation: its hot part in one ranged read, then its vectors.
+    async fn open_hot(&self, meta: &GenerationMeta, hot: u64, p: &Path) -> Result<Generation> {
+        if hot > meta.bytes {
+            return Err(Error::data(
+                p,
+                "the manifest places the hot part past the object's end",
+            ));
+        }
+        let bytes = self
+            .loc
+            .store
+            .get_range(p, hot..meta.bytes)
+            .await
+            .map_err(|e| Error::store(p, e))?;
+        if bytes.len() as u64 != meta.bytes - hot {
+            return Err(Error::data(
+                p,
+                format!(
+                    "generation is shorter than the {} bytes the manifest records",
+                    meta.bytes
+                ),
+            ));
+        }
+        let bundle = Bundle::open_hot(bytes, meta.bytes, p)?;
+        self.open_bundle(bundle, p, None).await
+    }
+
+    /// The generation of a checked hot part; `whole` is the object when the caller has it
+    /// (a generation this handle built), so nothing is fetched.
+    async fn open_bundle(
+        &self,
+        bundle: Bundle,
+        p: &Path,
+        whole: Option<Bytes>,
+    ) -> Result<Generation> {
+        let cold = ColdObject::new(
+            &self.cold,
+            p.clone(),
+            bundle.len() as u64,
+            bundle.hot_offset(),
+            bundle.block_crcs().into(),
+        );
+        let vectors = match Generation::vectors_range(&bundle) {
+            Some(r) if self.vector.is_some() => Some(match &whole {
+                Some(b) => b.slice(r.start as usize..r.end as usize),
+                None => cold.read_direct(r).await?,
+            }),
+            _ => None,
+        };
+        let (schema, text, vector, p2) = (
+            self.schema.clone(),
+            self.text.clone(),
+            self.vector,
+            p.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            let spec = IndexSpec {
+                text: text.as_deref(),
+                vector,
+            };
+            Generation::open(&bundle, cold, vectors, &schema, spec, &p2)
+        })
+        .await?
     }
 }
 
@@ -279,7 +432,27 @@ mod tests {
             .put(&paths.generation(1, 1), bytes.into())
             .await
             .unwrap();
-        let cache = GenerationCache::new(loc, paths, s.stored_schema(), None, None, 4, 1 << 30);
+        let blocks = BlockCache::open(&crate::storage::blocks::BlockCacheConfig {
+            memory_bytes: 1 << 20,
+            disk_bytes: 0,
+            disk_dir: None,
+            block_bytes: crate::format::bundle::BLOCK_BYTES,
+        })
+        .await
+        .unwrap();
+        let cache = GenerationCache::new(
+            loc,
+            paths,
+            s.stored_schema(),
+            None,
+            None,
+            &crate::Settings {
+                io_concurrency: 4,
+                hot_cache_bytes: 1 << 30,
+                ..Default::default()
+            },
+            blocks,
+        );
         (cache, g.meta().clone())
     }
 

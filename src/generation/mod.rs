@@ -5,8 +5,15 @@
 //! the search indexes built over them: a tantivy index (`text/*` sections and
 //! `text_token_counts`) and a vector graph (`vector/graph`; `hnsw/*` in format version 1). The
 //! container and every section's layout are in `docs/format.md`, "Generation bundle".
+//!
+//! From format version 3 an opened generation holds in memory only its hot part (keys, flags,
+//! key hashes, the text index, the graph) and its vectors; the other columns of its rows stay
+//! in the object, read by range when a query returns or filters rows ([`cold`], [`rows`]).
+//! A generation of an older version, or one decoded from a whole object, holds every row.
 
 pub(crate) mod cache;
+pub(crate) mod cold;
+pub(crate) mod rows;
 
 use crate::format::bundle::{Bundle, BundleWriter};
 use crate::format::ipc::{ipc_decode, ipc_encode};
@@ -18,8 +25,12 @@ use crate::text::{TextIndex, TextSchema};
 use crate::vector::graph::Adjacency;
 use crate::vector::{VectorIndex, GRAPH_SECTION};
 use crate::{Error, Result};
-use arrow::array::{AsArray, RecordBatch};
-use arrow::datatypes::{SchemaRef, UInt64Type};
+use arrow::array::{Array, ArrayRef, AsArray, FixedSizeListArray, Float32Array, RecordBatch};
+use arrow::buffer::NullBuffer;
+use arrow::datatypes::{DataType, Float32Type, SchemaRef, UInt64Type};
+use bytes::Bytes;
+use cold::ColdObject;
+use rows::ColdRows;
 use std::collections::HashMap;
 use std::fmt::Display;
 use std::hash::BuildHasherDefault;
@@ -34,17 +45,40 @@ pub(crate) struct IndexSpec<'a> {
     pub(crate) vector: Option<(usize, Metric, GraphParams)>,
 }
 
-/// A generation loaded in memory.
+/// Version 3: the hot section holding the key, `_seq` and `_deleted` columns (Arrow IPC).
+const KEYS_SECTION: &str = "keys";
+/// Version 3: the cold section holding the other stored columns but the vector (Parquet).
+const ROWS_SECTION: &str = "rows";
+/// Version 3: the hot section holding the Parquet metadata of [`ROWS_SECTION`].
+const ROWS_FOOTER_SECTION: &str = "rows/footer";
+/// Version 3: the cold section holding the vectors, `dim` f32 little-endian per row.
+const VECTORS_SECTION: &str = "vectors";
+/// Version 3: the hot section marking the rows with a vector, one bit per row (LSB first).
+const VECTORS_VALID_SECTION: &str = "vectors/valid";
+
+/// A generation opened for reading.
 #[derive(Debug)]
 pub(crate) struct Generation {
     meta: GenerationMeta,
-    rows: RecordBatch,
+    /// The stored schema.
+    schema: SchemaRef,
+    /// Every stored row ([`Generation::decode`], and versions 1 and 2); in a version-3
+    /// generation opened from its hot part, the key, `_seq` and `_deleted` columns only.
+    resident: RecordBatch,
+    /// Version 3, opened from its hot part: the other columns, read by range.
+    cold: Option<ColdRows>,
+    /// Version 3, opened from its hot part: the vector column.
+    vectors: Option<ArrayRef>,
     /// The key hash of each row.
     row_hashes: Vec<u64>,
     text: Option<TextIndex>,
     vector: Option<Arc<VectorIndex>>,
     /// Key hash → row, built at first use.
     row_of_hash: std::sync::OnceLock<HashMap<u64, u32, BuildHasherDefault<HashIsKey>>>,
+    /// Bytes of the hot part it was opened from (0: decoded whole).
+    hot_bytes: u64,
+    /// The position of the vector column, when the index has one.
+    vector_col: Option<usize>,
 }
 
 /// A hasher for keys that already are uniformly distributed 64-bit hashes.
@@ -78,10 +112,73 @@ fn row_hashes(rows: &RecordBatch) -> std::result::Result<Vec<u64>, &'static str>
         .collect()
 }
 
+/// The stored columns a version-3 generation keeps in its hot part: the key, `_seq` and
+/// `_deleted` (the last two columns of the stored schema).
+fn hot_columns(schema: &SchemaRef) -> Vec<usize> {
+    let n = schema.fields().len();
+    vec![0, n - 2, n - 1]
+}
+
+/// The vectors of `list` as `dim` f32 little-endian per row (zeros for null rows) and one bit
+/// per row, set where the row has one.
+fn encode_vectors(list: &FixedSizeListArray) -> Result<(Vec<u8>, Vec<u8>)> {
+    let dim = list.value_length() as usize;
+    let values = list
+        .values()
+        .as_primitive_opt::<Float32Type>()
+        .ok_or_else(|| Error::internal("vector column is not float32"))?;
+    let start = list.offset() * dim;
+    let mut out = Vec::with_capacity(list.len() * dim * 4);
+    for v in &values.values()[start..start + list.len() * dim] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    let mut valid = vec![0u8; list.len().div_ceil(8)];
+    for r in 0..list.len() {
+        if list.is_valid(r) {
+            valid[r / 8] |= 1 << (r % 8);
+        }
+    }
+    Ok((out, valid))
+}
+
+/// The vector column of `rows` rows of `field`'s type from [`encode_vectors`]' two sections.
+fn decode_vectors(
+    field: &arrow::datatypes::Field,
+    values: &[u8],
+    valid: &[u8],
+    rows: usize,
+) -> std::result::Result<ArrayRef, String> {
+    let DataType::FixedSizeList(item, dim) = field.data_type() else {
+        return Err("the vector column is not a fixed-size list".into());
+    };
+    let dim = *dim as usize;
+    if values.len() != rows * dim * 4 || valid.len() != rows.div_ceil(8) {
+        return Err(format!(
+            "sections '{VECTORS_SECTION}' ({} bytes) and '{VECTORS_VALID_SECTION}' ({} bytes) do not hold {rows} vectors of {dim} dimensions",
+            values.len(),
+            valid.len()
+        ));
+    }
+    let floats: Vec<f32> = values
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+        .collect();
+    let nulls = NullBuffer::from_iter((0..rows).map(|r| valid[r / 8] & (1 << (r % 8)) != 0));
+    let list = FixedSizeListArray::try_new(
+        item.clone(),
+        dim as i32,
+        Arc::new(Float32Array::from(floats)),
+        Some(nulls),
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(Arc::new(list))
+}
+
 impl Generation {
     /// Build a generation (and its encoded bundle) from stored rows holding one version per key,
     /// with `graph` as its vector graph when it is given (a memtable's, converted to `rows`),
-    /// else a graph built here.
+    /// else a graph built here. The generation returned holds every row in memory; a handle
+    /// keeps the one [`Generation::open`] makes of the object instead.
     pub(crate) fn build(
         id: u64,
         epoch: u64,
@@ -104,11 +201,24 @@ impl Generation {
         pk_hashes.dedup();
 
         let mut w = BundleWriter::new();
-        w.add("rows", &ipc_encode(schema, std::slice::from_ref(&rows))?);
+        let vcol = spec.vector.map(|(c, _, _)| c);
+        let (parquet, footer) = rows::encode(&rows, vcol)?;
+        w.add_cold(ROWS_SECTION, &parquet);
+        drop(parquet);
+        w.add(ROWS_FOOTER_SECTION, &footer);
+        let hot = rows.project(&hot_columns(schema))?;
+        w.add(KEYS_SECTION, &ipc_encode(&hot.schema(), &[hot])?);
         let hashes: Vec<u8> = pk_hashes.iter().flat_map(|h| h.to_le_bytes()).collect();
         w.add("pk_hashes", &hashes);
         let vector = match spec.vector {
             Some((col, metric, params)) => {
+                let list = rows
+                    .column(col)
+                    .as_fixed_size_list_opt()
+                    .ok_or_else(|| Error::internal("vector column is not a fixed-size list"))?;
+                let (values, valid) = encode_vectors(list)?;
+                w.add_cold(VECTORS_SECTION, &values);
+                w.add(VECTORS_VALID_SECTION, &valid);
                 let (vi, sections) = match graph {
                     Some(adjacency) => VectorIndex::from_adjacency(&rows, col, metric, adjacency)?,
                     None => VectorIndex::build(&rows, col, metric, params)?,
@@ -140,43 +250,188 @@ impl Generation {
             min_seq,
             max_seq,
             flushes: flushes.max(1),
+            hot_offset: None,
         };
         let out = w.finish(&mut meta)?;
         Ok((
             Generation {
                 meta,
-                rows,
+                schema: schema.clone(),
+                resident: rows,
+                cold: None,
+                vectors: None,
                 row_hashes,
                 text,
                 vector,
                 row_of_hash: Default::default(),
+                hot_bytes: 0,
+                vector_col: vcol,
             },
             out,
         ))
     }
 
-    /// Decode and verify a whole bundle. Any defect is an error of kind `Data` naming `object`.
+    /// Decode and verify a whole bundle, every row held in memory. Any defect is an error of
+    /// kind `Data` naming `object`.
     pub(crate) fn decode(
-        bytes: bytes::Bytes,
+        bytes: Bytes,
         schema: &SchemaRef,
         spec: IndexSpec<'_>,
         object: &dyn Display,
     ) -> Result<Self> {
-        let started = std::time::Instant::now();
         let bundle = Bundle::open(bytes, object)?;
+        let rows = if bundle.version() >= 3 {
+            let mut rows = Self::decode_rows_v3(&bundle, schema, spec, object)?;
+            if let Some((col, _, _)) = spec.vector {
+                let vectors = decode_vectors(
+                    schema.field(col),
+                    &bundle.section(VECTORS_SECTION)?,
+                    &bundle.section(VECTORS_VALID_SECTION)?,
+                    rows.num_rows(),
+                )
+                .map_err(|m| bundle.error(m))?;
+                let mut columns = rows.columns().to_vec();
+                columns.insert(col, vectors);
+                rows = RecordBatch::try_new(schema.clone(), columns)
+                    .map_err(|e| bundle.error(format!("rows: {e}")))?;
+            }
+            rows
+        } else {
+            let batches = ipc_decode(bundle.section("rows")?, schema, object)?;
+            arrow::compute::concat_batches(schema, &batches)?
+        };
+        Self::assemble(&bundle, schema, spec, object, rows, None, None, 0)
+    }
+
+    /// A version-3 bundle's stored columns but the vector column, decoded from the whole
+    /// object (its Parquet section read in memory).
+    fn decode_rows_v3(
+        bundle: &Bundle,
+        schema: &SchemaRef,
+        spec: IndexSpec<'_>,
+        object: &dyn Display,
+    ) -> Result<RecordBatch> {
+        let bad = |m: String| Error::data(object, format!("generation rows: {m}"));
+        let file = bundle.section(ROWS_SECTION)?;
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+            .map_err(|e| bad(e.to_string()))?
+            .with_batch_size(8192)
+            .build()
+            .map_err(|e| bad(e.to_string()))?;
+        let batches = reader
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| bad(e.to_string()))?;
+        let keep: Vec<usize> = (0..schema.fields().len())
+            .filter(|c| Some(*c) != spec.vector.map(|v| v.0))
+            .collect();
+        let want = Arc::new(schema.project(&keep)?);
+        let same = batches.iter().all(|b| {
+            b.schema().fields().len() == want.fields().len()
+                && b.schema()
+                    .fields()
+                    .iter()
+                    .zip(want.fields())
+                    .all(|(a, w)| a.name() == w.name() && a.data_type() == w.data_type())
+        });
+        if !same {
+            return Err(bad("its columns are not the index's stored columns".into()));
+        }
+        let columns = (0..want.fields().len())
+            .map(|c| {
+                let parts: Vec<&dyn Array> = batches.iter().map(|b| b.column(c).as_ref()).collect();
+                if parts.is_empty() {
+                    Ok(arrow::array::new_empty_array(want.field(c).data_type()))
+                } else {
+                    arrow::compute::concat(&parts)
+                }
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        RecordBatch::try_new(want, columns).map_err(|e| bad(e.to_string()))
+    }
+
+    /// Open a version-3 generation from its checked hot part, reading the rest through `cold`:
+    /// the vectors now (`vectors`: the bytes of its vectors section, read by the caller), the
+    /// other columns when a query asks for rows.
+    pub(crate) fn open(
+        bundle: &Bundle,
+        cold: ColdObject,
+        vectors: Option<Bytes>,
+        schema: &SchemaRef,
+        spec: IndexSpec<'_>,
+        object: &dyn Display,
+    ) -> Result<Self> {
+        let hot_schema = Arc::new(schema.project(&hot_columns(schema))?);
+        // A copy, so the hot part's bytes are not kept alive by the columns decoded from it.
+        let keys = Bytes::copy_from_slice(&bundle.section(KEYS_SECTION)?);
+        let batches = ipc_decode(keys, &hot_schema, object)?;
+        let resident = arrow::compute::concat_batches(&hot_schema, &batches)?;
+        let rows = resident.num_rows();
+        let vcol = spec.vector.map(|v| v.0);
+        let cold_rows = ColdRows::open(
+            cold,
+            bundle.cold_range(ROWS_SECTION)?,
+            &bundle.section(ROWS_FOOTER_SECTION)?,
+            schema,
+            vcol,
+            rows,
+        )?;
+        let vectors = match (vcol, vectors) {
+            (Some(col), Some(values)) => Some(
+                decode_vectors(
+                    schema.field(col),
+                    &values,
+                    &bundle.section(VECTORS_VALID_SECTION)?,
+                    rows,
+                )
+                .map_err(|m| bundle.error(m))?,
+            ),
+            (Some(_), None) => {
+                return Err(Error::internal("a generation opened without its vectors"))
+            }
+            _ => None,
+        };
+        let hot = bundle.len() as u64 - bundle.hot_offset();
+        Self::assemble(
+            bundle,
+            schema,
+            spec,
+            object,
+            resident,
+            Some(cold_rows),
+            vectors,
+            hot,
+        )
+    }
+
+    /// The byte range of a version-3 generation's vectors section, when it has one.
+    pub(crate) fn vectors_range(bundle: &Bundle) -> Option<std::ops::Range<u64>> {
+        bundle.cold_range(VECTORS_SECTION).ok()
+    }
+
+    /// The generation of `bundle` whose rows (all, or the hot columns with `cold`) are
+    /// `resident`: key hashes checked against `pk_hashes`, text index and graph opened.
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        bundle: &Bundle,
+        schema: &SchemaRef,
+        spec: IndexSpec<'_>,
+        object: &dyn Display,
+        resident: RecordBatch,
+        cold: Option<ColdRows>,
+        vectors: Option<ArrayRef>,
+        hot_bytes: u64,
+    ) -> Result<Self> {
+        let started = std::time::Instant::now();
         let bad = |m: String| bundle.error(m);
         let section = |name: &str| bundle.section(name);
-        let t_crc = started.elapsed();
-        let batches = ipc_decode(section("rows")?, schema, object)?;
-        let rows = arrow::compute::concat_batches(schema, &batches)?;
-        if rows.num_rows() as u64 != bundle.stats().rows {
+        let rows = resident.num_rows();
+        if rows as u64 != bundle.stats().rows {
             return Err(bad(format!(
-                "holds {} rows, its directory says {}",
-                rows.num_rows(),
+                "holds {rows} rows, its directory says {}",
                 bundle.stats().rows
             )));
         }
-        let row_hashes = row_hashes(&rows).map_err(|m| bad(m.into()))?;
+        let row_hashes = row_hashes(&resident).map_err(|m| bad(m.into()))?;
         let mut sorted = row_hashes.clone();
         sorted.sort_unstable();
         sorted.dedup();
@@ -190,24 +445,41 @@ impl Generation {
             ));
         }
         let t_rows = started.elapsed();
+        // The graph reads the vector column: the resident rows', or the vectors read apart.
+        let vector_rows = |col: usize| -> Result<(RecordBatch, usize)> {
+            match &vectors {
+                Some(v) => {
+                    let field = schema.field(col).clone();
+                    let b = RecordBatch::try_new(
+                        Arc::new(arrow::datatypes::Schema::new(vec![field])),
+                        vec![v.clone()],
+                    )?;
+                    Ok((b, 0))
+                }
+                None => Ok((resident.clone(), col)),
+            }
+        };
         let vector = match spec.vector {
             Some((col, metric, _)) if bundle.version() == 1 => Some(Arc::new(
-                VectorIndex::open_hnsw_dump(&rows, col, metric, &section("hnsw/meta")?, || {
+                VectorIndex::open_hnsw_dump(&resident, col, metric, &section("hnsw/meta")?, || {
                     Ok((section("hnsw/graph")?, section("hnsw/data")?))
                 })
                 .map_err(|e| e.corrupt_in(object, "generation vector graph"))?,
             )),
-            Some((col, metric, _)) => Some(Arc::new(
-                VectorIndex::open(&rows, col, metric, &section(GRAPH_SECTION)?)
-                    .map_err(|e| e.corrupt_in(object, "generation vector graph"))?,
-            )),
+            Some((col, metric, _)) => {
+                let (vrows, vcol) = vector_rows(col)?;
+                Some(Arc::new(
+                    VectorIndex::open(&vrows, vcol, metric, &section(GRAPH_SECTION)?)
+                        .map_err(|e| e.corrupt_in(object, "generation vector graph"))?,
+                ))
+            }
             None => None,
         };
         let t_vector = started.elapsed();
         let text = match spec.text {
             Some(ts) => {
                 let c = section("text_token_counts")?;
-                if c.len() != rows.num_rows() * ts.fields().len() * 4 {
+                if c.len() != rows * ts.fields().len() * 4 {
                     return Err(bad("section 'text_token_counts' has the wrong size".into()));
                 }
                 let counts = c
@@ -225,24 +497,25 @@ impl Generation {
             }
             None => None,
         };
-        let t_text = started.elapsed();
         tracing::debug!(
-            "decoded {object} ({} bytes, {} rows): checks {:?}, rows {:?}, vector {:?}, text {:?}, key hashes {:?}",
+            "opened {object} ({} bytes, {rows} rows): rows {:?}, vector {:?}, text {:?}",
             bundle.len(),
-            rows.num_rows(),
-            t_crc,
-            t_rows - t_crc,
+            t_rows,
             t_vector - t_rows,
-            t_text - t_vector,
-            started.elapsed() - t_text
+            started.elapsed() - t_vector
         );
         Ok(Generation {
             meta: bundle.stats().clone(),
+            schema: schema.clone(),
+            resident,
+            cold,
+            vectors,
             row_hashes,
-            rows,
             text,
             vector,
             row_of_hash: Default::default(),
+            hot_bytes,
+            vector_col: spec.vector.map(|v| v.0),
         })
     }
 
@@ -251,17 +524,150 @@ impl Generation {
         &self.meta
     }
 
-    /// Approximate bytes it holds in memory, as the cache counts them: the size of its object
-    /// (rows, key set, text index, graph) plus 32 bytes per row of key hashes (8) and their lookup table, plus what
-    /// its graph keeps besides (a half-precision copy of cosine vectors, norms).
+    /// Approximate bytes it holds in memory, as the cache counts them. Opened from its hot
+    /// part: the hot part, its vectors, 32 bytes per row of key hashes (8) and their lookup
+    /// table, plus what its graph keeps besides (a half-precision copy of cosine vectors,
+    /// norms). Decoded whole: the object's size instead of the hot part and vectors.
     pub(crate) fn weight(&self) -> u64 {
         let graph = self.vector().map_or(0, |v| v.extra_bytes() as u64);
-        self.meta.bytes + 32 * self.meta.rows + graph
+        let held = match &self.cold {
+            Some(c) => {
+                self.hot_bytes
+                    + self
+                        .vectors
+                        .as_ref()
+                        .map_or(0, |v| v.get_array_memory_size() as u64)
+                    + c.resident_bytes() as u64
+            }
+            None => self.meta.bytes,
+        };
+        held + 32 * self.meta.rows + graph
     }
 
-    /// Stored rows: one version per key, tombstones included.
-    pub(crate) fn rows(&self) -> &RecordBatch {
-        &self.rows
+    /// Rows stored: live and tombstones.
+    pub(crate) fn num_rows(&self) -> usize {
+        self.resident.num_rows()
+    }
+
+    /// The stored schema.
+    pub(crate) fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// Whether row `r` is a tombstone.
+    pub(crate) fn deleted(&self) -> arrow::array::BooleanArray {
+        deleted_flags(&self.resident)
+    }
+
+    /// Columns `cols` (stored schema positions) of rows `ords`, in the order given: from
+    /// memory, or read by range through the block cache.
+    pub(crate) async fn read_rows(&self, ords: &[usize], cols: &[usize]) -> Result<Vec<ArrayRef>> {
+        let idx = arrow::array::UInt32Array::from_iter_values(ords.iter().map(|r| *r as u32));
+        let Some(cold) = &self.cold else {
+            return cols
+                .iter()
+                .map(|c| {
+                    Ok(arrow::compute::take(
+                        self.resident.column(*c).as_ref(),
+                        &idx,
+                        None,
+                    )?)
+                })
+                .collect();
+        };
+        let (fetched, _) = self.split_columns(cols);
+        let mut got = cold.read(ords, &fetched).await?.into_iter();
+        cols.iter()
+            .map(|c| match self.held_column(*c) {
+                Some(a) => Ok(arrow::compute::take(a.as_ref(), &idx, None)?),
+                None => got
+                    .next()
+                    .ok_or_else(|| Error::internal("a column missing from a read")),
+            })
+            .collect()
+    }
+
+    /// Columns `cols` of every row, in row order.
+    pub(crate) async fn read_all(&self, cols: &[usize]) -> Result<Vec<ArrayRef>> {
+        let Some(cold) = &self.cold else {
+            return Ok(cols
+                .iter()
+                .map(|c| self.resident.column(*c).clone())
+                .collect());
+        };
+        let (fetched, _) = self.split_columns(cols);
+        let mut got = cold.read_all(&fetched).await?.into_iter();
+        cols.iter()
+            .map(|c| match self.held_column(*c) {
+                Some(a) => Ok(a.clone()),
+                None => got
+                    .next()
+                    .ok_or_else(|| Error::internal("a column missing from a read")),
+            })
+            .collect()
+    }
+
+    /// [`Generation::read_rows`] from a query or blocking thread.
+    pub(crate) fn read_rows_blocking(
+        &self,
+        ords: &[usize],
+        cols: &[usize],
+    ) -> Result<Vec<ArrayRef>> {
+        match &self.cold {
+            Some(c) => c.object().block_on(self.read_rows(ords, cols)),
+            None => futures::executor::block_on(self.read_rows(ords, cols)),
+        }
+    }
+
+    /// [`Generation::read_all`] from a query or blocking thread.
+    pub(crate) fn read_all_blocking(&self, cols: &[usize]) -> Result<Vec<ArrayRef>> {
+        match &self.cold {
+            Some(c) => c.object().block_on(self.read_all(cols)),
+            None => futures::executor::block_on(self.read_all(cols)),
+        }
+    }
+
+    /// Every stored row (what a compaction merges).
+    pub(crate) async fn all_rows(&self) -> Result<RecordBatch> {
+        let cols: Vec<usize> = (0..self.schema.fields().len()).collect();
+        Ok(RecordBatch::try_new(
+            self.schema.clone(),
+            self.read_all(&cols).await?,
+        )?)
+    }
+
+    /// Of `cols`, those read from the cold rows, in order; and those held in memory.
+    fn split_columns(&self, cols: &[usize]) -> (Vec<usize>, Vec<usize>) {
+        cols.iter().partition(|c| self.held_column(**c).is_none())
+    }
+
+    /// Stored column `c` when it is held in memory (opened from a hot part: the key,
+    /// `_seq`, `_deleted` and vector columns).
+    fn held_column(&self, c: usize) -> Option<&ArrayRef> {
+        if self.cold.is_none() {
+            return Some(self.resident.column(c));
+        }
+        let n = self.schema.fields().len();
+        match c {
+            0 => Some(self.resident.column(0)),
+            c if c == n - 2 => Some(self.resident.column(1)),
+            c if c == n - 1 => Some(self.resident.column(2)),
+            _ => self
+                .vectors
+                .as_ref()
+                .filter(|_| self.vector_column() == Some(c)),
+        }
+    }
+
+    /// The position of the vector column, when the generation has one.
+    fn vector_column(&self) -> Option<usize> {
+        self.vector_col
+    }
+
+    /// The vector column of every row (held in memory), when the schema has one.
+    pub(crate) fn vector_values(&self) -> Option<&ArrayRef> {
+        let c = self.vector_column()?;
+        self.held_column(c)
     }
 
     /// The key hash of each row.
@@ -281,7 +687,7 @@ impl Generation {
 
     /// The key of `row`.
     pub(crate) fn key_at(&self, row: usize) -> Option<Key> {
-        Key::from_array(self.rows.column(0).as_ref(), row)
+        Key::from_array(self.resident.column(0).as_ref(), row)
     }
 
     /// The row holding `key` (whose hash is `hash`), if this generation has one; `key` is only
@@ -354,7 +760,15 @@ mod tests {
             &"g",
         )
         .unwrap();
-        assert_eq!(d.rows(), &stored);
+        assert_eq!(
+            RecordBatch::try_new(
+                stored.schema(),
+                d.read_all_blocking(&(0..stored.num_columns()).collect::<Vec<_>>())
+                    .unwrap()
+            )
+            .unwrap(),
+            stored
+        );
         assert_eq!(d.meta(), g.meta());
         let find = |k: &str| d.row_of_key(Key::from(k).hash64(), || Some(Key::from(k)));
         assert_eq!(find("b"), Some(1));
@@ -393,7 +807,7 @@ mod tests {
         let mut w = crate::format::bundle::BundleWriter::new();
         let names: Vec<String> = b.section_names().map(str::to_string).collect();
         for n in &names {
-            w.add(n, &replace(n, b.section(n).unwrap()));
+            w.add_section(n, &replace(n, b.section(n).unwrap()), b.is_cold(n));
         }
         let mut meta = b.stats().clone();
         w.finish(&mut meta).unwrap().into()
@@ -462,8 +876,8 @@ mod tests {
         let names: Vec<String> = five.section_names().map(str::to_string).collect();
         let mut w = crate::format::bundle::BundleWriter::new();
         let orig = crate::format::bundle::Bundle::open(three.clone().into(), &"g").unwrap();
-        for n in ["rows", "pk_hashes", "text_token_counts"] {
-            w.add(n, &orig.section(n).unwrap());
+        for n in orig.section_names().filter(|n| !n.starts_with("text/")) {
+            w.add_section(n, &orig.section(n).unwrap(), orig.is_cold(n));
         }
         for n in names.iter().filter(|n| n.starts_with("text/")) {
             w.add(n, &five.section(n).unwrap());

@@ -7,7 +7,8 @@
 //! already states (the same schema and ordering).
 
 use crate::read::pool::QueryPool;
-use arrow::array::RecordBatch;
+use crate::read::Source;
+use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result as DfResult};
@@ -25,7 +26,86 @@ use std::sync::Arc;
 const SLOW_ARM_MS: f64 = 10.0;
 
 /// The work of one arm: search its source and return its top rows, sorted.
-pub(crate) type ArmWork = Arc<dyn Fn() -> crate::Result<RecordBatch> + Send + Sync>;
+pub(crate) type ArmWork = Arc<dyn Fn() -> crate::Result<ArmRows> + Send + Sync>;
+
+/// What an arm's work yields: its rows, or its top rows whose columns are still to be read.
+pub(crate) enum ArmRows {
+    /// The arm's rows, complete.
+    Done(RecordBatch),
+    /// Rows `ords` of a generation, best first, with their `_score` or `_distance` (`values`):
+    /// the key and payload columns (`columns`, stored positions, the key first) are read after
+    /// the arm has run, off the query threads and concurrently with every other arm's reads,
+    /// so a cold query spends one round trip on them whatever the number of generations.
+    Read {
+        source: Source,
+        ords: Vec<usize>,
+        values: ArrayRef,
+        columns: Vec<usize>,
+        schema: SchemaRef,
+    },
+}
+
+impl ArmRows {
+    /// The top rows `ords` of `source` with their `values`, as `schema` (key, value, payload
+    /// `columns[1..]`) says: complete for a memtable, to be read for a generation.
+    pub(crate) fn of(
+        source: &Source,
+        ords: Vec<usize>,
+        values: ArrayRef,
+        columns: Vec<usize>,
+        schema: &SchemaRef,
+    ) -> crate::Result<ArmRows> {
+        if ords.is_empty() {
+            return Ok(ArmRows::Done(RecordBatch::new_empty(schema.clone())));
+        }
+        match source {
+            Source::Generation(_) => Ok(ArmRows::Read {
+                source: source.clone(),
+                ords,
+                values,
+                columns,
+                schema: schema.clone(),
+            }),
+            Source::Memtable(_) => {
+                let taken = source.take(&ords, &columns)?;
+                Ok(ArmRows::Done(assemble(taken, values, schema)?))
+            }
+        }
+    }
+
+    /// The arm's rows, reading what is left to read.
+    async fn finish(self) -> crate::Result<RecordBatch> {
+        match self {
+            ArmRows::Done(b) => Ok(b),
+            ArmRows::Read {
+                source,
+                ords,
+                values,
+                columns,
+                schema,
+            } => {
+                let taken = match &source {
+                    Source::Generation(g) => g.read_rows(&ords, &columns).await?,
+                    Source::Memtable(_) => source.take(&ords, &columns)?,
+                };
+                assemble(taken, values, &schema)
+            }
+        }
+    }
+}
+
+/// The key column, then `values`, then the payload columns.
+fn assemble(
+    taken: Vec<ArrayRef>,
+    values: ArrayRef,
+    schema: &SchemaRef,
+) -> crate::Result<RecordBatch> {
+    let mut taken = taken.into_iter();
+    let mut columns: Vec<ArrayRef> = taken.next().into_iter().collect();
+    columns.push(values);
+    columns.extend(taken);
+    Ok(RecordBatch::try_new(schema.clone(), columns)?)
+}
 
 /// One arm of a search: what the plan shows and the work it runs.
 pub(crate) struct ArmSpec {
@@ -152,8 +232,11 @@ impl ExecutionPlan for ArmExec {
             out
         });
         let fut = async move {
-            arm.await
-                .map_err(|e| DataFusionError::External(Box::new(e)))
+            match arm.await {
+                Ok(rows) => rows.finish().await,
+                Err(e) => Err(e),
+            }
+            .map_err(|e| DataFusionError::External(Box::new(e)))
         };
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             self.schema.clone(),

@@ -2,7 +2,7 @@
 //! run one tantivy search per arm with its live rows and filter applied inside the collector,
 //! merge the arms' top k in DataFusion.
 
-use super::exec::{ArmExec, ArmSpec, ArmWork};
+use super::exec::{ArmExec, ArmRows, ArmSpec, ArmWork};
 use super::{Conjunction, SearchOptions, SCORE_COLUMN};
 use crate::key::Key;
 use crate::read::{
@@ -11,7 +11,7 @@ use crate::read::{
 use crate::schema::IndexSchema;
 use crate::text::{DocRows, TailQuery, TextIndex, TextSchema};
 use crate::{Error, Result};
-use arrow::array::{Array, ArrayRef, Float32Array, RecordBatch};
+use arrow::array::{ArrayRef, Float32Array, RecordBatch};
 use arrow::compute::SortOptions;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::physical_expr::{LexOrdering, PhysicalSortExpr};
@@ -319,7 +319,7 @@ pub(crate) fn plan(
             }
             _ => {
                 let out_schema = out_schema.clone();
-                Arc::new(move || Ok(RecordBatch::new_empty(out_schema.clone())))
+                Arc::new(move || Ok(ArmRows::Done(RecordBatch::new_empty(out_schema.clone()))))
             }
         };
         arms.push(ArmSpec { description, work });
@@ -465,7 +465,7 @@ fn search_arm(
     k: usize,
     out_schema: &SchemaRef,
     payload: &[usize],
-) -> Result<RecordBatch> {
+) -> Result<ArmRows> {
     let mut top = TopRows {
         heap: BinaryHeap::with_capacity(k + 1),
         k,
@@ -500,26 +500,10 @@ fn search_arm(
         })?;
     }
     let rows: Vec<Ranked> = top.heap.into_sorted_vec();
-    if rows.is_empty() {
-        return Ok(RecordBatch::new_empty(out_schema.clone()));
-    }
-    let idx: Vec<(usize, usize)> = rows.iter().map(|r| source.locate(r.row)).collect();
-    let take = |c: usize| -> Result<ArrayRef> {
-        let arrays: Vec<&dyn Array> = source
-            .batches()
-            .iter()
-            .map(|b| b.column(c).as_ref())
-            .collect();
-        Ok(arrow::compute::interleave(&arrays, &idx)?)
-    };
-    let mut columns = vec![take(0)?];
-    columns.push(Arc::new(Float32Array::from_iter_values(
-        rows.iter().map(|r| r.score),
-    )));
-    for c in payload {
-        columns.push(take(*c)?);
-    }
-    Ok(RecordBatch::try_new(out_schema.clone(), columns)?)
+    let ords: Vec<usize> = rows.iter().map(|r| r.row).collect();
+    let scores: ArrayRef = Arc::new(Float32Array::from_iter_values(rows.iter().map(|r| r.score)));
+    let wanted: Vec<usize> = std::iter::once(0).chain(payload.iter().copied()).collect();
+    ArmRows::of(source, ords, scores, wanted, out_schema)
 }
 
 #[cfg(test)]

@@ -3,12 +3,14 @@
 
 use super::vector::VectorSearchOptions;
 use super::{fts, vector, SearchOptions};
+use crate::format::bundle::BLOCK_BYTES;
 use crate::format::GenerationMeta;
 use crate::generation::cache::{CacheStats, GenerationCache};
 use crate::read::pool::QueryPool;
 use crate::read::{compile_filter, ReadCaches, ScanCursor, Snapshot, Source};
 use crate::schema::IndexSchema;
 use crate::settings::Settings;
+use crate::storage::blocks::{BlockCache, BlockCacheConfig};
 use crate::storage::paths::Paths;
 use crate::storage::Location;
 use crate::text::TextSchema;
@@ -39,7 +41,7 @@ pub(crate) struct Reader {
 }
 
 impl Reader {
-    pub(crate) fn new(
+    pub(crate) async fn new(
         loc: &Location,
         paths: &Paths,
         schema: IndexSchema,
@@ -47,14 +49,21 @@ impl Reader {
     ) -> Result<Self> {
         let stored_schema = schema.stored_schema();
         let text_schema = TextSchema::new(&schema);
+        let blocks = BlockCache::open(&BlockCacheConfig {
+            memory_bytes: settings.cache_bytes,
+            disk_bytes: settings.cache_disk_bytes,
+            disk_dir: settings.cache_dir.clone(),
+            block_bytes: BLOCK_BYTES,
+        })
+        .await?;
         let generations = GenerationCache::new(
             loc.clone(),
             paths.clone(),
             stored_schema.clone(),
             text_schema.clone(),
             schema.vector_spec(&settings),
-            settings.io_concurrency,
-            settings.cache_bytes,
+            &settings,
+            blocks,
         );
         Ok(Reader {
             user_schema: schema.arrow_schema(),

@@ -1,7 +1,7 @@
 //! Vector k-nearest-neighbour search: exact distances in every arm, live rows and filters
 //! applied before each arm's top k, arms merged by `_distance` ascending then key.
 
-use super::exec::{ArmExec, ArmSpec, ArmWork};
+use super::exec::{ArmExec, ArmRows, ArmSpec, ArmWork};
 use super::fts::sort_ordering;
 use super::DISTANCE_COLUMN;
 use crate::key::Key;
@@ -10,7 +10,7 @@ use crate::schema::{IndexSchema, Metric};
 use crate::settings::Settings;
 use crate::vector::{distance, MemVectorIndex, VectorIndex};
 use crate::{Error, Result};
-use arrow::array::{Array, ArrayRef, AsArray, Float32Array, RecordBatch};
+use arrow::array::{Array, ArrayRef, AsArray, Float32Array};
 use arrow::datatypes::{DataType, Field, Float32Type, Schema, SchemaRef};
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::ExecutionPlan;
@@ -305,12 +305,11 @@ impl Arm<'_> {
             .map(|v| v.norms())
             .filter(|n| self.metric == Metric::Cosine && n.len() == self.source.rows());
         let query_norm = crate::vector::distance::dot(self.query, self.query).sqrt();
-        let columns: Vec<(&arrow::array::FixedSizeListArray, &[f32])> = self
-            .source
-            .batches()
+        let arrays = self.source.vector_columns(self.vidx);
+        let columns: Vec<(&arrow::array::FixedSizeListArray, &[f32])> = arrays
             .iter()
-            .map(|b| {
-                let list = b.column(self.vidx).as_fixed_size_list();
+            .map(|a| {
+                let list = a.as_fixed_size_list();
                 (
                     list,
                     list.values()
@@ -367,33 +366,13 @@ impl Arm<'_> {
         heap.into_sorted_vec()
     }
 
-    fn output(
-        &self,
-        hits: Vec<Hit>,
-        out_schema: &SchemaRef,
-        payload: &[usize],
-    ) -> Result<RecordBatch> {
-        if hits.is_empty() {
-            return Ok(RecordBatch::new_empty(out_schema.clone()));
-        }
-        let source = self.source;
-        let idx: Vec<(usize, usize)> = hits.iter().map(|h| source.locate(h.ord)).collect();
-        let take = |c: usize| -> Result<ArrayRef> {
-            let arrays: Vec<&dyn Array> = source
-                .batches()
-                .iter()
-                .map(|b| b.column(c).as_ref())
-                .collect();
-            Ok(arrow::compute::interleave(&arrays, &idx)?)
-        };
-        let mut columns = vec![take(0)?];
-        columns.push(Arc::new(Float32Array::from_iter_values(
+    fn output(&self, hits: Vec<Hit>, out_schema: &SchemaRef, payload: &[usize]) -> Result<ArmRows> {
+        let ords: Vec<usize> = hits.iter().map(|h| h.ord).collect();
+        let distances: ArrayRef = Arc::new(Float32Array::from_iter_values(
             hits.iter().map(|h| h.distance),
-        )));
-        for c in payload {
-            columns.push(take(*c)?);
-        }
-        Ok(RecordBatch::try_new(out_schema.clone(), columns)?)
+        ));
+        let wanted: Vec<usize> = std::iter::once(0).chain(payload.iter().copied()).collect();
+        ArmRows::of(self.source, ords, distances, wanted, out_schema)
     }
 }
 

@@ -18,7 +18,7 @@ use super::live_rows::{lock, LiveRows};
 use super::source::{Source, SourceKey};
 use crate::flags::RowFlags;
 use crate::generation::Generation;
-use crate::schema::deleted_flags;
+use crate::schema::DELETED_COLUMN;
 use crate::text::{in_postings, DocRows, TextIndex, TextSchema};
 use crate::Result;
 use arrow::array::{Array, AsArray, RecordBatch};
@@ -86,8 +86,10 @@ impl DeadRowStats {
             }
         };
         let held: usize = self.text.0.iter().map(RecordBatch::num_rows).sum();
-        if source.rows() > held || self.text.0.is_empty() {
-            self.text = (source.batches().to_vec(), source.offsets().to_vec());
+        if let Some(batches) = source.memtable_batches() {
+            if source.rows() > held || self.text.0.is_empty() {
+                self.text = (batches.to_vec(), source.offsets().to_vec());
+            }
         }
         let end = covered.max(self.state.len());
         if self.state.len() < end {
@@ -98,22 +100,27 @@ impl DeadRowStats {
         }
         let mut analyzers: Option<Vec<TextAnalyzer>> = None;
         let mut changed = false;
-        for r in visit
-            .into_iter()
-            .flat_map(|v| v.start.min(end)..v.end.min(end))
-        {
-            let dead = r < covered && !live.admits(r);
-            let change = match (self.state[r], dead) {
-                (NOT_COUNTED, true) => 1i64,
-                (COUNTED, false) => -1,
-                _ => continue,
+        let changes = self.changes(visit, end, covered, live);
+        let fetched = read_changed(ts, source, &changes)?;
+        for (i, &(r, change)) in changes.iter().enumerate() {
+            let (batch, row, text_cols, deleted) = match &fetched {
+                Some(b) => (
+                    b,
+                    i,
+                    (0..ts.columns().len()).collect::<Vec<_>>(),
+                    ts.columns().len(),
+                ),
+                None => {
+                    let Some((batch, row)) = locate(&self.text, r) else {
+                        return Err(crate::Error::internal(format!(
+                            "row {r} is in no stored batch of its source"
+                        )));
+                    };
+                    let deleted = batch.schema().index_of(DELETED_COLUMN)?;
+                    (batch, row, ts.columns().to_vec(), deleted)
+                }
             };
-            let Some((batch, row)) = locate(&self.text, r) else {
-                return Err(crate::Error::internal(format!(
-                    "row {r} is in no stored batch of its source"
-                )));
-            };
-            if change > 0 && deleted_flags(batch).value(row) {
+            if change > 0 && batch.column(deleted).as_boolean().value(row) {
                 self.state[r] = TOMBSTONE;
                 continue;
             }
@@ -126,7 +133,7 @@ impl DeadRowStats {
                         .collect::<tantivy::Result<_>>()?,
                 ),
             };
-            for (pos, (col, field)) in ts.columns().iter().zip(ts.fields()).enumerate() {
+            for (pos, (col, field)) in text_cols.iter().zip(ts.fields()).enumerate() {
                 let col = batch.column(*col).as_string::<i32>();
                 if col.is_null(row) {
                     continue;
@@ -161,6 +168,34 @@ impl DeadRowStats {
         }
         self.last = Some((live.clone(), covered));
         Ok(())
+    }
+
+    /// The rows of `visit` (below `end`) whose state changes, each once, with `1` for a row
+    /// to count as dead and `-1` for one to uncount.
+    fn changes(
+        &self,
+        visit: Vec<Range<usize>>,
+        end: usize,
+        covered: usize,
+        live: &LiveRows,
+    ) -> Vec<(usize, i64)> {
+        // The ranges to visit may overlap: each row once.
+        let mut rows: Vec<usize> = visit
+            .into_iter()
+            .flat_map(|v| v.start.min(end)..v.end.min(end))
+            .collect();
+        rows.sort_unstable();
+        rows.dedup();
+        rows.into_iter()
+            .filter_map(|r| {
+                let dead = r < covered && !live.admits(r);
+                match (self.state[r], dead) {
+                    (NOT_COUNTED, true) => Some((r, 1i64)),
+                    (COUNTED, false) => Some((r, -1)),
+                    _ => None,
+                }
+            })
+            .collect()
     }
 
     /// The rows superseded besides the own flags at the last update (none before one).
@@ -315,6 +350,30 @@ fn symmetric_difference<'a>(a: &'a [u32], b: &'a [u32]) -> impl Iterator<Item = 
 }
 
 /// The batch holding row `r` of `(batches, first rows)`, and its row in it.
+/// The text columns and `_deleted` of a generation's `changes` rows, in their order, read in
+/// one go (a memtable's come from the longest view: `None`).
+fn read_changed(
+    ts: &TextSchema,
+    source: &Source,
+    changes: &[(usize, i64)],
+) -> Result<Option<RecordBatch>> {
+    let Source::Generation(g) = source else {
+        return Ok(None);
+    };
+    if changes.is_empty() {
+        return Ok(None);
+    }
+    let ords: Vec<usize> = changes.iter().map(|c| c.0).collect();
+    let stored = g.schema();
+    let mut cols = ts.columns().to_vec();
+    cols.push(stored.index_of(DELETED_COLUMN)?);
+    let schema = Arc::new(stored.project(&cols)?);
+    Ok(Some(RecordBatch::try_new(
+        schema,
+        source.take(&ords, &cols)?,
+    )?))
+}
+
 fn locate(text: &(Vec<RecordBatch>, Vec<usize>), r: usize) -> Option<(&RecordBatch, usize)> {
     let (batches, offsets) = text;
     let b = offsets.partition_point(|o| *o <= r).checked_sub(1)?;

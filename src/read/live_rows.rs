@@ -21,7 +21,6 @@ use crate::flags::RowFlags;
 use crate::generation::{Generation, HashIsKey};
 use crate::key::Key;
 use crate::memtable::MemtableView;
-use crate::schema::deleted_flags;
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasherDefault;
 use std::sync::{Arc, Mutex};
@@ -186,16 +185,14 @@ impl ListLiveRows {
     fn build(gens: &[&Arc<Generation>]) -> ListLiveRows {
         let mut newest: HashMap<u64, (u32, u32), BuildHasherDefault<HashIsKey>> =
             HashMap::with_capacity_and_hasher(
-                gens.iter().map(|g| g.rows().num_rows()).sum(),
+                gens.iter().map(|g| g.num_rows()).sum(),
                 Default::default(),
             );
         let mut live: Vec<RowFlags> = (0..gens.len()).map(|_| RowFlags::default()).collect();
         for pos in (0..gens.len()).rev() {
             let g = gens[pos];
-            let deleted = deleted_flags(g.rows());
-            let mut flags: Vec<bool> = (0..g.rows().num_rows())
-                .map(|r| !deleted.value(r))
-                .collect();
+            let deleted = g.deleted();
+            let mut flags: Vec<bool> = (0..g.num_rows()).map(|r| !deleted.value(r)).collect();
             for (r, h) in g.row_hashes().iter().enumerate() {
                 match newest.get(h) {
                     None => {
@@ -232,11 +229,9 @@ impl ListLiveRows {
         let first = all.len() - added;
         for pos in first..all.len() {
             let g = all[pos];
-            let deleted = deleted_flags(g.rows());
+            let deleted = g.deleted();
             live.push(RowFlags::from_vec(
-                (0..g.rows().num_rows())
-                    .map(|r| !deleted.value(r))
-                    .collect(),
+                (0..g.num_rows()).map(|r| !deleted.value(r)).collect(),
             ));
             for (r, h) in g.row_hashes().iter().enumerate() {
                 let key = || g.key_at(r);
@@ -301,7 +296,7 @@ impl Older<'_> {
         match self {
             Older::Generation(g) => {
                 let (id, epoch) = key_of(g);
-                (SourceKey::Generation(id, epoch), g.rows().num_rows())
+                (SourceKey::Generation(id, epoch), g.num_rows())
             }
             Older::Memtable(s, _, _) => (SourceKey::of(s), s.rows()),
         }

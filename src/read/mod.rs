@@ -20,7 +20,7 @@ pub(crate) use source::Source;
 use crate::generation::Generation;
 use crate::text::TextSchema;
 use crate::Result;
-use arrow::array::{Array, RecordBatch};
+use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use datafusion::physical_expr::PhysicalExpr;
 use pool::QueryPool;
@@ -190,17 +190,8 @@ impl Iterator for ScanCursor {
 impl ScanCursor {
     /// Rows `ords` of `source`, projected and filtered.
     fn batch(&self, source: &Source, ords: &[usize]) -> Result<RecordBatch> {
-        let idx: Vec<(usize, usize)> = ords.iter().map(|ord| source.locate(*ord)).collect();
-        let columns = (0..self.user_schema.fields().len())
-            .map(|c| {
-                let arrays: Vec<&dyn Array> = source
-                    .batches()
-                    .iter()
-                    .map(|b| b.column(c).as_ref())
-                    .collect();
-                arrow::compute::interleave(&arrays, &idx)
-            })
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let all: Vec<usize> = (0..self.user_schema.fields().len()).collect();
+        let columns = source.take(ords, &all)?;
         let rows = RecordBatch::try_new(self.user_schema.clone(), columns)?;
         Ok(match &self.filter {
             Some(f) => arrow::compute::filter_record_batch(&rows, &filter::evaluate(f, &rows)?)?,

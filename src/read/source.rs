@@ -6,8 +6,9 @@ use crate::memtable::MemtableView;
 use crate::text::TextIndex;
 use crate::vector::{MemVectorIndex, VectorIndex};
 use crate::Result;
-use arrow::array::{ArrayRef, RecordBatch};
-use arrow::datatypes::SchemaRef;
+use arrow::array::{Array, ArrayRef, NullArray, RecordBatch};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::physical_expr::utils::collect_columns;
 use datafusion::physical_expr::PhysicalExpr;
 use std::sync::Arc;
 
@@ -47,11 +48,47 @@ impl Source {
         }
     }
 
-    /// Stored batches (index columns, `_seq`, `_deleted`).
-    pub(crate) fn batches(&self) -> &[RecordBatch] {
+    /// Columns `cols` (stored schema positions) of rows `ords`, in the order given. A
+    /// generation may read them by range: this blocks, so it runs on a query or blocking
+    /// thread, never on the async runtime's own.
+    pub(crate) fn take(&self, ords: &[usize], cols: &[usize]) -> Result<Vec<ArrayRef>> {
         match self {
-            Source::Memtable(m) => &m.view.batches,
-            Source::Generation(g) => std::slice::from_ref(g.rows()),
+            Source::Memtable(m) => {
+                let idx: Vec<(usize, usize)> = ords.iter().map(|o| self.locate(*o)).collect();
+                cols.iter()
+                    .map(|c| {
+                        let arrays: Vec<&dyn Array> = m
+                            .view
+                            .batches
+                            .iter()
+                            .map(|b| b.column(*c).as_ref())
+                            .collect();
+                        Ok(arrow::compute::interleave(&arrays, &idx)?)
+                    })
+                    .collect()
+            }
+            Source::Generation(g) => g.read_rows_blocking(ords, cols),
+        }
+    }
+
+    /// The vector column (stored position `col`) of each stored batch, in memory.
+    pub(crate) fn vector_columns(&self, col: usize) -> Vec<ArrayRef> {
+        match self {
+            Source::Memtable(m) => m
+                .view
+                .batches
+                .iter()
+                .map(|b| b.column(col).clone())
+                .collect(),
+            Source::Generation(g) => g.vector_values().into_iter().cloned().collect(),
+        }
+    }
+
+    /// A memtable view's stored batches (a generation has none in memory).
+    pub(crate) fn memtable_batches(&self) -> Option<&[RecordBatch]> {
+        match self {
+            Source::Memtable(m) => Some(&m.view.batches),
+            Source::Generation(_) => None,
         }
     }
 
@@ -67,7 +104,7 @@ impl Source {
     pub(crate) fn rows(&self) -> usize {
         match self {
             Source::Memtable(m) => m.view.rows,
-            Source::Generation(g) => g.rows().num_rows(),
+            Source::Generation(g) => g.num_rows(),
         }
     }
 
@@ -99,8 +136,13 @@ impl Source {
 
     /// The key at an ordinal.
     pub(crate) fn key_at(&self, ord: usize) -> Option<Key> {
-        let (b, r) = self.locate(ord);
-        Key::from_array(self.batches()[b].column(0).as_ref(), r)
+        match self {
+            Source::Memtable(m) => {
+                let (b, r) = self.locate(ord);
+                Key::from_array(m.view.batches[b].column(0).as_ref(), r)
+            }
+            Source::Generation(g) => g.key_at(ord),
+        }
     }
 
     /// The text index covering the source's rows (a memtable's index is caught up here).
@@ -133,23 +175,54 @@ impl Source {
         }
     }
 
-    /// Evaluate a predicate over the user columns of every row; nulls count as false.
+    /// Evaluate a predicate over the user columns of every row; nulls count as false. A
+    /// generation reads the columns the predicate names (by range, blocking), no others.
     pub(crate) fn filter_rows(
         &self,
         filter: &Arc<dyn PhysicalExpr>,
         user: &SchemaRef,
     ) -> Result<Vec<bool>> {
         let rows = self.rows();
-        let mut passes = Vec::with_capacity(rows);
         let n = user.fields().len();
-        for b in self.batches() {
+        let batches: Vec<RecordBatch> = match self {
+            Source::Memtable(m) => m.view.batches.clone(),
+            Source::Generation(g) => {
+                let used: Vec<usize> = collect_columns(filter)
+                    .iter()
+                    .map(|c| c.index())
+                    .filter(|c| *c < n)
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .into_iter()
+                    .collect();
+                let read = g.read_all_blocking(&used)?;
+                // The columns the predicate does not name are typed nulls of no size.
+                let mut fields = Vec::with_capacity(n);
+                let mut columns: Vec<ArrayRef> = Vec::with_capacity(n);
+                for c in 0..n {
+                    match used.iter().position(|u| *u == c) {
+                        Some(i) => {
+                            fields.push(user.field(c).clone().with_nullable(true));
+                            columns.push(read[i].clone());
+                        }
+                        None => {
+                            fields.push(Field::new(user.field(c).name(), DataType::Null, true));
+                            columns.push(Arc::new(NullArray::new(rows)));
+                        }
+                    }
+                }
+                vec![RecordBatch::try_new(
+                    Arc::new(Schema::new(fields)),
+                    columns,
+                )?]
+            }
+        };
+        let mut passes = Vec::with_capacity(rows);
+        for b in &batches {
             if passes.len() >= rows {
                 break;
             }
             // The stored schema's first columns are the user columns, all nullable (tombstones).
-            let schema = Arc::new(arrow::datatypes::Schema::new(
-                b.schema().fields()[..n].to_vec(),
-            ));
+            let schema = Arc::new(Schema::new(b.schema().fields()[..n].to_vec()));
             let cols: Vec<ArrayRef> = b.columns()[..n].to_vec();
             let ub = RecordBatch::try_new(schema, cols)?;
             let v = super::filter::evaluate(filter, &ub)?;

@@ -14,9 +14,8 @@
 //! cached on disk is checked again when it is read back (the object at the same name may be
 //! another one after an index was deleted and created again).
 //!
-//! Generations are still read whole (format 2); this cache serves their ranged reads once the
-//! format stores them in blocks. Until then only its tests use it.
-#![allow(dead_code)]
+//! A handle has one: its version-3 generations read their cold parts (rows, vectors) through
+//! it ([`crate::Settings::cache_bytes`], [`crate::Settings::cache_disk_bytes`]).
 
 use crate::{Error, Result};
 use bytes::{Bytes, BytesMut};

@@ -484,7 +484,8 @@ async fn scan(open: &Open, filter: Option<String>) -> lsmsearch::Result<()> {
             break;
         }
     }
-    Ok(())
+    drop(batches);
+    index.close().await
 }
 
 /// What `lsmsearch search` looks for.
@@ -526,6 +527,8 @@ async fn search(
             index.search_vector(&v, &opts).await?
         }
     };
+    // The block cache's disk tier (when there is one) is written for the next process.
+    index.close().await?;
     if json {
         print_json_lines(&rows)
     } else {

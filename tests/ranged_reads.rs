@@ -1,0 +1,276 @@
+//! Version-3 generations are read by range: a handle holds their hot parts, a query reads the
+//! blocks of the rows it returns or filters on (checked against their CRCs on arrival), and a
+//! handle's disk cache outlives it.
+
+use arrow::array::{AsArray, Int64Array, RecordBatch, StringArray};
+use lsmsearch::{
+    ErrorKind, Index, IndexSchema, LatencyConfig, LatencyStore, Location, ReadOnlyIndex,
+    ScanOptions, SearchOptions, Settings,
+};
+use std::sync::Arc;
+
+fn schema() -> IndexSchema {
+    IndexSchema::from_json(
+        r#"{"primary_key": "id", "text": ["body"],
+            "payload": [{"name": "year", "type": "int64"}, {"name": "note", "type": "utf8"}]}"#,
+    )
+    .unwrap()
+}
+
+/// Rows `from..to`: a body of words drawn from the row number, a year and a long note (the
+/// bulk of each row, never searched).
+fn batch(s: &IndexSchema, from: usize, to: usize) -> RecordBatch {
+    const WORDS: [&str; 12] = [
+        "wing", "flow", "shock", "layer", "heat", "nozzle", "lift", "drag", "mach", "jet", "plate",
+        "wave",
+    ];
+    let body = |i: usize| {
+        (0..8)
+            .map(|j| WORDS[(i * 7 + j * j * 3 + i / 13) % WORDS.len()])
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    // Pseudo-random hex: about as compressible as prose.
+    let note = |i: usize| {
+        let mut x = (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        (0..30)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                format!("{x:016x}")
+            })
+            .collect::<String>()
+    };
+    RecordBatch::try_new(
+        s.arrow_schema(),
+        vec![
+            Arc::new(StringArray::from_iter_values(
+                (from..to).map(|i| format!("k{i:06}")),
+            )),
+            Arc::new(StringArray::from_iter_values((from..to).map(body))),
+            Arc::new(Int64Array::from_iter_values(
+                (from..to).map(|i| 1950 + (i % 50) as i64),
+            )),
+            Arc::new(StringArray::from_iter_values((from..to).map(note))),
+        ],
+    )
+    .unwrap()
+}
+
+/// An index of `rows` rows in one generation, in memory.
+async fn one_generation(rows: usize) -> Arc<dyn object_store::ObjectStore> {
+    let inner: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let s = schema();
+    let index = Index::create(
+        Location::from_store(inner.clone(), "idx"),
+        s.clone(),
+        Settings {
+            memtable_max_rows: rows + 1,
+            ..Settings::default()
+        },
+    )
+    .await
+    .unwrap();
+    for from in (0..rows).step_by(5_000) {
+        index
+            .append(&batch(&s, from, (from + 5_000).min(rows)))
+            .await
+            .unwrap();
+    }
+    index.flush().await.unwrap();
+    assert_eq!(index.stats().generations.len(), 1);
+    index.close().await.unwrap();
+    inner
+}
+
+fn keys(batches: &[RecordBatch]) -> Vec<String> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            let k = b.column(0).as_string::<i32>();
+            (0..b.num_rows())
+                .map(|i| k.value(i).to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_reads_the_blocks_of_the_rows_it_returns_not_the_generation() {
+    let inner = one_generation(20_000).await;
+    let store = LatencyStore::new(inner, LatencyConfig::default());
+    let ro = Index::open_read_only(
+        Location::from_store(store.clone(), "idx"),
+        Settings::default(),
+    )
+    .await
+    .unwrap();
+    let object = ro.stats().generations[0].bytes;
+    let opened = store.counters();
+    // The open read the hot part: without the rows' text and notes.
+    assert!(
+        opened.bytes_read < object / 3,
+        "the open read {} of {object} bytes",
+        opened.bytes_read
+    );
+    store.reset();
+    let hits = ro
+        .search_fts("shock nozzle", &SearchOptions::with_k(10))
+        .await
+        .unwrap();
+    assert_eq!(keys(&hits).len(), 10);
+    let cold = store.counters();
+    println!(
+        "object {object} bytes: open read {} bytes, a cold query {} bytes in {} GETs ({} round trips)",
+        opened.bytes_read, cold.bytes_read, cold.gets, cold.round_trips
+    );
+    assert!(
+        cold.gets > 0,
+        "the returned rows' notes are in the cold part"
+    );
+    assert!(
+        cold.bytes_read * 10 < object,
+        "a top 10 read {} of {object} bytes",
+        cold.bytes_read
+    );
+    assert_eq!(cold.round_trips, 1, "{cold:?}");
+    // The same query again: every block in memory.
+    store.reset();
+    let again = ro
+        .search_fts("shock nozzle", &SearchOptions::with_k(10))
+        .await
+        .unwrap();
+    assert_eq!(keys(&again), keys(&hits));
+    assert_eq!(store.counters().gets, 0);
+    let c = ro.cache_stats().await;
+    assert!(c.blocks_fetched > 0 && c.block_memory_hits > 0, "{c:?}");
+    // Every row, every column, by range, as written.
+    let all = ro.scan(ScanOptions::default()).await.unwrap();
+    let mut got: Vec<(String, i64, String)> = Vec::new();
+    for b in &all {
+        let (k, y, n) = (
+            b.column(0).as_string::<i32>(),
+            b.column(2).as_primitive::<arrow::datatypes::Int64Type>(),
+            b.column(3).as_string::<i32>(),
+        );
+        for i in 0..b.num_rows() {
+            got.push((k.value(i).into(), y.value(i), n.value(i).into()));
+        }
+    }
+    got.sort();
+    let want = batch(&schema(), 0, 20_000);
+    assert_eq!(got.len(), 20_000);
+    let (wk, wy, wn) = (
+        want.column(0).as_string::<i32>(),
+        want.column(2).as_primitive::<arrow::datatypes::Int64Type>(),
+        want.column(3).as_string::<i32>(),
+    );
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(g, &(wk.value(i).into(), wy.value(i), wn.value(i).into()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filter_reads_only_the_columns_it_names() {
+    let inner = one_generation(20_000).await;
+    let store = LatencyStore::new(inner, LatencyConfig::default());
+    let ro = Index::open_read_only(
+        Location::from_store(store.clone(), "idx"),
+        Settings::default(),
+    )
+    .await
+    .unwrap();
+    let object = ro.stats().generations[0].bytes;
+    store.reset();
+    let opts = SearchOptions {
+        filter: Some("year = 1960".into()),
+        ..SearchOptions::with_k(10)
+    };
+    let hits = ro.search_fts("shock", &opts).await.unwrap();
+    let got = keys(&hits);
+    assert_eq!(got.len(), 10);
+    assert!(got
+        .iter()
+        .all(|k| k[1..].parse::<usize>().unwrap() % 50 == 10));
+    let read = store.counters().bytes_read;
+    assert!(
+        read * 10 < object,
+        "a filter on year read {read} of {object} bytes"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_handle_finds_its_disk_cache() {
+    let inner = one_generation(5_000).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = Settings {
+        cache_disk_bytes: 64 << 20,
+        cache_dir: Some(dir.path().to_path_buf()),
+        ..Settings::default()
+    };
+    let store = LatencyStore::new(inner, LatencyConfig::default());
+    let open = || async {
+        Index::open_read_only(Location::from_store(store.clone(), "idx"), settings.clone())
+            .await
+            .unwrap()
+    };
+    let query = |ro: ReadOnlyIndex| async move {
+        let hits = ro
+            .search_fts("wave heat", &SearchOptions::with_k(20))
+            .await
+            .unwrap();
+        (ro, keys(&hits))
+    };
+    let (first, want) = query(open().await).await;
+    assert!(first.cache_stats().await.blocks_fetched > 0);
+    first.close().await.unwrap();
+    let e = first
+        .search_fts("wave", &SearchOptions::with_k(1))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Closed);
+    drop(first);
+
+    let (second, got) = query(open().await).await;
+    assert_eq!(got, want);
+    let c = second.cache_stats().await;
+    assert_eq!(c.blocks_fetched, 0, "{c:?}");
+    assert!(c.block_disk_hits > 0, "{c:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_cold_block_is_a_data_error_naming_the_object() {
+    let inner = one_generation(5_000).await;
+    let ro = Index::open_read_only(
+        Location::from_store(inner.clone(), "idx"),
+        Settings::default(),
+    )
+    .await
+    .unwrap();
+    let meta = ro.stats().generations[0].clone();
+    drop(ro);
+    let path = object_store::path::Path::from(format!(
+        "idx/generations/{:020}-{:010}.gen",
+        meta.id, meta.epoch
+    ));
+    use object_store::ObjectStoreExt;
+    let mut bytes = inner
+        .get(&path)
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap()
+        .to_vec();
+    // A byte in the middle of the rows (the cold part), which the open does not read.
+    let hot = meta.hot_offset.expect("a version-3 generation") as usize;
+    bytes[hot / 2] ^= 0x10;
+    inner.put(&path, bytes.into()).await.unwrap();
+    let ro = Index::open_read_only(Location::from_store(inner, "idx"), Settings::default())
+        .await
+        .expect("the hot part is intact");
+    let e = ro.scan(ScanOptions::default()).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Data, "{e}");
+    assert!(e.message().contains(".gen"), "names the object: {e}");
+}
