@@ -210,7 +210,7 @@ impl GenerationCache {
                 // A copy: a slice would keep the whole object in memory.
                 let part = Bytes::copy_from_slice(&object[hot as usize..]);
                 let bundle = Bundle::open_hot(part, meta.bytes, &p)?;
-                self.inner.open_bundle(bundle, &p, Some(object)).await?
+                self.inner.open_bundle(bundle, &p).await?
             }
             None => {
                 drop(whole);
@@ -330,7 +330,7 @@ impl Loader {
         Ok(Arc::new(g))
     }
 
-    /// Open a version-3 generation: its hot part in one ranged read, then its vectors.
+    /// Open a version-3 generation: its hot part in one ranged read.
     async fn open_hot(&self, meta: &GenerationMeta, hot: u64, p: &Path) -> Result<Generation> {
         if hot > meta.bytes {
             return Err(Error::data(
@@ -354,17 +354,11 @@ impl Loader {
             ));
         }
         let bundle = Bundle::open_hot(bytes, meta.bytes, p)?;
-        self.open_bundle(bundle, p, None).await
+        self.open_bundle(bundle, p).await
     }
 
-    /// The generation of a checked hot part; `whole` is the object when the caller has it
-    /// (a generation this handle built), so nothing is fetched.
-    async fn open_bundle(
-        &self,
-        bundle: Bundle,
-        p: &Path,
-        whole: Option<Bytes>,
-    ) -> Result<Generation> {
+    /// The generation of a checked hot part (nothing else is read).
+    async fn open_bundle(&self, bundle: Bundle, p: &Path) -> Result<Generation> {
         let cold = ColdObject::new(
             &self.cold,
             p.clone(),
@@ -372,13 +366,6 @@ impl Loader {
             bundle.hot_offset(),
             bundle.block_crcs().into(),
         );
-        let vectors = match Generation::vectors_range(&bundle) {
-            Some(r) if self.vector.is_some() => Some(match &whole {
-                Some(b) => b.slice(r.start as usize..r.end as usize),
-                None => cold.read_direct(r).await?,
-            }),
-            _ => None,
-        };
         let (schema, text, vector, p2) = (
             self.schema.clone(),
             self.text.clone(),
@@ -390,7 +377,7 @@ impl Loader {
                 text: text.as_deref(),
                 vector,
             };
-            Generation::open(&bundle, cold, vectors, &schema, spec, &p2)
+            Generation::open(&bundle, cold, &schema, spec, &p2)
         })
         .await?
     }

@@ -23,7 +23,7 @@ use crate::schema::{deleted_flags, Metric, SEQ_COLUMN};
 use crate::settings::GraphParams;
 use crate::text::{TextIndex, TextSchema};
 use crate::vector::graph::Adjacency;
-use crate::vector::{VectorIndex, GRAPH_SECTION};
+use crate::vector::{VectorIndex, CODES_SECTION, GRAPH_SECTION};
 use crate::{Error, Result};
 use arrow::array::{Array, ArrayRef, AsArray, FixedSizeListArray, Float32Array, RecordBatch};
 use arrow::buffer::NullBuffer;
@@ -67,8 +67,8 @@ pub(crate) struct Generation {
     resident: RecordBatch,
     /// Version 3, opened from its hot part: the other columns, read by range.
     cold: Option<ColdRows>,
-    /// Version 3, opened from its hot part: the vector column.
-    vectors: Option<ArrayRef>,
+    /// Version 3, opened from its hot part: where its vectors are (read by range).
+    vectors: Option<ColdVectors>,
     /// The key hash of each row.
     row_hashes: Vec<u64>,
     text: Option<TextIndex>,
@@ -117,6 +117,18 @@ fn row_hashes(rows: &RecordBatch) -> std::result::Result<Vec<u64>, &'static str>
 fn hot_columns(schema: &SchemaRef) -> Vec<usize> {
     let n = schema.fields().len();
     vec![0, n - 2, n - 1]
+}
+
+/// A version-3 generation's vectors, in its cold part.
+#[derive(Debug)]
+struct ColdVectors {
+    /// The `vectors` section.
+    range: std::ops::Range<u64>,
+    dim: usize,
+    /// One bit per row, set where the row has a vector (`vectors/valid`).
+    valid: Vec<u8>,
+    /// The vector column's field.
+    field: arrow::datatypes::FieldRef,
 }
 
 /// The vectors of `list` as `dim` f32 little-endian per row (zeros for null rows) and one bit
@@ -219,6 +231,10 @@ impl Generation {
                 let (values, valid) = encode_vectors(list)?;
                 w.add_cold(VECTORS_SECTION, &values);
                 w.add(VECTORS_VALID_SECTION, &valid);
+                w.add(
+                    CODES_SECTION,
+                    &VectorIndex::codes_section(&rows, col, metric)?,
+                );
                 let (vi, sections) = match graph {
                     Some(adjacency) => VectorIndex::from_adjacency(&rows, col, metric, adjacency)?,
                     None => VectorIndex::build(&rows, col, metric, params)?,
@@ -349,13 +365,11 @@ impl Generation {
         RecordBatch::try_new(want, columns).map_err(|e| bad(e.to_string()))
     }
 
-    /// Open a version-3 generation from its checked hot part, reading the rest through `cold`:
-    /// the vectors now (`vectors`: the bytes of its vectors section, read by the caller), the
-    /// other columns when a query asks for rows.
+    /// Open a version-3 generation from its checked hot part, reading the rest through `cold`
+    /// when a query asks for rows (its columns) or re-ranks candidates (their vectors).
     pub(crate) fn open(
         bundle: &Bundle,
         cold: ColdObject,
-        vectors: Option<Bytes>,
         schema: &SchemaRef,
         spec: IndexSpec<'_>,
         object: &dyn Display,
@@ -375,20 +389,32 @@ impl Generation {
             vcol,
             rows,
         )?;
-        let vectors = match (vcol, vectors) {
-            (Some(col), Some(values)) => Some(
-                decode_vectors(
-                    schema.field(col),
-                    &values,
-                    &bundle.section(VECTORS_VALID_SECTION)?,
-                    rows,
-                )
-                .map_err(|m| bundle.error(m))?,
-            ),
-            (Some(_), None) => {
-                return Err(Error::internal("a generation opened without its vectors"))
+        let vectors = match vcol {
+            Some(col) => {
+                let field = schema.fields()[col].clone();
+                let DataType::FixedSizeList(_, dim) = field.data_type() else {
+                    return Err(Error::internal(
+                        "the vector column is not a fixed-size list",
+                    ));
+                };
+                let dim = *dim as usize;
+                let range = bundle.cold_range(VECTORS_SECTION)?;
+                let valid = bundle.section(VECTORS_VALID_SECTION)?.to_vec();
+                if range.end - range.start != (rows * dim * 4) as u64
+                    || valid.len() != rows.div_ceil(8)
+                {
+                    return Err(bundle.error(format!(
+                        "sections '{VECTORS_SECTION}' and '{VECTORS_VALID_SECTION}' do not hold {rows} vectors of {dim} dimensions"
+                    )));
+                }
+                Some(ColdVectors {
+                    range,
+                    dim,
+                    valid,
+                    field,
+                })
             }
-            _ => None,
+            None => None,
         };
         let hot = bundle.len() as u64 - bundle.hot_offset();
         Self::assemble(
@@ -403,11 +429,6 @@ impl Generation {
         )
     }
 
-    /// The byte range of a version-3 generation's vectors section, when it has one.
-    pub(crate) fn vectors_range(bundle: &Bundle) -> Option<std::ops::Range<u64>> {
-        bundle.cold_range(VECTORS_SECTION).ok()
-    }
-
     /// The generation of `bundle` whose rows (all, or the hot columns with `cold`) are
     /// `resident`: key hashes checked against `pk_hashes`, text index and graph opened.
     #[allow(clippy::too_many_arguments)]
@@ -418,7 +439,7 @@ impl Generation {
         object: &dyn Display,
         resident: RecordBatch,
         cold: Option<ColdRows>,
-        vectors: Option<ArrayRef>,
+        vectors: Option<ColdVectors>,
         hot_bytes: u64,
     ) -> Result<Self> {
         let started = std::time::Instant::now();
@@ -445,20 +466,6 @@ impl Generation {
             ));
         }
         let t_rows = started.elapsed();
-        // The graph reads the vector column: the resident rows', or the vectors read apart.
-        let vector_rows = |col: usize| -> Result<(RecordBatch, usize)> {
-            match &vectors {
-                Some(v) => {
-                    let field = schema.field(col).clone();
-                    let b = RecordBatch::try_new(
-                        Arc::new(arrow::datatypes::Schema::new(vec![field])),
-                        vec![v.clone()],
-                    )?;
-                    Ok((b, 0))
-                }
-                None => Ok((resident.clone(), col)),
-            }
-        };
         let vector = match spec.vector {
             Some((col, metric, _)) if bundle.version() == 1 => Some(Arc::new(
                 VectorIndex::open_hnsw_dump(&resident, col, metric, &section("hnsw/meta")?, || {
@@ -466,13 +473,23 @@ impl Generation {
                 })
                 .map_err(|e| e.corrupt_in(object, "generation vector graph"))?,
             )),
-            Some((col, metric, _)) => {
-                let (vrows, vcol) = vector_rows(col)?;
+            Some((_, metric, _)) if vectors.is_some() => {
+                let dim = vectors.as_ref().map_or(0, |v| v.dim);
                 Some(Arc::new(
-                    VectorIndex::open(&vrows, vcol, metric, &section(GRAPH_SECTION)?)
-                        .map_err(|e| e.corrupt_in(object, "generation vector graph"))?,
+                    VectorIndex::open_codes(
+                        rows,
+                        dim,
+                        metric,
+                        &section(GRAPH_SECTION)?,
+                        &section(CODES_SECTION)?,
+                    )
+                    .map_err(|e| e.corrupt_in(object, "generation vector graph"))?,
                 ))
             }
+            Some((col, metric, _)) => Some(Arc::new(
+                VectorIndex::open(&resident, col, metric, &section(GRAPH_SECTION)?)
+                    .map_err(|e| e.corrupt_in(object, "generation vector graph"))?,
+            )),
             None => None,
         };
         let t_vector = started.elapsed();
@@ -525,20 +542,14 @@ impl Generation {
     }
 
     /// Approximate bytes it holds in memory, as the cache counts them. Opened from its hot
-    /// part: the hot part, its vectors, 32 bytes per row of key hashes (8) and their lookup
-    /// table, plus what its graph keeps besides (a half-precision copy of cosine vectors,
-    /// norms). Decoded whole: the object's size instead of the hot part and vectors.
+    /// part: the hot part (keys, key hashes, text index, graph, codes, Parquet metadata) and
+    /// 32 bytes per row of key hashes (8) and their lookup table. Decoded whole: the object's
+    /// size instead of the hot part, and what its graph keeps besides (a half-precision copy
+    /// of cosine vectors, norms).
     pub(crate) fn weight(&self) -> u64 {
         let graph = self.vector().map_or(0, |v| v.extra_bytes() as u64);
         let held = match &self.cold {
-            Some(c) => {
-                self.hot_bytes
-                    + self
-                        .vectors
-                        .as_ref()
-                        .map_or(0, |v| v.get_array_memory_size() as u64)
-                    + c.resident_bytes() as u64
-            }
+            Some(c) => self.hot_bytes + c.resident_bytes() as u64,
             None => self.meta.bytes,
         };
         held + 32 * self.meta.rows + graph
@@ -554,13 +565,14 @@ impl Generation {
         &self.schema
     }
 
-    /// Whether row `r` is a tombstone.
+    /// Whether each row is a tombstone.
     pub(crate) fn deleted(&self) -> arrow::array::BooleanArray {
         deleted_flags(&self.resident)
     }
 
     /// Columns `cols` (stored schema positions) of rows `ords`, in the order given: from
-    /// memory, or read by range through the block cache.
+    /// memory, or read by range through the block cache (the pages, and the vectors, of
+    /// every column at once).
     pub(crate) async fn read_rows(&self, ords: &[usize], cols: &[usize]) -> Result<Vec<ArrayRef>> {
         let idx = arrow::array::UInt32Array::from_iter_values(ords.iter().map(|r| *r as u32));
         let Some(cold) = &self.cold else {
@@ -575,19 +587,108 @@ impl Generation {
                 })
                 .collect();
         };
-        let (fetched, _) = self.split_columns(cols);
-        let mut got = cold.read(ords, &fetched).await?.into_iter();
+        let fetched: Vec<usize> = cols
+            .iter()
+            .copied()
+            .filter(|c| self.held_column(*c).is_none() && Some(*c) != self.vector_col)
+            .collect();
+        let wants_vectors = cols.iter().any(|c| Some(*c) == self.vector_col);
+        let (columns, vectors) = futures::future::try_join(
+            async {
+                if fetched.is_empty() {
+                    Ok(Vec::new())
+                } else {
+                    cold.read(ords, &fetched).await
+                }
+            },
+            async {
+                match wants_vectors {
+                    true => self.read_vectors(ords).await.map(Some),
+                    false => Ok(None),
+                }
+            },
+        )
+        .await?;
+        let mut columns = columns.into_iter();
         cols.iter()
             .map(|c| match self.held_column(*c) {
                 Some(a) => Ok(arrow::compute::take(a.as_ref(), &idx, None)?),
-                None => got
+                None if Some(*c) == self.vector_col => vectors
+                    .clone()
+                    .ok_or_else(|| Error::internal("vectors missing from a read")),
+                None => columns
                     .next()
                     .ok_or_else(|| Error::internal("a column missing from a read")),
             })
             .collect()
     }
 
-    /// Columns `cols` of every row, in row order.
+    /// The vectors of rows `ords`, in the order given, read by range (a generation opened
+    /// from its hot part) or from memory.
+    pub(crate) async fn read_vectors(&self, ords: &[usize]) -> Result<ArrayRef> {
+        let (Some(cold), Some(v)) = (&self.cold, &self.vectors) else {
+            let col = self
+                .vector_col
+                .ok_or_else(|| Error::internal("vectors of an index without a vector column"))?;
+            let idx = arrow::array::UInt32Array::from_iter_values(ords.iter().map(|r| *r as u32));
+            return Ok(arrow::compute::take(
+                self.resident.column(col).as_ref(),
+                &idx,
+                None,
+            )?);
+        };
+        let row_bytes = (v.dim * 4) as u64;
+        let mut sorted = ords.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if sorted.last().is_some_and(|r| *r >= self.num_rows()) {
+            return Err(Error::internal("a vector past the generation's rows"));
+        }
+        // Runs of consecutive rows, one range each, read at once.
+        let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+        for &r in &sorted {
+            match runs.last_mut() {
+                Some(last) if last.end == r => last.end = r + 1,
+                _ => runs.push(r..r + 1),
+            }
+        }
+        let object = cold.object();
+        let read = futures::future::try_join_all(runs.iter().map(|run| {
+            let at = v.range.start + run.start as u64 * row_bytes;
+            object.read(at..at + run.len() as u64 * row_bytes)
+        }))
+        .await?;
+        let mut at_sorted: Vec<&[u8]> = Vec::with_capacity(sorted.len());
+        for (run, bytes) in runs.iter().zip(&read) {
+            for i in 0..run.len() {
+                at_sorted.push(&bytes[i * row_bytes as usize..(i + 1) * row_bytes as usize]);
+            }
+        }
+        let mut values = Vec::with_capacity(ords.len() * v.dim);
+        for r in ords {
+            let i = sorted.binary_search(r).expect("a row read");
+            values.extend(
+                at_sorted[i]
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))),
+            );
+        }
+        let nulls =
+            NullBuffer::from_iter(ords.iter().map(|r| v.valid[r / 8] & (1 << (r % 8)) != 0));
+        let DataType::FixedSizeList(item, dim) = v.field.data_type() else {
+            return Err(Error::internal(
+                "the vector column is not a fixed-size list",
+            ));
+        };
+        Ok(Arc::new(FixedSizeListArray::try_new(
+            item.clone(),
+            *dim,
+            Arc::new(Float32Array::from(values)),
+            Some(nulls),
+        )?))
+    }
+
+    /// Columns `cols` of every row, in row order (the vectors as one read of their section).
     pub(crate) async fn read_all(&self, cols: &[usize]) -> Result<Vec<ArrayRef>> {
         let Some(cold) = &self.cold else {
             return Ok(cols
@@ -595,16 +696,39 @@ impl Generation {
                 .map(|c| self.resident.column(*c).clone())
                 .collect());
         };
-        let (fetched, _) = self.split_columns(cols);
-        let mut got = cold.read_all(&fetched).await?.into_iter();
-        cols.iter()
-            .map(|c| match self.held_column(*c) {
-                Some(a) => Ok(a.clone()),
+        let fetched: Vec<usize> = cols
+            .iter()
+            .copied()
+            .filter(|c| self.held_column(*c).is_none() && Some(*c) != self.vector_col)
+            .collect();
+        let mut got = if fetched.is_empty() {
+            Vec::new()
+        } else {
+            cold.read_all(&fetched).await?
+        }
+        .into_iter();
+        let mut out = Vec::with_capacity(cols.len());
+        for c in cols {
+            out.push(match self.held_column(*c) {
+                Some(a) => a.clone(),
+                None if Some(*c) == self.vector_col => self.all_vectors(cold).await?,
                 None => got
                     .next()
-                    .ok_or_else(|| Error::internal("a column missing from a read")),
-            })
-            .collect()
+                    .ok_or_else(|| Error::internal("a column missing from a read"))?,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Every row's vector, in one read of the vectors section (not through the cache).
+    async fn all_vectors(&self, cold: &ColdRows) -> Result<ArrayRef> {
+        let v = self
+            .vectors
+            .as_ref()
+            .ok_or_else(|| Error::internal("vectors of a generation without them"))?;
+        let bytes = cold.object().read_direct(v.range.clone()).await?;
+        decode_vectors(&v.field, &bytes, &v.valid, self.num_rows())
+            .map_err(|m| Error::data(cold.object().path(), format!("generation {m}")))
     }
 
     /// [`Generation::read_rows`] from a query or blocking thread.
@@ -636,13 +760,8 @@ impl Generation {
         )?)
     }
 
-    /// Of `cols`, those read from the cold rows, in order; and those held in memory.
-    fn split_columns(&self, cols: &[usize]) -> (Vec<usize>, Vec<usize>) {
-        cols.iter().partition(|c| self.held_column(**c).is_none())
-    }
-
-    /// Stored column `c` when it is held in memory (opened from a hot part: the key,
-    /// `_seq`, `_deleted` and vector columns).
+    /// Stored column `c` when it is held in memory: every column of a generation decoded
+    /// whole; the key, `_seq` and `_deleted` of one opened from its hot part.
     fn held_column(&self, c: usize) -> Option<&ArrayRef> {
         if self.cold.is_none() {
             return Some(self.resident.column(c));
@@ -652,22 +771,13 @@ impl Generation {
             0 => Some(self.resident.column(0)),
             c if c == n - 2 => Some(self.resident.column(1)),
             c if c == n - 1 => Some(self.resident.column(2)),
-            _ => self
-                .vectors
-                .as_ref()
-                .filter(|_| self.vector_column() == Some(c)),
+            _ => None,
         }
     }
 
-    /// The position of the vector column, when the generation has one.
-    fn vector_column(&self) -> Option<usize> {
-        self.vector_col
-    }
-
-    /// The vector column of every row (held in memory), when the schema has one.
+    /// The vector column of every row when it is held in memory (a generation decoded whole).
     pub(crate) fn vector_values(&self) -> Option<&ArrayRef> {
-        let c = self.vector_column()?;
-        self.held_column(c)
+        self.held_column(self.vector_col?)
     }
 
     /// The key hash of each row.

@@ -28,26 +28,20 @@ const SLOW_ARM_MS: f64 = 10.0;
 /// The work of one arm: search its source and return its top rows, sorted.
 pub(crate) type ArmWork = Arc<dyn Fn() -> crate::Result<ArmRows> + Send + Sync>;
 
-/// What an arm's work yields: its rows, or its top rows whose columns are still to be read.
+/// What an arm's work yields: its rows, or what is left to do to have them.
 pub(crate) enum ArmRows {
     /// The arm's rows, complete.
     Done(RecordBatch),
-    /// Rows `ords` of a generation, best first, with their `_score` or `_distance` (`values`):
-    /// the key and payload columns (`columns`, stored positions, the key first) are read after
-    /// the arm has run, off the query threads and concurrently with every other arm's reads,
-    /// so a cold query spends one round trip on them whatever the number of generations.
-    Read {
-        source: Source,
-        ords: Vec<usize>,
-        values: ArrayRef,
-        columns: Vec<usize>,
-        schema: SchemaRef,
-    },
+    /// Reads left to do (a generation's rows, by range): run after the arm, off the query
+    /// threads and concurrently with every other arm's, so a cold query spends one round trip
+    /// on them whatever the number of generations.
+    Later(futures::future::BoxFuture<'static, crate::Result<RecordBatch>>),
 }
 
 impl ArmRows {
-    /// The top rows `ords` of `source` with their `values`, as `schema` (key, value, payload
-    /// `columns[1..]`) says: complete for a memtable, to be read for a generation.
+    /// The top rows `ords` of `source` with their `values` (`_score` or `_distance`), as
+    /// `schema` says (key, value, payload): complete for a memtable; for a generation, its
+    /// key and payload `columns` (stored positions, the key first) are read later.
     pub(crate) fn of(
         source: &Source,
         ords: Vec<usize>,
@@ -59,13 +53,13 @@ impl ArmRows {
             return Ok(ArmRows::Done(RecordBatch::new_empty(schema.clone())));
         }
         match source {
-            Source::Generation(_) => Ok(ArmRows::Read {
-                source: source.clone(),
-                ords,
-                values,
-                columns,
-                schema: schema.clone(),
-            }),
+            Source::Generation(g) => {
+                let (g, schema) = (g.clone(), schema.clone());
+                Ok(ArmRows::Later(Box::pin(async move {
+                    let taken = g.read_rows(&ords, &columns).await?;
+                    assemble(taken, values, &schema)
+                })))
+            }
             Source::Memtable(_) => {
                 let taken = source.take(&ords, &columns)?;
                 Ok(ArmRows::Done(assemble(taken, values, schema)?))
@@ -73,29 +67,17 @@ impl ArmRows {
         }
     }
 
-    /// The arm's rows, reading what is left to read.
+    /// The arm's rows, doing what is left to do.
     async fn finish(self) -> crate::Result<RecordBatch> {
         match self {
             ArmRows::Done(b) => Ok(b),
-            ArmRows::Read {
-                source,
-                ords,
-                values,
-                columns,
-                schema,
-            } => {
-                let taken = match &source {
-                    Source::Generation(g) => g.read_rows(&ords, &columns).await?,
-                    Source::Memtable(_) => source.take(&ords, &columns)?,
-                };
-                assemble(taken, values, &schema)
-            }
+            ArmRows::Later(f) => f.await,
         }
     }
 }
 
 /// The key column, then `values`, then the payload columns.
-fn assemble(
+pub(crate) fn assemble(
     taken: Vec<ArrayRef>,
     values: ArrayRef,
     schema: &SchemaRef,

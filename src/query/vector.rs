@@ -1,15 +1,17 @@
 //! Vector k-nearest-neighbour search: exact distances in every arm, live rows and filters
 //! applied before each arm's top k, arms merged by `_distance` ascending then key.
 
-use super::exec::{ArmExec, ArmRows, ArmSpec, ArmWork};
+use super::exec::{assemble, ArmExec, ArmRows, ArmSpec, ArmWork};
 use super::fts::sort_ordering;
 use super::DISTANCE_COLUMN;
+use crate::generation::Generation;
 use crate::key::Key;
 use crate::read::{compile_filter, filter_rows, LiveRows, Snapshot, Source};
 use crate::schema::{IndexSchema, Metric};
 use crate::settings::Settings;
 use crate::vector::{distance, MemVectorIndex, VectorIndex};
 use crate::{Error, Result};
+use arrow::array::RecordBatch;
 use arrow::array::{Array, ArrayRef, AsArray, Float32Array};
 use arrow::datatypes::{DataType, Field, Float32Type, Schema, SchemaRef};
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
@@ -186,24 +188,19 @@ pub(crate) fn plan(
             source.rows(),
             opts.k
         );
-        let work: ArmWork = {
-            let query = query.clone();
-            let out_schema = out_schema.clone();
-            let payload = payload.clone();
-            let k = arm_k;
-            Arc::new(move || {
-                let arm = Arm {
-                    source: &source,
-                    eligible: &eligible,
-                    vidx,
-                    metric,
-                    query: &query,
-                    k,
-                };
-                let hits = arm.search(&graph, ef, candidates);
-                arm.output(hits, &out_schema, &payload)
-            })
-        };
+        let work = arm_work(ArmParts {
+            source,
+            eligible,
+            graph,
+            query: query.clone(),
+            vidx,
+            metric,
+            k: arm_k,
+            ef,
+            candidates,
+            out_schema: out_schema.clone(),
+            payload: payload.clone(),
+        });
         arms.push(ArmSpec { description, work });
     }
     let leaf = Arc::new(ArmExec::new(
@@ -242,6 +239,109 @@ fn ef_for(settings: &Settings, flushes: u64, rows: usize) -> usize {
         .saturating_mul(settings.hnsw_ef_construction)
         / settings.compaction_ef_construction.max(1);
     list.max(settings.hnsw_ef_search)
+}
+
+/// What one arm searches, and how.
+struct ArmParts {
+    source: Source,
+    eligible: LiveRows,
+    graph: ArmGraph,
+    query: Arc<Vec<f32>>,
+    vidx: usize,
+    metric: Metric,
+    k: usize,
+    ef: usize,
+    candidates: usize,
+    out_schema: SchemaRef,
+    payload: Vec<usize>,
+}
+
+/// The work of one arm: its top k from its graph (or a scan), ranked exactly, the rows of a
+/// generation whose vectors are in its object re-ranked from vectors read after the arm.
+fn arm_work(p: ArmParts) -> ArmWork {
+    Arc::new(move || {
+        let arm = Arm {
+            source: &p.source,
+            eligible: &p.eligible,
+            vidx: p.vidx,
+            metric: p.metric,
+            query: &p.query,
+            k: p.k,
+        };
+        match &p.source {
+            // Its vectors are in the object: what the walk (or the scan) proposes is
+            // re-ranked from vectors read by range after the arm, with every arm's reads.
+            Source::Generation(g) if g.vector_values().is_none() => {
+                let rows = arm.candidate_rows(&p.graph, p.ef, p.candidates);
+                Ok(rerank_later(
+                    g.clone(),
+                    rows,
+                    p.query.clone(),
+                    p.metric,
+                    p.k,
+                    p.out_schema.clone(),
+                    p.payload.clone(),
+                ))
+            }
+            _ => {
+                let hits = arm.search(&p.graph, p.ef, p.candidates);
+                arm.output(hits, &p.out_schema, &p.payload)
+            }
+        }
+    })
+}
+
+/// The arm's rows of a generation whose vectors are read by range: `rows` (the candidates
+/// its arm proposes, all admitted) re-ranked from their exact vectors, the best `k` by
+/// distance then key; then their key and payload columns.
+fn rerank_later(
+    g: Arc<Generation>,
+    rows: Vec<usize>,
+    query: Arc<Vec<f32>>,
+    metric: Metric,
+    k: usize,
+    out_schema: SchemaRef,
+    payload: Vec<usize>,
+) -> ArmRows {
+    ArmRows::Later(Box::pin(async move {
+        let vectors = g.read_vectors(&rows).await?;
+        let list = vectors.as_fixed_size_list();
+        let dim = query.len();
+        let values = list.values().as_primitive::<Float32Type>().values();
+        let mut heap: BinaryHeap<Hit> = BinaryHeap::with_capacity(k + 1);
+        for (i, ord) in rows.iter().enumerate() {
+            if list.is_null(i) {
+                continue;
+            }
+            let start = list.value_offset(i) as usize;
+            let d = distance(metric, &query, &values[start..start + dim]);
+            if heap.len() == k {
+                let worst = heap.peek().expect("k > 0");
+                if d.total_cmp(&worst.distance) == Ordering::Greater {
+                    continue;
+                }
+            }
+            heap.push(Hit {
+                distance: d,
+                key: g.key_at(*ord),
+                ord: *ord,
+            });
+            if heap.len() > k {
+                heap.pop();
+            }
+        }
+        let hits = heap.into_sorted_vec();
+        let ords: Vec<usize> = hits.iter().map(|h| h.ord).collect();
+        let distances: ArrayRef = Arc::new(Float32Array::from_iter_values(
+            hits.iter().map(|h| h.distance),
+        ));
+        if ords.is_empty() {
+            return Ok(RecordBatch::new_empty(out_schema));
+        }
+        let wanted: Vec<usize> = std::iter::once(0).chain(payload.iter().copied()).collect();
+        let taken = g.read_rows(&ords, &wanted).await?;
+        assemble(taken, distances, &out_schema)
+    }))
 }
 
 /// The graph an arm walks, if any.
@@ -292,6 +392,20 @@ impl Arm<'_> {
             }
             ArmGraph::None => self.rank(admitted()),
         }
+    }
+
+    /// The rows [`Arm::search`] would rank exactly, for an arm whose vectors are read by
+    /// range (a generation's): the walk's candidate list, or every admitted row without a
+    /// graph or when the walk comes back short.
+    fn candidate_rows(&self, graph: &ArmGraph, ef: usize, candidates: usize) -> Vec<usize> {
+        let admit = |r: usize| self.eligible.admits(r);
+        if let ArmGraph::Generation(g) = graph {
+            let rows = g.candidates(self.query, self.k, ef, &admit);
+            if rows.len() >= self.k.min(candidates) {
+                return rows;
+            }
+        }
+        self.eligible.rows().collect()
     }
 
     /// Exact distances to the given rows (admitted ones only); the top k, nearest first.

@@ -17,6 +17,7 @@
 //! The `vector/graph` section's layout is in `docs/format.md`; its version is
 //! [`ObjectKind::GraphSection`] in the format registry.
 
+use super::codes::Codes;
 use super::distance;
 use crate::format::ObjectKind;
 use crate::schema::Metric;
@@ -288,6 +289,9 @@ pub(crate) struct FlatGraph {
     /// half-precision copy could keep its precision under (an offset or one outlier row would
     /// leave nearby rows indistinguishable): their walks read `vectors`.
     halves: Vec<half::f16>,
+    /// Format version 3: the walk vectors' 8-bit codes, which walks read instead (`vectors`,
+    /// `norms` and `halves` are then empty, and the caller re-ranks what a walk finds).
+    codes: Option<Codes>,
 }
 
 impl FlatGraph {
@@ -335,7 +339,28 @@ impl FlatGraph {
             norms,
             inverse_norms,
             halves,
+            codes: None,
         })
+    }
+
+    /// A graph walked over the 8-bit `codes` of its rows' walk vectors: its walks return
+    /// their whole candidate list, ordered by the codes' keys, for the caller to re-rank.
+    pub(crate) fn with_codes(
+        adjacency: Adjacency,
+        metric: Metric,
+        dim: usize,
+        codes: Codes,
+    ) -> Self {
+        FlatGraph {
+            adjacency,
+            metric,
+            dim,
+            vectors: ScalarBuffer::from(Vec::<f32>::new()),
+            norms: Vec::new(),
+            inverse_norms: Vec::new(),
+            halves: Vec::new(),
+            codes: Some(codes),
+        }
     }
 
     /// `cosine`: each row's norm (`sqrt(x·x)`, summed in the lanes of [`distance::dot`], so
@@ -355,8 +380,8 @@ impl FlatGraph {
         -distance::dot_half(q, &self.halves[r * self.dim..(r + 1) * self.dim])
     }
 
-    /// Bytes the graph holds besides the vectors it shares with its rows: the half-precision
-    /// copy and the norms.
+    /// Bytes the graph holds besides the vectors it shares with its rows and what its
+    /// object's sections hold (adjacency, codes): the half-precision copy and the norms.
     pub(crate) fn extra_bytes(&self) -> usize {
         self.halves.len() * 2 + (self.norms.len() + self.inverse_norms.len()) * 4
     }
@@ -388,12 +413,17 @@ impl FlatGraph {
             return Vec::new();
         }
         let ef = ef.max(k);
-        let mut best = self.walk_key(query, entry);
+        let prepared = self.codes.as_ref().map(|c| (c, c.query(query)));
+        let walk_key = |row: u32| match &prepared {
+            Some((codes, cq)) => codes.key(self.metric, cq, row as usize),
+            None => self.walk_key(query, row),
+        };
+        let mut best = walk_key(entry);
         for layer in self.adjacency.upper.iter().rev() {
             loop {
                 let mut moved = false;
                 for &n in layer.of(entry) {
-                    let d = self.walk_key(query, n);
+                    let d = walk_key(n);
                     if d < best {
                         (best, entry, moved) = (d, n, true);
                     }
@@ -426,7 +456,7 @@ impl FlatGraph {
                 if seen(n) {
                     continue;
                 }
-                let dn = self.walk_key(query, n);
+                let dn = walk_key(n);
                 let bound = if found.len() >= ef {
                     found.peek().map_or(f32::INFINITY, |w| w.0)
                 } else {
@@ -442,6 +472,14 @@ impl FlatGraph {
                     }
                 }
             }
+        }
+        if self.codes.is_some() {
+            // The whole list, by the codes' keys: the caller re-ranks it exactly.
+            return found
+                .into_sorted_vec()
+                .into_iter()
+                .map(|s| s.1 as usize)
+                .collect();
         }
         let mut out: Vec<Scored> = if self.halves.is_empty() {
             found.into_sorted_vec()

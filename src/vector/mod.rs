@@ -10,6 +10,7 @@
 //! `sqrt(M² - |x|²)`, `M` the generation's largest norm, and the query augmented with 0: then
 //! `|q' - x'|² = |q|² + M² - 2 q·x`, so the nearest augmented vector has the largest dot product.
 
+pub(crate) mod codes;
 pub(crate) mod distance;
 pub(crate) mod graph;
 pub(crate) mod hnsw;
@@ -27,6 +28,9 @@ use hnsw_rs::prelude::{Distance, Hnsw, HnswIo};
 
 /// Name of the bundle section holding a generation's graph.
 pub(crate) const GRAPH_SECTION: &str = "vector/graph";
+/// Name of the bundle section holding the 8-bit codes of a generation's walk vectors (format
+/// version 3).
+pub(crate) const CODES_SECTION: &str = "vector/codes";
 
 fn hn(e: impl std::fmt::Display) -> Error {
     Error::internal(format!("hnsw: {e}"))
@@ -414,13 +418,55 @@ impl VectorIndex {
         Ok(sections)
     }
 
+    /// The `vector/codes` section of `rows`' vector column: 8-bit codes of each row's walk
+    /// vector (see [`codes`]).
+    pub(crate) fn codes_section(
+        rows: &RecordBatch,
+        vcol: usize,
+        metric: Metric,
+    ) -> Result<Vec<u8>> {
+        let (dim, vectors) = vectors_of(rows, vcol)?;
+        let deleted = deleted_flags(rows);
+        let list = rows.column(vcol).as_fixed_size_list();
+        let has = |r: usize| !deleted.value(r) && !list.is_null(r);
+        let walk: Vec<f32> = if metric == Metric::Cosine {
+            vectors
+                .chunks_exact(dim.max(1))
+                .flat_map(|v| graph_vector(metric, v))
+                .collect()
+        } else {
+            vectors.to_vec()
+        };
+        Ok(codes::Codes::build(metric, dim, &walk, &has).encode())
+    }
+
+    /// A generation's graph (section `graph`) walked over the codes of its rows (section
+    /// `codes`), its f32 vectors left in the object: walks return their candidate list for
+    /// the caller to re-rank.
+    pub(crate) fn open_codes(
+        rows: usize,
+        dim: usize,
+        metric: Metric,
+        graph: &[u8],
+        codes: &[u8],
+    ) -> Result<Self> {
+        let adjacency = Adjacency::decode(graph, rows)
+            .map_err(|m| Error::internal(format!("section '{GRAPH_SECTION}' {m}")))?;
+        let codes = codes::Codes::decode(codes, metric, rows, dim)
+            .map_err(|m| Error::internal(format!("section '{CODES_SECTION}' {m}")))?;
+        Ok(VectorIndex {
+            graph: Some(FlatGraph::with_codes(adjacency, metric, dim, codes)),
+        })
+    }
+
     /// `cosine`: each row's norm (see [`FlatGraph::norms`]); empty otherwise.
     pub(crate) fn norms(&self) -> &[f32] {
         self.graph.as_ref().map_or(&[], |g| g.norms())
     }
 
     /// Up to `k` candidate rows near `query` among rows `admit` accepts, from a graph walk with
-    /// candidate list `ef`, nearest first by the graph's order: callers re-score exactly.
+    /// candidate list `ef`, nearest first by the graph's order (over codes: the whole list, up
+    /// to `ef`): callers re-score exactly.
     pub(crate) fn candidates(
         &self,
         query: &[f32],

@@ -1,0 +1,282 @@
+//! 8-bit scalar codes of a generation's walk vectors: what a graph walk reads when the f32
+//! vectors stay in the object (format version 3), a byte per dimension instead of four.
+//!
+//! Each dimension `d` is quantized over its range in the generation: `x ≈ min[d] + c · step[d]`
+//! with `c` in `0..=255` (rounded to nearest). A walk's key of a row is then computed from the
+//! codes alone: `q·x ≈ Σ q[d] min[d] + Σ (q[d] step[d]) c[d]`, the first sum and the weights
+//! computed once per query; for `l2`, `|x|² - 2 q·x` with `|x|²` of the decoded row kept per
+//! row (the `|q|²` term ranks nothing). The walk only proposes candidates: every distance a
+//! search returns is recomputed from the f32 vectors.
+//!
+//! Layout (`vector/codes`, little-endian): `version u32 (1) | rows u32 | dim u32 | l2 u8 |
+//! min f32[dim] | step f32[dim] | codes u8[rows * dim] | (l2) squared norms f32[rows]`.
+
+use crate::schema::Metric;
+
+/// The codes' layout version.
+const VERSION: u32 = 1;
+
+/// Codes of every row of a generation (rows without a vector are all zeros and never walked).
+#[derive(Debug)]
+pub(crate) struct Codes {
+    dim: usize,
+    min: Vec<f32>,
+    step: Vec<f32>,
+    codes: Vec<u8>,
+    /// `l2`: the squared norm of each row's decoded vector; empty otherwise.
+    sqnorms: Vec<f32>,
+}
+
+/// A query prepared for [`Codes::dot`].
+#[derive(Debug)]
+pub(crate) struct CodeQuery {
+    weights: Vec<f32>,
+    offset: f32,
+}
+
+impl Codes {
+    /// The codes of `vectors` (row-major, `dim` per row; the walk vectors: unit length for
+    /// `cosine`), the range of each dimension taken over the rows `has` accepts.
+    pub(crate) fn build(
+        metric: Metric,
+        dim: usize,
+        vectors: &[f32],
+        has: &dyn Fn(usize) -> bool,
+    ) -> Codes {
+        let rows = vectors.len().checked_div(dim).unwrap_or(0);
+        let mut min = vec![f32::INFINITY; dim];
+        let mut max = vec![f32::NEG_INFINITY; dim];
+        for (r, v) in vectors.chunks_exact(dim.max(1)).enumerate() {
+            if !has(r) {
+                continue;
+            }
+            for d in 0..dim {
+                min[d] = min[d].min(v[d]);
+                max[d] = max[d].max(v[d]);
+            }
+        }
+        let mut step = vec![0f32; dim];
+        for d in 0..dim {
+            if !(min[d].is_finite() && max[d].is_finite()) {
+                (min[d], max[d]) = (0.0, 0.0);
+            }
+            step[d] = (max[d] - min[d]) / 255.0;
+        }
+        let mut codes = vec![0u8; rows * dim];
+        for (r, (v, c)) in vectors
+            .chunks_exact(dim.max(1))
+            .zip(codes.chunks_exact_mut(dim.max(1)))
+            .enumerate()
+        {
+            if !has(r) {
+                continue;
+            }
+            for d in 0..dim {
+                if step[d] > 0.0 {
+                    c[d] = ((v[d] - min[d]) / step[d]).round().clamp(0.0, 255.0) as u8;
+                }
+            }
+        }
+        let mut out = Codes {
+            dim,
+            min,
+            step,
+            codes,
+            sqnorms: Vec::new(),
+        };
+        if metric == Metric::L2 {
+            out.sqnorms = (0..rows).map(|r| out.decoded_sqnorm(r)).collect();
+        }
+        out
+    }
+
+    fn decoded_sqnorm(&self, row: usize) -> f32 {
+        let c = &self.codes[row * self.dim..(row + 1) * self.dim];
+        (0..self.dim)
+            .map(|d| {
+                let x = self.min[d] + f32::from(c[d]) * self.step[d];
+                x * x
+            })
+            .sum()
+    }
+
+    /// `query` prepared for [`Codes::dot`].
+    pub(crate) fn query(&self, query: &[f32]) -> CodeQuery {
+        CodeQuery {
+            weights: query.iter().zip(&self.step).map(|(q, s)| q * s).collect(),
+            offset: query.iter().zip(&self.min).map(|(q, m)| q * m).sum(),
+        }
+    }
+
+    /// `q·x` of the prepared query and row `row`'s decoded vector.
+    pub(crate) fn dot(&self, q: &CodeQuery, row: usize) -> f32 {
+        let c = &self.codes[row * self.dim..(row + 1) * self.dim];
+        // Eight lanes, so the compiler vectorizes the widening and the sums.
+        let mut acc = [0f32; 8];
+        let (chunks, rest) = (c.chunks_exact(8), c.len() / 8 * 8);
+        for (i, ch) in chunks.enumerate() {
+            let w = &q.weights[i * 8..i * 8 + 8];
+            for l in 0..8 {
+                acc[l] += w[l] * f32::from(ch[l]);
+            }
+        }
+        let mut sum: f32 = acc.iter().sum();
+        for (w, x) in q.weights[rest..].iter().zip(&c[rest..]) {
+            sum += w * f32::from(*x);
+        }
+        q.offset + sum
+    }
+
+    /// A walk's key of row `row` (smaller is nearer): `-q·x` for `cosine` (over unit rows)
+    /// and `dot`, `|x|² - 2 q·x` for `l2`.
+    pub(crate) fn key(&self, metric: Metric, q: &CodeQuery, row: usize) -> f32 {
+        let dot = self.dot(q, row);
+        match metric {
+            Metric::L2 => self.sqnorms[row] - 2.0 * dot,
+            Metric::Cosine | Metric::Dot => -dot,
+        }
+    }
+
+    /// Bytes held in memory.
+    pub(crate) fn bytes(&self) -> usize {
+        self.codes.len() + (self.min.len() + self.step.len() + self.sqnorms.len()) * 4
+    }
+
+    /// The section's bytes.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let rows = self.codes.len().checked_div(self.dim).unwrap_or(0);
+        let mut out = Vec::with_capacity(13 + self.bytes());
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.extend_from_slice(&(rows as u32).to_le_bytes());
+        out.extend_from_slice(&(self.dim as u32).to_le_bytes());
+        out.push(u8::from(!self.sqnorms.is_empty()));
+        for x in self.min.iter().chain(&self.step) {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+        out.extend_from_slice(&self.codes);
+        for x in &self.sqnorms {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+        out
+    }
+
+    /// Codes of `rows` rows of `dim` dimensions for `metric` from their section; an error says
+    /// what is wrong.
+    pub(crate) fn decode(
+        bytes: &[u8],
+        metric: Metric,
+        rows: usize,
+        dim: usize,
+    ) -> std::result::Result<Codes, String> {
+        let u32_at = |at: usize| -> Option<u32> {
+            Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?))
+        };
+        let (Some(version), Some(r), Some(d), Some(l2)) =
+            (u32_at(0), u32_at(4), u32_at(8), bytes.get(12))
+        else {
+            return Err("is truncated".into());
+        };
+        if version != VERSION {
+            return Err(format!(
+                "has layout version {version}, this build reads {VERSION}"
+            ));
+        }
+        let l2 = *l2 == 1;
+        if r as usize != rows || d as usize != dim || l2 != (metric == Metric::L2) {
+            return Err(format!(
+                "describes {r} rows of {d} dimensions (l2: {l2}) where the generation has {rows} of {dim} ({metric:?})"
+            ));
+        }
+        let floats = |from: usize, n: usize| -> Vec<f32> {
+            bytes[from..from + n * 4]
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+                .collect()
+        };
+        let codes_at = 13 + 8 * dim;
+        let norms_at = codes_at + rows * dim;
+        let want = norms_at + if l2 { rows * 4 } else { 0 };
+        if bytes.len() != want {
+            return Err(format!(
+                "has {} bytes where {want} were expected",
+                bytes.len()
+            ));
+        }
+        let min = floats(13, dim);
+        let step = floats(13 + 4 * dim, dim);
+        if min.iter().chain(&step).any(|x| !x.is_finite()) || step.iter().any(|s| *s < 0.0) {
+            return Err("has a range that is not finite".into());
+        }
+        Ok(Codes {
+            dim,
+            min,
+            step,
+            codes: bytes[codes_at..norms_at].to_vec(),
+            sqnorms: if l2 {
+                floats(norms_at, rows)
+            } else {
+                Vec::new()
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vectors(rows: usize, dim: usize) -> Vec<f32> {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        (0..rows * dim)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x % 20_000) as f32 / 1000.0 - 10.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn keys_from_codes_are_close_to_exact_ones_and_the_section_round_trips() {
+        let (rows, dim) = (300, 37);
+        let v = vectors(rows, dim);
+        let q: Vec<f32> = vectors(1, dim).iter().map(|x| x / 3.0).collect();
+        for metric in [Metric::L2, Metric::Dot, Metric::Cosine] {
+            let codes = Codes::build(metric, dim, &v, &|r| r != 7);
+            let back = Codes::decode(&codes.encode(), metric, rows, dim).unwrap();
+            let cq = back.query(&q);
+            for r in (0..rows).filter(|r| *r != 7) {
+                let x = &v[r * dim..(r + 1) * dim];
+                let dot: f32 = q.iter().zip(x).map(|(a, b)| a * b).sum();
+                let exact = match metric {
+                    Metric::L2 => x.iter().map(|a| a * a).sum::<f32>() - 2.0 * dot,
+                    _ => -dot,
+                };
+                let got = back.key(metric, &cq, r);
+                // Each coordinate is within half a step (20 / 255 / 2) of its value.
+                let bound =
+                    0.04 * (q.iter().map(|a| a.abs()).sum::<f32>() * 3.0 + 30.0 * dim as f32);
+                assert!(
+                    (got - exact).abs() < bound,
+                    "{metric:?} row {r}: {got} vs {exact}"
+                );
+            }
+            assert_eq!(back.encode(), codes.encode());
+        }
+    }
+
+    #[test]
+    fn damaged_sections_are_refused() {
+        let (rows, dim) = (10, 4);
+        let bytes = Codes::build(Metric::L2, dim, &vectors(rows, dim), &|_| true).encode();
+        assert!(Codes::decode(&bytes, Metric::L2, rows, dim).is_ok());
+        assert!(Codes::decode(&bytes[..bytes.len() - 1], Metric::L2, rows, dim).is_err());
+        assert!(Codes::decode(&bytes, Metric::Dot, rows, dim).is_err());
+        assert!(Codes::decode(&bytes, Metric::L2, rows + 1, dim).is_err());
+        let mut nan = bytes.clone();
+        nan[13..17].copy_from_slice(&f32::NAN.to_le_bytes());
+        assert!(Codes::decode(&nan, Metric::L2, rows, dim).is_err());
+        assert!(Codes::decode(&[1, 2, 3], Metric::L2, rows, dim).is_err());
+    }
+}
