@@ -66,13 +66,47 @@ struct Counters {
     disk_hits: AtomicU64,
 }
 
+/// A cached block: its bytes, and whether they passed their check in this process (a block
+/// read back from the disk tier has not, until a reader checks it: then no reader checks it
+/// again while it stays in memory).
+pub(crate) struct Block {
+    bytes: Bytes,
+    checked: std::sync::atomic::AtomicBool,
+}
+
+impl foyer::Code for Block {
+    // Bytes' own encoding (its length, then its bytes).
+    fn encode(&self, writer: &mut impl std::io::Write) -> foyer::Result<()> {
+        self.bytes.encode(writer)
+    }
+
+    fn decode(reader: &mut impl std::io::Read) -> foyer::Result<Self> {
+        Ok(Block {
+            bytes: Bytes::decode(reader)?,
+            checked: false.into(),
+        })
+    }
+
+    fn estimated_size(&self) -> usize {
+        self.bytes.estimated_size()
+    }
+}
+
+/// The key of block `b` of an object: the object's name hashed (its store, path and length:
+/// see [`BlockCache::read`]) above the block's index. Two objects whose names share a hash
+/// would share keys: each block is checked against its object's CRC, so a stranger's block is
+/// refused and fetched again.
+fn block_key(object: u64, b: u64) -> u128 {
+    (u128::from(object) << 64) | u128::from(b)
+}
+
 /// Checks a block on arrival: `(block index, its bytes)`; an error refuses it.
 pub(crate) type Verify = Arc<dyn Fn(u64, &Bytes) -> Result<()> + Send + Sync>;
 
 /// Blocks of immutable objects, in memory and on local disk.
 #[derive(Clone)]
 pub(crate) struct BlockCache {
-    cache: HybridCache<String, Bytes>,
+    cache: HybridCache<u128, Block>,
     block: u64,
     counters: Arc<Counters>,
 }
@@ -112,7 +146,7 @@ impl BlockCache {
             .with_name("lsmsearch-blocks")
             .memory(memory)
             .with_shards(shards)
-            .with_weighter(|key: &String, value: &Bytes| key.len() + value.len())
+            .with_weighter(|_: &u128, value: &Block| 16 + value.bytes.len())
             .storage();
         let builder = match &config.disk_dir {
             Some(dir) if config.disk_bytes > 0 => {
@@ -183,7 +217,8 @@ impl BlockCache {
         }
         let first = range.start / self.block;
         let last = (range.end - 1) / self.block;
-        let blocks = (first..=last).map(|b| self.block_of(store, store_name, path, len, b, verify));
+        let object = xxhash_rust::xxh3::xxh3_64(format!("{store_name}/{path}@{len}").as_bytes());
+        let blocks = (first..=last).map(|b| self.block_of(store, object, path, len, b, verify));
         let blocks = futures::future::try_join_all(blocks).await?;
         // One block: a slice of it, no copy.
         let start = (range.start - first * self.block) as usize;
@@ -204,33 +239,37 @@ impl BlockCache {
         Ok(out.freeze())
     }
 
-    /// Block `b` of the object, from either tier or fetched. A block this call did not fetch
-    /// itself is checked before it is returned (a block read back from disk may be another
+    /// Block `b` of the object (named `object`, see [`block_key`]), from either tier or
+    /// fetched. A block is checked once in this process: when this call fetched it, or the
+    /// first time a reader finds it unchecked (read back from disk: it may be another
     /// object's under the same name, and foyer makes a disk hit a memory entry before it
     /// reaches the caller); a refused one leaves the cache and is fetched again, once.
     async fn block_of(
         &self,
         store: &Arc<dyn ObjectStore>,
-        store_name: &str,
+        object: u64,
         path: &Path,
         len: u64,
         b: u64,
         verify: &Verify,
     ) -> Result<Bytes> {
         self.counters.blocks.fetch_add(1, Ordering::Relaxed);
-        let key = format!("{store_name}/{path}@{len}#{b}");
+        let key = block_key(object, b);
         let mut refused = None;
         for _ in 0..2 {
-            let (bytes, fetched, source) =
-                self.get_or_fetch(&key, store, path, len, b, verify).await?;
-            if fetched {
-                return Ok(bytes);
-            }
-            if source == foyer::Source::Disk {
+            let entry = self.get_or_fetch(key, store, path, len, b, verify).await?;
+            let block = entry.value();
+            if entry.source() == foyer::Source::Disk {
                 self.counters.disk_hits.fetch_add(1, Ordering::Relaxed);
             }
-            match verify(b, &bytes) {
-                Ok(()) => return Ok(bytes),
+            if block.checked.load(Ordering::Acquire) {
+                return Ok(block.bytes.clone());
+            }
+            match verify(b, &block.bytes) {
+                Ok(()) => {
+                    block.checked.store(true, Ordering::Release);
+                    return Ok(block.bytes.clone());
+                }
                 Err(e) => {
                     self.cache.remove(&key);
                     refused = Some(e);
@@ -240,26 +279,23 @@ impl BlockCache {
         Err(refused.unwrap_or_else(|| Error::internal("a block refused without an error")))
     }
 
-    /// The cached block under `key`, or block `b` fetched, checked and cached: its bytes,
-    /// whether this call fetched it, and where the cache found it.
+    /// The cached block under `key`, or block `b` fetched, checked and cached.
     async fn get_or_fetch(
         &self,
-        key: &str,
+        key: u128,
         store: &Arc<dyn ObjectStore>,
         path: &Path,
         len: u64,
         b: u64,
         verify: &Verify,
-    ) -> Result<(Bytes, bool, foyer::Source)> {
+    ) -> Result<foyer::HybridCacheEntry<u128, Block>> {
         let start = b.saturating_mul(self.block);
         let range = start..start.saturating_add(self.block).min(len);
+        let name = format!("{path}#{b}");
         let (store, path, verify) = (store.clone(), path.clone(), verify.clone());
         let counters = self.counters.clone();
-        let fetched = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let fetched_here = fetched.clone();
-        let entry = self
-            .cache
-            .get_or_fetch(key, move || async move {
+        self.cache
+            .get_or_fetch(&key, move || async move {
                 let want = range.end - range.start;
                 let bytes = store
                     .get_range(&path, range)
@@ -281,16 +317,13 @@ impl BlockCache {
                     ));
                 }
                 verify(b, &bytes)?;
-                fetched_here.store(true, Ordering::Relaxed);
-                Ok::<_, Error>(bytes)
+                Ok::<_, Error>(Block {
+                    bytes,
+                    checked: true.into(),
+                })
             })
             .await
-            .map_err(|e| fetch_error(key, e))?;
-        Ok((
-            entry.value().clone(),
-            fetched.load(Ordering::Relaxed),
-            entry.source(),
-        ))
+            .map_err(|e| fetch_error(&name, e))
     }
 
     /// What the cache served since it was opened.
@@ -415,6 +448,24 @@ mod tests {
             .unwrap();
         assert_eq!(&again[..], &bytes[..]);
         assert_eq!(store.counters().gets, 10, "a warm read makes no request");
+        // A block checked on arrival is not checked again while it stays in memory.
+        let checks = Arc::new(AtomicU64::new(0));
+        let counted: Verify = {
+            let checks = checks.clone();
+            Arc::new(move |_, _| {
+                checks.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            })
+        };
+        cache
+            .read(&dyn_store, "mem", &path, len, 0..len, &counted)
+            .await
+            .unwrap();
+        assert_eq!(
+            checks.load(Ordering::Relaxed),
+            0,
+            "memory hits are not checked again"
+        );
         // Out of the object: an error, not a short read.
         let e = cache
             .read(&dyn_store, "mem", &path, len, 9_000..10_001, &accept())
