@@ -1,5 +1,5 @@
 //! A version-3 generation's rows in its cold part: every stored column but the vector column,
-//! as one Parquet file (zstd pages of at most [`PAGE_ROWS`] rows and [`PAGE_BYTES`] bytes, no
+//! as one Parquet file (LZ4 pages of at most [`PAGE_ROWS`] rows and [`PAGE_BYTES`] bytes, no
 //! dictionaries, an offset index), whose metadata lives in the hot part. A read of some rows fetches only the pages
 //! holding them, for the columns it asks for, all at once through the block cache.
 
@@ -13,7 +13,7 @@ use futures::{FutureExt, TryStreamExt};
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, RowSelection};
 use parquet::arrow::async_reader::AsyncFileReader;
 use parquet::arrow::{ArrowWriter, ParquetRecordBatchStreamBuilder, ProjectionMask};
-use parquet::basic::{Compression, ZstdLevel};
+use parquet::basic::Compression;
 use parquet::errors::ParquetError;
 use parquet::file::metadata::{
     PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader, ParquetMetaDataWriter,
@@ -40,7 +40,7 @@ pub(crate) fn encode(rows: &RecordBatch, skip: Option<usize>) -> Result<(Vec<u8>
         .collect();
     let batch = rows.project(&keep)?;
     let props = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).map_err(pq)?))
+        .set_compression(Compression::LZ4_RAW)
         .set_dictionary_enabled(false)
         .set_statistics_enabled(EnabledStatistics::None)
         .set_data_page_row_count_limit(PAGE_ROWS)
