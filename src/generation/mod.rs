@@ -795,6 +795,16 @@ impl Generation {
         self.text.as_ref()
     }
 
+    /// The keys of rows `ords`, in the order given (held in memory).
+    pub(crate) fn keys(&self, ords: &[usize]) -> Result<ArrayRef> {
+        let idx = arrow::array::UInt32Array::from_iter_values(ords.iter().map(|r| *r as u32));
+        Ok(arrow::compute::take(
+            self.resident.column(0).as_ref(),
+            &idx,
+            None,
+        )?)
+    }
+
     /// The key of `row`.
     pub(crate) fn key_at(&self, row: usize) -> Option<Key> {
         Key::from_array(self.resident.column(0).as_ref(), row)

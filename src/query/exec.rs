@@ -8,7 +8,7 @@
 
 use crate::read::pool::QueryPool;
 use crate::read::Source;
-use arrow::array::{ArrayRef, RecordBatch};
+use arrow::array::{ArrayRef, AsArray, RecordBatch, UInt32Array, UInt64Array};
 use arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result as DfResult};
@@ -28,45 +28,34 @@ const SLOW_ARM_MS: f64 = 10.0;
 /// The work of one arm: search its source and return its top rows, sorted.
 pub(crate) type ArmWork = Arc<dyn Fn() -> crate::Result<ArmRows> + Send + Sync>;
 
+/// The column of an arm's rows naming their source (its position in the snapshot).
+pub(crate) const SOURCE_COLUMN: &str = "_source";
+/// The column of an arm's rows holding their ordinal in their source.
+pub(crate) const ORD_COLUMN: &str = "_ord";
+
+/// The schema of the rows arms return and the merge orders: the key, the score or distance
+/// (as `output` names it), the source and the ordinal of each row. [`TakeExec`] reads the
+/// payload columns of the rows the merge keeps.
+pub(crate) fn ranked_schema(output: &SchemaRef) -> SchemaRef {
+    Arc::new(arrow::datatypes::Schema::new(vec![
+        output.field(0).clone(),
+        output.field(1).clone(),
+        arrow::datatypes::Field::new(SOURCE_COLUMN, arrow::datatypes::DataType::UInt32, false),
+        arrow::datatypes::Field::new(ORD_COLUMN, arrow::datatypes::DataType::UInt64, false),
+    ]))
+}
+
 /// What an arm's work yields: its rows, or what is left to do to have them.
 pub(crate) enum ArmRows {
     /// The arm's rows, complete.
     Done(RecordBatch),
-    /// Reads left to do (a generation's rows, by range): run after the arm, off the query
+    /// Reads left to do (a generation's vectors, by range): run after the arm, off the query
     /// threads and concurrently with every other arm's, so a cold query spends one round trip
     /// on them whatever the number of generations.
     Later(futures::future::BoxFuture<'static, crate::Result<RecordBatch>>),
 }
 
 impl ArmRows {
-    /// The top rows `ords` of `source` with their `values` (`_score` or `_distance`), as
-    /// `schema` says (key, value, payload): complete for a memtable; for a generation, its
-    /// key and payload `columns` (stored positions, the key first) are read later.
-    pub(crate) fn of(
-        source: &Source,
-        ords: Vec<usize>,
-        values: ArrayRef,
-        columns: Vec<usize>,
-        schema: &SchemaRef,
-    ) -> crate::Result<ArmRows> {
-        if ords.is_empty() {
-            return Ok(ArmRows::Done(RecordBatch::new_empty(schema.clone())));
-        }
-        match source {
-            Source::Generation(g) => {
-                let (g, schema) = (g.clone(), schema.clone());
-                Ok(ArmRows::Later(Box::pin(async move {
-                    let taken = g.read_rows(&ords, &columns).await?;
-                    assemble(taken, values, &schema)
-                })))
-            }
-            Source::Memtable(_) => {
-                let taken = source.take(&ords, &columns)?;
-                Ok(ArmRows::Done(assemble(taken, values, schema)?))
-            }
-        }
-    }
-
     /// The arm's rows, doing what is left to do.
     async fn finish(self) -> crate::Result<RecordBatch> {
         match self {
@@ -76,16 +65,208 @@ impl ArmRows {
     }
 }
 
-/// The key column, then `values`, then the payload columns.
-pub(crate) fn assemble(
-    taken: Vec<ArrayRef>,
+/// Rows `ords` of `source` (number `src` of the snapshot) with their `values` (`_score` or
+/// `_distance`), as [`ranked_schema`] lays them out: every source holds its keys in memory.
+pub(crate) fn ranked(
+    source: &Source,
+    src: usize,
+    ords: &[usize],
     values: ArrayRef,
     schema: &SchemaRef,
 ) -> crate::Result<RecordBatch> {
-    let mut taken = taken.into_iter();
-    let mut columns: Vec<ArrayRef> = taken.next().into_iter().collect();
-    columns.push(values);
-    columns.extend(taken);
+    if ords.is_empty() {
+        return Ok(RecordBatch::new_empty(schema.clone()));
+    }
+    let keys = match source {
+        Source::Generation(g) => g.keys(ords)?,
+        Source::Memtable(_) => source
+            .take(ords, &[0])?
+            .pop()
+            .ok_or_else(|| crate::Error::internal("no key column"))?,
+    };
+    let n = ords.len();
+    Ok(RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            keys,
+            values,
+            Arc::new(UInt32Array::from(vec![src as u32; n])),
+            Arc::new(UInt64Array::from_iter_values(
+                ords.iter().map(|o| *o as u64),
+            )),
+        ],
+    )?)
+}
+
+/// The top of a search: the rows the merge kept ([`ranked_schema`]) with their payload
+/// columns read, each source's rows at once and every source concurrently (by range for a
+/// generation), so the payload of `k` rows is read once, not `k` rows per arm.
+pub(crate) struct TakeExec {
+    input: Arc<dyn ExecutionPlan>,
+    sources: Arc<[Source]>,
+    /// The payload columns (stored positions).
+    payload: Arc<[usize]>,
+    schema: SchemaRef,
+    properties: Arc<PlanProperties>,
+}
+
+impl TakeExec {
+    /// Read the `payload` columns of `input`'s rows from `sources` (the snapshot's, in order),
+    /// producing `schema` (key, score or distance, payload) in `ordering`.
+    pub(crate) fn new(
+        input: Arc<dyn ExecutionPlan>,
+        sources: Vec<Source>,
+        payload: Arc<[usize]>,
+        schema: SchemaRef,
+        ordering: LexOrdering,
+    ) -> Self {
+        let eq = EquivalenceProperties::new_with_orderings(schema.clone(), [ordering]);
+        let properties = Arc::new(PlanProperties::new(
+            eq,
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        ));
+        TakeExec {
+            input,
+            sources: sources.into(),
+            payload,
+            schema,
+            properties,
+        }
+    }
+}
+
+impl fmt::Debug for TakeExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TakeExec: payload columns={}", self.payload.len())
+    }
+}
+
+impl DisplayAs for TakeExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TakeExec: payload columns={}", self.payload.len())
+    }
+}
+
+impl ExecutionPlan for TakeExec {
+    fn name(&self) -> &str {
+        "TakeExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        match <[_; 1]>::try_from(children) {
+            Ok([input]) => Ok(Arc::new(TakeExec {
+                input,
+                sources: self.sources.clone(),
+                payload: self.payload.clone(),
+                schema: self.schema.clone(),
+                properties: self.properties.clone(),
+            })),
+            Err(_) => Err(DataFusionError::Internal(
+                "TakeExec has one child".to_string(),
+            )),
+        }
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        if partition != 0 {
+            return Err(DataFusionError::Internal(format!(
+                "TakeExec has one partition, asked for {partition}"
+            )));
+        }
+        let input = self.input.execute(0, context)?;
+        let (sources, payload, schema) = (
+            self.sources.clone(),
+            self.payload.clone(),
+            self.schema.clone(),
+        );
+        let stream = futures::StreamExt::then(input, move |batch| {
+            let (sources, payload, schema) = (sources.clone(), payload.clone(), schema.clone());
+            async move {
+                let batch = batch?;
+                take_payload(&batch, &sources, &payload, &schema)
+                    .await
+                    .map_err(|e| DataFusionError::External(Box::new(e)))
+            }
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.schema.clone(),
+            stream,
+        )))
+    }
+}
+
+/// `batch` ([`ranked_schema`]) with the `payload` columns of its rows, as `schema` says.
+async fn take_payload(
+    batch: &RecordBatch,
+    sources: &[Source],
+    payload: &[usize],
+    schema: &SchemaRef,
+) -> crate::Result<RecordBatch> {
+    if batch.num_rows() == 0 {
+        return Ok(RecordBatch::new_empty(schema.clone()));
+    }
+    let src = batch
+        .column(2)
+        .as_primitive::<arrow::datatypes::UInt32Type>();
+    let ord = batch
+        .column(3)
+        .as_primitive::<arrow::datatypes::UInt64Type>();
+    // Each source's rows: (row of the batch, ordinal in the source).
+    let mut by_source: std::collections::BTreeMap<usize, Vec<(usize, usize)>> = Default::default();
+    for i in 0..batch.num_rows() {
+        by_source
+            .entry(src.value(i) as usize)
+            .or_default()
+            .push((i, ord.value(i) as usize));
+    }
+    let reads = by_source.iter().map(|(s, rows)| async move {
+        let source = sources.get(*s).ok_or_else(|| {
+            crate::Error::internal(format!("a row of source {s}, which is not in the snapshot"))
+        })?;
+        let ords: Vec<usize> = rows.iter().map(|r| r.1).collect();
+        match source {
+            Source::Generation(g) => g.read_rows(&ords, payload).await,
+            Source::Memtable(_) => source.take(&ords, payload),
+        }
+    });
+    let read = futures::future::try_join_all(reads).await?;
+    // Where each row of the batch is: (source's read, row in it).
+    let mut at = vec![(0usize, 0usize); batch.num_rows()];
+    for (n, rows) in by_source.values().enumerate() {
+        for (j, (i, _)) in rows.iter().enumerate() {
+            at[*i] = (n, j);
+        }
+    }
+    let mut columns: Vec<ArrayRef> = vec![batch.column(0).clone(), batch.column(1).clone()];
+    for c in 0..payload.len() {
+        let parts: Vec<&dyn arrow::array::Array> =
+            read.iter().map(|cols| cols[c].as_ref()).collect();
+        columns.push(arrow::compute::interleave(&parts, &at)?);
+    }
     Ok(RecordBatch::try_new(schema.clone(), columns)?)
 }
 

@@ -2,7 +2,7 @@
 //! run one tantivy search per arm with its live rows and filter applied inside the collector,
 //! merge the arms' top k in DataFusion.
 
-use super::exec::{ArmExec, ArmRows, ArmSpec, ArmWork};
+use super::exec::{ranked, ranked_schema, ArmExec, ArmRows, ArmSpec, ArmWork, TakeExec};
 use super::{Conjunction, SearchOptions, SCORE_COLUMN};
 use crate::key::Key;
 use crate::read::{
@@ -237,7 +237,8 @@ pub(crate) fn plan(
         .map(|f| compile_filter(&user, f))
         .transpose()?;
     let out_schema = output_schema(schema);
-    let ordering = sort_ordering(&out_schema, true, SCORE_COLUMN)?;
+    let ranked = ranked_schema(&out_schema);
+    let ordering = sort_ordering(&ranked, true, SCORE_COLUMN)?;
 
     let started = std::time::Instant::now();
     // Live rows, then each source's text index (a memtable's is caught up here), its live
@@ -269,19 +270,21 @@ pub(crate) fn plan(
     let stats = GlobalStats::sum(ts, &terms, per_source.iter().map(|(_, n, s)| (*n, s)));
     let (indexes, live_rows): (Vec<TextIndex>, Vec<usize>) =
         per_source.into_iter().map(|(ti, n, _)| (ti, n)).unzip();
-    let (weight, tail_query) = scoring(query.as_ref(), ts, &stats, &indexes)?;
+    let scoring = scoring(query.as_ref(), ts, &stats, &indexes)?;
 
     let mut arms: Vec<ArmSpec> = Vec::with_capacity(sources.len());
     let payload: Arc<[usize]> = (0..schema.payload.len())
         .map(|i| user.fields().len() - schema.payload.len() + i)
         .collect();
     let filter_rows = filter_rows(&pool, &sources, filter.as_ref(), &user)?;
-    for ((((source, ti), live), live_rows), fm) in sources
+    let all_sources = sources.clone();
+    for (src, ((((source, ti), live), live_rows), fm)) in sources
         .into_iter()
         .zip(indexes)
         .zip(live)
         .zip(live_rows)
         .zip(filter_rows)
+        .enumerate()
     {
         let eligible = match fm {
             Some(fm) => live.and(&fm),
@@ -294,47 +297,27 @@ pub(crate) fn plan(
             source.rows(),
             opts.k
         );
-        let work: ArmWork = match &weight {
-            Some(weight) if candidates > 0 => {
-                let weight = weight.clone();
-                let out_schema = out_schema.clone();
-                let payload = payload.clone();
-                // An arm returns at most its candidates, which bounds its heap.
-                let k = opts.k.min(candidates);
-                let tail_query = tail_query.clone();
-                Arc::new(move || {
-                    search_arm(
-                        &source,
-                        &ti,
-                        Scoring {
-                            weight: weight.as_ref(),
-                            tail: tail_query.as_deref(),
-                        },
-                        &eligible,
-                        k,
-                        &out_schema,
-                        &payload,
-                    )
-                })
-            }
-            _ => {
-                let out_schema = out_schema.clone();
-                Arc::new(move || Ok(ArmRows::Done(RecordBatch::new_empty(out_schema.clone()))))
-            }
-        };
+        let k = opts.k.min(candidates);
+        let work = arm_work(source, ti, &scoring, eligible, k, src, &ranked);
         arms.push(ArmSpec { description, work });
     }
     log_slow_plan(started.elapsed(), t_live, t_stats);
     let leaf = Arc::new(ArmExec::new(
         "FtsArmExec",
-        out_schema,
+        ranked,
         ordering.clone(),
         arms,
         pool,
     ));
-    Ok(Arc::new(
-        SortPreservingMergeExec::new(ordering, leaf).with_fetch(Some(opts.k)),
-    ))
+    let merged = Arc::new(SortPreservingMergeExec::new(ordering, leaf).with_fetch(Some(opts.k)));
+    let out_ordering = sort_ordering(&out_schema, true, SCORE_COLUMN)?;
+    Ok(Arc::new(TakeExec::new(
+        merged,
+        all_sources,
+        payload,
+        out_schema,
+        out_ordering,
+    )))
 }
 
 /// One source's share of the global statistics: tokens per text field and documents per
@@ -452,6 +435,41 @@ struct Scoring<'a> {
     tail: Option<&'a TailQuery>,
 }
 
+/// The work of one arm over `source` (number `src` of the snapshot): its best `k` eligible
+/// rows (at most its candidates, which bounds its heap), none when nothing can match.
+fn arm_work(
+    source: Source,
+    ti: TextIndex,
+    scoring: &SharedScoring,
+    eligible: LiveRows,
+    k: usize,
+    src: usize,
+    ranked: &SchemaRef,
+) -> ArmWork {
+    let ranked = ranked.clone();
+    match &scoring.0 {
+        Some(weight) if k > 0 => {
+            let weight = weight.clone();
+            let tail_query = scoring.1.clone();
+            Arc::new(move || {
+                search_arm(
+                    &source,
+                    &ti,
+                    Scoring {
+                        weight: weight.as_ref(),
+                        tail: tail_query.as_deref(),
+                    },
+                    &eligible,
+                    k,
+                    src,
+                    &ranked,
+                )
+            })
+        }
+        _ => Arc::new(move || Ok(ArmRows::Done(RecordBatch::new_empty(ranked.clone())))),
+    }
+}
+
 /// One arm: the query's shared weight over each segment of the arm's index (and `tail`, when
 /// given, over a memtable's rows past its last commit), rows outside `eligible` skipped, the best
 /// `k` by score then key. Every matching document is scored: block-max WAND
@@ -463,8 +481,8 @@ fn search_arm(
     scoring: Scoring<'_>,
     eligible: &LiveRows,
     k: usize,
-    out_schema: &SchemaRef,
-    payload: &[usize],
+    src: usize,
+    ranked_schema: &SchemaRef,
 ) -> Result<ArmRows> {
     let mut top = TopRows {
         heap: BinaryHeap::with_capacity(k + 1),
@@ -502,8 +520,13 @@ fn search_arm(
     let rows: Vec<Ranked> = top.heap.into_sorted_vec();
     let ords: Vec<usize> = rows.iter().map(|r| r.row).collect();
     let scores: ArrayRef = Arc::new(Float32Array::from_iter_values(rows.iter().map(|r| r.score)));
-    let wanted: Vec<usize> = std::iter::once(0).chain(payload.iter().copied()).collect();
-    ArmRows::of(source, ords, scores, wanted, out_schema)
+    Ok(ArmRows::Done(ranked(
+        source,
+        src,
+        &ords,
+        scores,
+        ranked_schema,
+    )?))
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Vector k-nearest-neighbour search: exact distances in every arm, live rows and filters
 //! applied before each arm's top k, arms merged by `_distance` ascending then key.
 
-use super::exec::{assemble, ArmExec, ArmRows, ArmSpec, ArmWork};
+use super::exec::{ranked, ranked_schema, ArmExec, ArmRows, ArmSpec, ArmWork, TakeExec};
 use super::fts::sort_ordering;
 use super::DISTANCE_COLUMN;
 use crate::generation::Generation;
@@ -11,7 +11,6 @@ use crate::schema::{IndexSchema, Metric};
 use crate::settings::Settings;
 use crate::vector::{distance, MemVectorIndex, VectorIndex};
 use crate::{Error, Result};
-use arrow::array::RecordBatch;
 use arrow::array::{Array, ArrayRef, AsArray, Float32Array};
 use arrow::datatypes::{DataType, Field, Float32Type, Schema, SchemaRef};
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
@@ -135,7 +134,8 @@ pub(crate) fn plan(
         .map(|f| compile_filter(&user, f))
         .transpose()?;
     let out_schema = output_schema(schema);
-    let ordering = sort_ordering(&out_schema, false, DISTANCE_COLUMN)?;
+    let ranked_schema = ranked_schema(&out_schema);
+    let ordering = sort_ordering(&ranked_schema, false, DISTANCE_COLUMN)?;
     let started = std::time::Instant::now();
     let live = snapshot.live();
     let t_live = started.elapsed();
@@ -150,11 +150,12 @@ pub(crate) fn plan(
     let sources = snapshot.sources;
     let filter_rows = filter_rows(&pool, &sources, filter.as_ref(), &user)?;
     let query: Arc<Vec<f32>> = Arc::new(query.to_vec());
-    let payload: Vec<usize> = (0..schema.payload.len())
+    let payload: Arc<[usize]> = (0..schema.payload.len())
         .map(|i| user.fields().len() - schema.payload.len() + i)
         .collect();
     let mut arms: Vec<ArmSpec> = Vec::with_capacity(sources.len());
-    for ((source, live), fm) in sources.into_iter().zip(live).zip(filter_rows) {
+    let all_sources = sources.clone();
+    for (src, ((source, live), fm)) in sources.into_iter().zip(live).zip(filter_rows).enumerate() {
         let live_rows = live.count();
         let eligible = match fm {
             Some(fm) => live.and(&fm),
@@ -198,21 +199,27 @@ pub(crate) fn plan(
             k: arm_k,
             ef,
             candidates,
-            out_schema: out_schema.clone(),
-            payload: payload.clone(),
+            src,
+            ranked: ranked_schema.clone(),
         });
         arms.push(ArmSpec { description, work });
     }
     let leaf = Arc::new(ArmExec::new(
         "VectorArmExec",
-        out_schema,
+        ranked_schema,
         ordering.clone(),
         arms,
         pool,
     ));
-    Ok(Arc::new(
-        SortPreservingMergeExec::new(ordering, leaf).with_fetch(Some(opts.k)),
-    ))
+    let merged = Arc::new(SortPreservingMergeExec::new(ordering, leaf).with_fetch(Some(opts.k)));
+    let out_ordering = sort_ordering(&out_schema, false, DISTANCE_COLUMN)?;
+    Ok(Arc::new(TakeExec::new(
+        merged,
+        all_sources,
+        payload,
+        out_schema,
+        out_ordering,
+    )))
 }
 
 /// The default candidate list of a generation's graph: `hnsw_ef_search` for a flushed
@@ -252,8 +259,10 @@ struct ArmParts {
     k: usize,
     ef: usize,
     candidates: usize,
-    out_schema: SchemaRef,
-    payload: Vec<usize>,
+    /// The arm's position in the snapshot.
+    src: usize,
+    /// The schema of the rows it returns ([`ranked_schema`]).
+    ranked: SchemaRef,
 }
 
 /// The work of one arm: its top k from its graph (or a scan), ranked exactly, the rows of a
@@ -279,13 +288,13 @@ fn arm_work(p: ArmParts) -> ArmWork {
                     p.query.clone(),
                     p.metric,
                     p.k,
-                    p.out_schema.clone(),
-                    p.payload.clone(),
+                    p.src,
+                    p.ranked.clone(),
                 ))
             }
             _ => {
                 let hits = arm.search(&p.graph, p.ef, p.candidates);
-                arm.output(hits, &p.out_schema, &p.payload)
+                arm.output(hits, p.src, &p.ranked)
             }
         }
     })
@@ -293,15 +302,15 @@ fn arm_work(p: ArmParts) -> ArmWork {
 
 /// The arm's rows of a generation whose vectors are read by range: `rows` (the candidates
 /// its arm proposes, all admitted) re-ranked from their exact vectors, the best `k` by
-/// distance then key; then their key and payload columns.
+/// distance then key.
 fn rerank_later(
     g: Arc<Generation>,
     rows: Vec<usize>,
     query: Arc<Vec<f32>>,
     metric: Metric,
     k: usize,
-    out_schema: SchemaRef,
-    payload: Vec<usize>,
+    src: usize,
+    ranked_schema: SchemaRef,
 ) -> ArmRows {
     ArmRows::Later(Box::pin(async move {
         let vectors = g.read_vectors(&rows).await?;
@@ -335,12 +344,13 @@ fn rerank_later(
         let distances: ArrayRef = Arc::new(Float32Array::from_iter_values(
             hits.iter().map(|h| h.distance),
         ));
-        if ords.is_empty() {
-            return Ok(RecordBatch::new_empty(out_schema));
-        }
-        let wanted: Vec<usize> = std::iter::once(0).chain(payload.iter().copied()).collect();
-        let taken = g.read_rows(&ords, &wanted).await?;
-        assemble(taken, distances, &out_schema)
+        ranked(
+            &Source::Generation(g),
+            src,
+            &ords,
+            distances,
+            &ranked_schema,
+        )
     }))
 }
 
@@ -480,13 +490,18 @@ impl Arm<'_> {
         heap.into_sorted_vec()
     }
 
-    fn output(&self, hits: Vec<Hit>, out_schema: &SchemaRef, payload: &[usize]) -> Result<ArmRows> {
+    fn output(&self, hits: Vec<Hit>, src: usize, ranked_schema: &SchemaRef) -> Result<ArmRows> {
         let ords: Vec<usize> = hits.iter().map(|h| h.ord).collect();
         let distances: ArrayRef = Arc::new(Float32Array::from_iter_values(
             hits.iter().map(|h| h.distance),
         ));
-        let wanted: Vec<usize> = std::iter::once(0).chain(payload.iter().copied()).collect();
-        ArmRows::of(self.source, ords, distances, wanted, out_schema)
+        Ok(ArmRows::Done(ranked(
+            self.source,
+            src,
+            &ords,
+            distances,
+            ranked_schema,
+        )?))
     }
 }
 
