@@ -84,6 +84,20 @@ impl ColdObject {
             .await
     }
 
+    /// Bytes of each of `ranges` of the object, each block they touch checked and read once.
+    pub(crate) async fn read_ranges(&self, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
+        self.cache
+            .read_ranges(
+                &self.store,
+                &self.store_name,
+                &self.path,
+                self.len,
+                ranges,
+                &self.verify,
+            )
+            .await
+    }
+
     /// Bytes `range` of the object read straight from the store, not through the cache (a
     /// whole section read once, such as the vectors a generation keeps in memory): one ranged
     /// GET of the blocks it touches, each checked.

@@ -652,12 +652,14 @@ impl Generation {
                 _ => runs.push(r..r + 1),
             }
         }
-        let object = cold.object();
-        let read = futures::future::try_join_all(runs.iter().map(|run| {
-            let at = v.range.start + run.start as u64 * row_bytes;
-            object.read(at..at + run.len() as u64 * row_bytes)
-        }))
-        .await?;
+        let ranges: Vec<std::ops::Range<u64>> = runs
+            .iter()
+            .map(|run| {
+                let at = v.range.start + run.start as u64 * row_bytes;
+                at..at + run.len() as u64 * row_bytes
+            })
+            .collect();
+        let read = cold.object().read_ranges(&ranges).await?;
         let mut at_sorted: Vec<&[u8]> = Vec::with_capacity(sorted.len());
         for (run, bytes) in runs.iter().zip(&read) {
             for i in 0..run.len() {

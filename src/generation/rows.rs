@@ -216,7 +216,7 @@ impl ColdRows {
         order.sort_unstable();
         order.dedup();
         let pages = self.page_ranges(&order, runs);
-        futures::future::try_join_all(pages.into_iter().map(|r| self.object.read(r))).await?;
+        self.object.read_ranges(&pages).await?;
         let reader = Reader {
             object: self.object.clone(),
             offset: self.offset,
@@ -353,13 +353,14 @@ impl AsyncFileReader for Reader {
         let object = self.object.clone();
         let offset = self.offset;
         async move {
-            futures::future::try_join_all(
-                ranges
-                    .into_iter()
-                    .map(|r| object.read(offset + r.start..offset + r.end)),
-            )
-            .await
-            .map_err(|e| ParquetError::External(Box::new(e)))
+            let ranges: Vec<Range<u64>> = ranges
+                .into_iter()
+                .map(|r| offset + r.start..offset + r.end)
+                .collect();
+            object
+                .read_ranges(&ranges)
+                .await
+                .map_err(|e| ParquetError::External(Box::new(e)))
         }
         .boxed()
     }
