@@ -64,6 +64,11 @@ pub struct Settings {
     /// which an arm scans anyway (`docs/performance.md`, "How the defaults were chosen"). The
     /// graph costs background CPU: raise it (or set `usize::MAX`) for ingest-bound workloads.
     pub memtable_graph_above: usize,
+    /// A walk over a generation whose vectors stay in its object (format version 3) ranks
+    /// its candidate list by 8-bit codes of the vectors; this many of the best (at least `k`)
+    /// are re-ranked from their exact vectors, read by range. More finds more of the true
+    /// nearest rows at the cost of reading more vectors (512 bytes each at 128-d). Default 100.
+    pub vector_rerank: usize,
     /// Budget, in bytes, of the memory tier of a handle's block cache: the blocks of
     /// generation objects that queries read by range (the rows they return, the columns their
     /// filters read). Within it, warm queries do no object-store I/O; beyond it, the least
@@ -145,6 +150,7 @@ impl Default for Settings {
             hnsw_ef_search: 400,
             vector_exact_below: 2048,
             memtable_graph_above: 2048,
+            vector_rerank: 100,
             cache_bytes: 256 << 20,
             cache_disk_bytes: 0,
             cache_dir: None,

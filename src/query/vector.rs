@@ -201,6 +201,7 @@ pub(crate) fn plan(
             candidates,
             src,
             ranked: ranked_schema.clone(),
+            rerank: settings.vector_rerank.max(arm_k),
         });
         arms.push(ArmSpec { description, work });
     }
@@ -263,6 +264,8 @@ struct ArmParts {
     src: usize,
     /// The schema of the rows it returns ([`ranked_schema`]).
     ranked: SchemaRef,
+    /// How many of a walk's candidates are re-ranked from vectors read by range.
+    rerank: usize,
 }
 
 /// The work of one arm: its top k from its graph (or a scan), ranked exactly, the rows of a
@@ -281,7 +284,7 @@ fn arm_work(p: ArmParts) -> ArmWork {
             // Its vectors are in the object: what the walk (or the scan) proposes is
             // re-ranked from vectors read by range after the arm, with every arm's reads.
             Source::Generation(g) if g.vector_values().is_none() => {
-                let rows = arm.candidate_rows(&p.graph, p.ef, p.candidates);
+                let rows = arm.candidate_rows(&p.graph, p.ef, p.candidates, p.rerank);
                 Ok(rerank_later(
                     g.clone(),
                     rows,
@@ -404,14 +407,21 @@ impl Arm<'_> {
         }
     }
 
-    /// The rows [`Arm::search`] would rank exactly, for an arm whose vectors are read by
-    /// range (a generation's): the walk's candidate list, or every admitted row without a
-    /// graph or when the walk comes back short.
-    fn candidate_rows(&self, graph: &ArmGraph, ef: usize, candidates: usize) -> Vec<usize> {
+    /// The rows to rank exactly for an arm whose vectors are read by range (a generation's):
+    /// the best `rerank` of the walk's candidate list by the codes, or every admitted row
+    /// without a graph or when the walk comes back short.
+    fn candidate_rows(
+        &self,
+        graph: &ArmGraph,
+        ef: usize,
+        candidates: usize,
+        rerank: usize,
+    ) -> Vec<usize> {
         let admit = |r: usize| self.eligible.admits(r);
         if let ArmGraph::Generation(g) = graph {
-            let rows = g.candidates(self.query, self.k, ef, &admit);
+            let mut rows = g.candidates(self.query, self.k, ef, &admit);
             if rows.len() >= self.k.min(candidates) {
+                rows.truncate(rerank);
                 return rows;
             }
         }
