@@ -69,6 +69,9 @@ struct Loader {
     budget: u64,
     /// Where version-3 generations read their cold parts.
     cold: ColdStore,
+    /// Version-3 generations of at most this many rows keep their f32 vectors in memory:
+    /// vector search scans them exactly ([`crate::Settings::vector_exact_below`]).
+    small_rows: u64,
     cache: moka::future::Cache<(u64, u64), Arc<Generation>>,
     /// Generations no list of this handle will name again (see [`GenerationCache::retire`]).
     retired: std::sync::Mutex<Retired>,
@@ -108,6 +111,7 @@ impl GenerationCache {
         blocks: BlockCache,
     ) -> Self {
         let (concurrency, budget) = (settings.io_concurrency, settings.hot_cache_bytes);
+        let small_rows = settings.vector_exact_below as u64;
         let cache = moka::future::Cache::builder()
             .max_capacity(budget)
             .weigher(|_, g: &Arc<Generation>| g.weight().min(u32::MAX as u64) as u32)
@@ -127,6 +131,7 @@ impl GenerationCache {
                     cache: blocks,
                     runtime: tokio::runtime::Handle::current(),
                 },
+                small_rows,
                 cache,
                 retired: Default::default(),
             }),
@@ -203,17 +208,11 @@ impl GenerationCache {
     pub(crate) async fn insert_built(&self, object: Bytes) -> Result<Arc<Generation>> {
         let whole = Bundle::open(object.clone(), &"a generation just built")?;
         let meta = whole.stats().clone();
+        drop(whole);
         let p = self.inner.paths.generation(meta.id, meta.epoch);
         let g = match meta.hot_offset {
-            Some(hot) => {
-                drop(whole);
-                // A copy: a slice would keep the whole object in memory.
-                let part = Bytes::copy_from_slice(&object[hot as usize..]);
-                let bundle = Bundle::open_hot(part, meta.bytes, &p)?;
-                self.inner.open_bundle(bundle, &p).await?
-            }
+            Some(_) => self.inner.open_whole(object, &p).await?,
             None => {
-                drop(whole);
                 let (schema, text, vector, p2) = (
                     self.inner.schema.clone(),
                     self.inner.text.clone(),
@@ -330,8 +329,18 @@ impl Loader {
         Ok(Arc::new(g))
     }
 
-    /// Open a version-3 generation: its hot part in one ranged read.
+    /// Whether a generation of `rows` rows keeps its vectors in memory.
+    fn keeps_vectors(&self, rows: u64) -> bool {
+        self.vector.is_some() && rows <= self.small_rows
+    }
+
+    /// Open a version-3 generation: its hot part in one ranged read (a small one that keeps
+    /// its vectors: the whole object in one read).
     async fn open_hot(&self, meta: &GenerationMeta, hot: u64, p: &Path) -> Result<Generation> {
+        if self.keeps_vectors(meta.rows) {
+            let whole = crate::storage::read_object(self.loc.store.as_ref(), p).await?;
+            return self.open_whole(whole, p).await;
+        }
         if hot > meta.bytes {
             return Err(Error::data(
                 p,
@@ -354,11 +363,35 @@ impl Loader {
             ));
         }
         let bundle = Bundle::open_hot(bytes, meta.bytes, p)?;
-        self.open_bundle(bundle, p).await
+        self.open_bundle(bundle, p, None).await
     }
 
-    /// The generation of a checked hot part (nothing else is read).
-    async fn open_bundle(&self, bundle: Bundle, p: &Path) -> Result<Generation> {
+    /// A version-3 generation from its whole object in memory: its hot part (copied, so that
+    /// the object is not held), and its vectors when it keeps them.
+    async fn open_whole(&self, object: Bytes, p: &Path) -> Result<Generation> {
+        let whole = Bundle::open(object.clone(), p)?;
+        let meta = whole.stats().clone();
+        let Some(hot) = meta.hot_offset else {
+            return Err(Error::data(p, "generation has no hot part"));
+        };
+        let vectors = match self.keeps_vectors(meta.rows) {
+            true => Some(Generation::vectors_section(&whole)?),
+            false => None,
+        };
+        drop(whole);
+        let part = Bytes::copy_from_slice(&object[hot as usize..]);
+        let bundle = Bundle::open_hot(part, meta.bytes, p)?;
+        self.open_bundle(bundle, p, vectors).await
+    }
+
+    /// The generation of a checked hot part (nothing else is read); `vectors`, its vectors
+    /// section when it keeps them in memory.
+    async fn open_bundle(
+        &self,
+        bundle: Bundle,
+        p: &Path,
+        vectors: Option<Bytes>,
+    ) -> Result<Generation> {
         let cold = ColdObject::new(
             &self.cold,
             p.clone(),
@@ -377,7 +410,7 @@ impl Loader {
                 text: text.as_deref(),
                 vector,
             };
-            Generation::open(&bundle, cold, &schema, spec, &p2)
+            Generation::open(&bundle, cold, vectors, &schema, spec, &p2)
         })
         .await?
     }

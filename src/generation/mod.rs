@@ -129,6 +129,9 @@ struct ColdVectors {
     valid: Vec<u8>,
     /// The vector column's field.
     field: arrow::datatypes::FieldRef,
+    /// Every row's vector, when the generation keeps them in memory (a small one, which
+    /// vector search scans exactly).
+    held: Option<ArrayRef>,
 }
 
 /// The vectors of `list` as `dim` f32 little-endian per row (zeros for null rows) and one bit
@@ -370,6 +373,7 @@ impl Generation {
     pub(crate) fn open(
         bundle: &Bundle,
         cold: ColdObject,
+        vectors: Option<Bytes>,
         schema: &SchemaRef,
         spec: IndexSpec<'_>,
         object: &dyn Display,
@@ -389,6 +393,18 @@ impl Generation {
             vcol,
             rows,
         )?;
+        let held = match (vcol, vectors) {
+            (Some(col), Some(values)) => Some(
+                decode_vectors(
+                    schema.field(col),
+                    &values,
+                    &bundle.section(VECTORS_VALID_SECTION)?,
+                    rows,
+                )
+                .map_err(|m| bundle.error(m))?,
+            ),
+            _ => None,
+        };
         let vectors = match vcol {
             Some(col) => {
                 let field = schema.fields()[col].clone();
@@ -412,6 +428,7 @@ impl Generation {
                     dim,
                     valid,
                     field,
+                    held: held.clone(),
                 })
             }
             None => None,
@@ -473,6 +490,17 @@ impl Generation {
                 })
                 .map_err(|e| e.corrupt_in(object, "generation vector graph"))?,
             )),
+            Some((_, metric, _)) if vectors.as_ref().is_some_and(|v| v.held.is_some()) => {
+                let v = vectors.as_ref().expect("checked");
+                let held = RecordBatch::try_new(
+                    Arc::new(arrow::datatypes::Schema::new(vec![v.field.clone()])),
+                    vec![v.held.clone().expect("checked")],
+                )?;
+                Some(Arc::new(
+                    VectorIndex::open(&held, 0, metric, &section(GRAPH_SECTION)?)
+                        .map_err(|e| e.corrupt_in(object, "generation vector graph"))?,
+                ))
+            }
             Some((_, metric, _)) if vectors.is_some() => {
                 let dim = vectors.as_ref().map_or(0, |v| v.dim);
                 Some(Arc::new(
@@ -549,7 +577,12 @@ impl Generation {
     pub(crate) fn weight(&self) -> u64 {
         let graph = self.vector().map_or(0, |v| v.extra_bytes() as u64);
         let held = match &self.cold {
-            Some(c) => self.hot_bytes + c.resident_bytes() as u64,
+            Some(c) => {
+                let held = self.vectors.as_ref().and_then(|v| v.held.as_ref());
+                self.hot_bytes
+                    + c.resident_bytes() as u64
+                    + held.map_or(0, |h| h.get_array_memory_size() as u64)
+            }
             None => self.meta.bytes,
         };
         held + 32 * self.meta.rows + graph
@@ -626,6 +659,10 @@ impl Generation {
     /// The vectors of rows `ords`, in the order given, read by range (a generation opened
     /// from its hot part) or from memory.
     pub(crate) async fn read_vectors(&self, ords: &[usize]) -> Result<ArrayRef> {
+        if let Some(held) = self.vectors.as_ref().and_then(|v| v.held.as_ref()) {
+            let idx = arrow::array::UInt32Array::from_iter_values(ords.iter().map(|r| *r as u32));
+            return Ok(arrow::compute::take(held.as_ref(), &idx, None)?);
+        }
         let (Some(cold), Some(v)) = (&self.cold, &self.vectors) else {
             let col = self
                 .vector_col
@@ -728,6 +765,9 @@ impl Generation {
             .vectors
             .as_ref()
             .ok_or_else(|| Error::internal("vectors of a generation without them"))?;
+        if let Some(held) = &v.held {
+            return Ok(held.clone());
+        }
         let bytes = cold.object().read_direct(v.range.clone()).await?;
         decode_vectors(&v.field, &bytes, &v.valid, self.num_rows())
             .map_err(|m| Error::data(cold.object().path(), format!("generation {m}")))
@@ -777,9 +817,18 @@ impl Generation {
         }
     }
 
-    /// The vector column of every row when it is held in memory (a generation decoded whole).
+    /// The vector column of every row when it is held in memory (a generation decoded whole,
+    /// or a small one that keeps its vectors).
     pub(crate) fn vector_values(&self) -> Option<&ArrayRef> {
-        self.held_column(self.vector_col?)
+        match &self.vectors {
+            Some(v) => v.held.as_ref(),
+            None => self.held_column(self.vector_col?),
+        }
+    }
+
+    /// A version-3 bundle's vectors section (the whole object at hand).
+    pub(crate) fn vectors_section(bundle: &Bundle) -> Result<Bytes> {
+        bundle.section(VECTORS_SECTION)
     }
 
     /// The key hash of each row.
