@@ -22,8 +22,10 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use std::ops::Range;
 use std::sync::Arc;
 
-/// Rows per Parquet page at most: a returned row costs the page holding it, per column.
-pub(crate) const PAGE_ROWS: usize = 256;
+/// Rows per Parquet page at most: a returned row costs the page holding it, per column (a
+/// page of a wide column is bounded by [`PAGE_BYTES`] first; one of a number column holds
+/// this many rows, which a filter reading the column decodes at once).
+pub(crate) const PAGE_ROWS: usize = 1024;
 /// Bytes per Parquet page at most (before compression, checked every [`WRITE_ROWS`] rows): a
 /// page of long text holds a few rows.
 const PAGE_BYTES: usize = 8 << 10;
