@@ -277,6 +277,10 @@ async fn appended_rows_are_found_at_once_and_the_plan_has_one_arm_per_source() {
 }
 
 async fn cold_query_round_trips(generations: usize) -> (usize, usize) {
+    cold_query_round_trips_with(generations, None).await
+}
+
+async fn cold_query_round_trips_with(generations: usize, filter: Option<&str>) -> (usize, usize) {
     let inner: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
     let s = schema();
     {
@@ -314,17 +318,16 @@ async fn cold_query_round_trips(generations: usize) -> (usize, usize) {
     let ro = Index::open_read_only(loc, Settings::default())
         .await
         .unwrap();
-    let got = ro
-        .search_fts("wing", &SearchOptions::with_k(10))
-        .await
-        .unwrap();
+    let opts = SearchOptions {
+        filter: filter.map(str::to_string),
+        ..SearchOptions::with_k(10)
+    };
+    let got = ro.search_fts("wing", &opts).await.unwrap();
     assert_eq!(got.iter().map(|b| b.num_rows()).sum::<usize>(), 10);
     let c = delayed.counters();
     // Warm: the same handle again does no I/O at all.
     delayed.reset();
-    ro.search_fts("wing", &SearchOptions::with_k(10))
-        .await
-        .unwrap();
+    ro.search_fts("wing", &opts).await.unwrap();
     assert_eq!(delayed.counters(), lsmsearch::StoreCounters::default());
     (c.round_trips as usize, c.gets as usize + c.lists as usize)
 }
@@ -338,6 +341,15 @@ async fn a_cold_query_needs_a_constant_number_of_sequential_round_trips() {
         rt32 <= 6,
         "{rt32} sequential round trips over 32 generations"
     );
+    assert_eq!(rt32, rt2, "round trips grow with the number of generations");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_filtered_query_needs_a_constant_number_of_sequential_round_trips() {
+    // The filter's column is read by range from every generation, all at once.
+    let (rt32, req32) = cold_query_round_trips_with(32, Some("year = 1")).await;
+    let (rt2, _) = cold_query_round_trips_with(2, Some("year = 1")).await;
+    println!("cold filtered query: 32 generations: {rt32} sequential round trips ({req32} requests); 2 generations: {rt2}");
     assert_eq!(rt32, rt2, "round trips grow with the number of generations");
 }
 

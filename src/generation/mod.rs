@@ -785,6 +785,20 @@ impl Generation {
         }
     }
 
+    /// Whether its rows are read by range (a version-3 generation opened from its hot part).
+    pub(crate) fn reads_by_range(&self) -> bool {
+        self.cold.is_some()
+    }
+
+    /// Run `f` (reads of generations) to completion from a query or blocking thread, the
+    /// runtime this generation's reads use serving its I/O.
+    pub(crate) fn block_on<T>(&self, f: impl std::future::Future<Output = T>) -> T {
+        match &self.cold {
+            Some(c) => c.object().block_on(f),
+            None => futures::executor::block_on(f),
+        }
+    }
+
     /// [`Generation::read_all`] from a query or blocking thread.
     pub(crate) fn read_all_blocking(&self, cols: &[usize]) -> Result<Vec<ArrayRef>> {
         match &self.cold {

@@ -38,11 +38,39 @@ pub(crate) fn filter_rows(
     let Some(f) = filter else {
         return Ok(vec![None; sources.len()]);
     };
+    // The columns it names, of every generation at once (by range, concurrently): one round
+    // of reads whatever the number of generations.
+    let used = source::filter_columns(f, user);
+    let gens: Vec<&Arc<crate::generation::Generation>> = sources
+        .iter()
+        .filter_map(|s| match s {
+            Source::Generation(g) => Some(g),
+            Source::Memtable(_) => None,
+        })
+        .collect();
+    // Driven by the runtime of a generation that reads by range, if any does.
+    let driver = gens.iter().find(|g| g.reads_by_range()).or(gens.first());
+    let mut read = match driver {
+        Some(first) => first
+            .block_on(futures::future::try_join_all(
+                gens.iter().map(|g| g.read_all(&used)),
+            ))?
+            .into_iter(),
+        None => Vec::new().into_iter(),
+    };
+    let read: Vec<Option<Vec<arrow::array::ArrayRef>>> = sources
+        .iter()
+        .map(|s| match s {
+            Source::Generation(_) => read.next(),
+            Source::Memtable(_) => None,
+        })
+        .collect();
     pool.install(|| {
         use rayon::prelude::*;
         sources
             .par_iter()
-            .map(|s| s.filter_rows(f, user).map(Some))
+            .zip(read)
+            .map(|(s, r)| s.filter_rows(f, user, r).map(Some))
             .collect()
     })
 }

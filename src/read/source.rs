@@ -176,25 +176,24 @@ impl Source {
     }
 
     /// Evaluate a predicate over the user columns of every row; nulls count as false. A
-    /// generation reads the columns the predicate names (by range, blocking), no others.
+    /// generation evaluates it over `read`, the columns it names ([`filter_columns`]) as
+    /// read by the caller, or reads them now (by range, blocking).
     pub(crate) fn filter_rows(
         &self,
         filter: &Arc<dyn PhysicalExpr>,
         user: &SchemaRef,
+        read: Option<Vec<ArrayRef>>,
     ) -> Result<Vec<bool>> {
         let rows = self.rows();
         let n = user.fields().len();
         let batches: Vec<RecordBatch> = match self {
             Source::Memtable(m) => m.view.batches.clone(),
             Source::Generation(g) => {
-                let used: Vec<usize> = collect_columns(filter)
-                    .iter()
-                    .map(|c| c.index())
-                    .filter(|c| *c < n)
-                    .collect::<std::collections::BTreeSet<_>>()
-                    .into_iter()
-                    .collect();
-                let read = g.read_all_blocking(&used)?;
+                let used = filter_columns(filter, user);
+                let read = match read {
+                    Some(r) => r,
+                    None => g.read_all_blocking(&used)?,
+                };
                 // The columns the predicate does not name are typed nulls of no size.
                 let mut fields = Vec::with_capacity(n);
                 let mut columns: Vec<ArrayRef> = Vec::with_capacity(n);
@@ -231,6 +230,18 @@ impl Source {
         passes.truncate(rows);
         Ok(passes)
     }
+}
+
+/// The user columns `filter` names, ascending.
+pub(crate) fn filter_columns(filter: &Arc<dyn PhysicalExpr>, user: &SchemaRef) -> Vec<usize> {
+    let n = user.fields().len();
+    collect_columns(filter)
+        .iter()
+        .map(|c| c.index())
+        .filter(|c| *c < n)
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect()
 }
 
 /// A source's identity while a handle keeps something for it.
