@@ -152,11 +152,21 @@ async fn build(
             (col, metric, params)
         });
     let inputs = inputs.to_vec();
-    // Every input's rows, read in full (their cold columns through the store).
-    let input_rows = futures::future::try_join_all(inputs.iter().map(|g| g.all_rows())).await?;
     let drop_tombstones = job.drop_tombstones;
     let continue_graph = settings.compaction_continue_graph;
     in_background_thread("lsmsearch-compact", lower, move || {
+        // Every input's rows, read in full (their cold parts from the store) and decoded here,
+        // at the compaction's priority, not on the runtime's threads.
+        let driver = inputs
+            .iter()
+            .find(|g| g.reads_by_range())
+            .or(inputs.first());
+        let input_rows = match driver {
+            Some(g) => g.block_on(futures::future::try_join_all(
+                inputs.iter().map(|g| g.all_rows()),
+            ))?,
+            None => Vec::new(),
+        };
         let (rows, kept) = merge_rows(&inputs, &input_rows, drop_tombstones)?;
         if rows.num_rows() == 0 {
             return Ok(None);
