@@ -60,7 +60,8 @@ impl Codes {
             if !(min[d].is_finite() && max[d].is_finite()) {
                 (min[d], max[d]) = (0.0, 0.0);
             }
-            step[d] = (max[d] - min[d]) / 255.0;
+            // In f64: the range of two finite f32s (±3.4e38) may not be one.
+            step[d] = ((f64::from(max[d]) - f64::from(min[d])) / 255.0) as f32;
         }
         let mut codes = vec![0u8; rows * dim];
         for (r, (v, c)) in vectors
@@ -73,7 +74,8 @@ impl Codes {
             }
             for d in 0..dim {
                 if step[d] > 0.0 {
-                    c[d] = ((v[d] - min[d]) / step[d]).round().clamp(0.0, 255.0) as u8;
+                    let x = (f64::from(v[d]) - f64::from(min[d])) / f64::from(step[d]);
+                    c[d] = x.round().clamp(0.0, 255.0) as u8;
                 }
             }
         }
@@ -283,6 +285,18 @@ mod tests {
                 );
             }
             assert_eq!(back.encode(), codes.encode());
+        }
+    }
+
+    #[test]
+    fn the_widest_finite_range_makes_finite_codes() {
+        let v = [f32::MAX, -f32::MAX, 1.0, f32::MAX * 0.5, 0.0, -1.0];
+        for metric in [Metric::L2, Metric::Dot] {
+            let codes = Codes::build(metric, 2, &v, &|_| true);
+            assert!(
+                Codes::decode(&codes.encode(), metric, 3, 2).is_ok(),
+                "{metric:?}"
+            );
         }
     }
 
