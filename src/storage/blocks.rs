@@ -299,7 +299,22 @@ impl BlockCache {
             if block.checked.load(Ordering::Acquire) {
                 return Ok(block.bytes.clone());
             }
-            match verify(b, &block.bytes) {
+            // A block read back from disk must also have its block's exact length.
+            let want = self
+                .block
+                .min(len.saturating_sub(b.saturating_mul(self.block)));
+            let checked = if block.bytes.len() as u64 == want {
+                verify(b, &block.bytes)
+            } else {
+                Err(Error::data(
+                    path,
+                    format!(
+                        "cached block {b} has {} bytes, not {want}",
+                        block.bytes.len()
+                    ),
+                ))
+            };
+            match checked {
                 Ok(()) => {
                     block.checked.store(true, Ordering::Release);
                     return Ok(block.bytes.clone());
