@@ -130,6 +130,7 @@ impl GenerationCache {
                     store_name: loc.display.clone(),
                     cache: blocks,
                     runtime: tokio::runtime::Handle::current(),
+                    concurrency,
                 },
                 small_rows,
                 cache,
@@ -457,6 +458,7 @@ mod tests {
             disk_bytes: 0,
             disk_dir: None,
             block_bytes: crate::format::bundle::BLOCK_BYTES,
+            concurrency: 4,
         })
         .await
         .unwrap();

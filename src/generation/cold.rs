@@ -23,6 +23,7 @@ pub(crate) struct ColdObject {
     cache: BlockCache,
     verify: Verify,
     runtime: tokio::runtime::Handle,
+    concurrency: usize,
 }
 
 impl std::fmt::Debug for ColdObject {
@@ -42,6 +43,8 @@ pub(crate) struct ColdStore {
     pub(crate) cache: BlockCache,
     /// The runtime whose I/O serves reads made from query threads ([`ColdObject::block_on`]).
     pub(crate) runtime: tokio::runtime::Handle,
+    /// Reads issued at once ([`crate::Settings::io_concurrency`]).
+    pub(crate) concurrency: usize,
 }
 
 impl ColdObject {
@@ -67,6 +70,7 @@ impl ColdObject {
             cache: at.cache.clone(),
             verify,
             runtime: at.runtime.clone(),
+            concurrency: at.concurrency.max(1),
         }
     }
 
@@ -132,6 +136,11 @@ impl ColdObject {
     /// async runtime's (a query or blocking thread), the runtime serving its I/O.
     pub(crate) fn block_on<T>(&self, read: impl std::future::Future<Output = T>) -> T {
         self.runtime.block_on(read)
+    }
+
+    /// How many reads of whole ranges a reader issues at once.
+    pub(crate) fn concurrency(&self) -> usize {
+        self.concurrency
     }
 
     /// The object's path (for messages).

@@ -729,6 +729,11 @@ impl Generation {
 
     /// Columns `cols` of every row, in row order (the vectors as one read of their section).
     pub(crate) async fn read_all(&self, cols: &[usize]) -> Result<Vec<ArrayRef>> {
+        self.read_whole(cols, true).await
+    }
+
+    /// [`Generation::read_all`], through the block cache or not (`cached`).
+    async fn read_whole(&self, cols: &[usize], cached: bool) -> Result<Vec<ArrayRef>> {
         let Some(cold) = &self.cold else {
             return Ok(cols
                 .iter()
@@ -743,7 +748,7 @@ impl Generation {
         let mut got = if fetched.is_empty() {
             Vec::new()
         } else {
-            cold.read_all(&fetched).await?
+            cold.read_all(&fetched, cached).await?
         }
         .into_iter();
         let mut out = Vec::with_capacity(cols.len());
@@ -812,7 +817,7 @@ impl Generation {
         let cols: Vec<usize> = (0..self.schema.fields().len()).collect();
         Ok(RecordBatch::try_new(
             self.schema.clone(),
-            self.read_all(&cols).await?,
+            self.read_whole(&cols, false).await?,
         )?)
     }
 

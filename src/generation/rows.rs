@@ -66,6 +66,16 @@ pub(crate) fn encode(rows: &RecordBatch, skip: Option<usize>) -> Result<(Vec<u8>
     Ok((file.to_vec(), footer))
 }
 
+/// A column chunk's `(start, length)` in its file, or `None` when its metadata gives a
+/// negative one (Parquet's own `byte_range` panics on those).
+fn chunk_range(c: &parquet::file::metadata::ColumnChunkMetaData) -> Option<(u64, u64)> {
+    let start = c.dictionary_page_offset().unwrap_or(c.data_page_offset());
+    Some((
+        u64::try_from(start).ok()?,
+        u64::try_from(c.compressed_size()).ok()?,
+    ))
+}
+
 fn pq(e: ParquetError) -> Error {
     Error::internal(format!("parquet: {e}"))
 }
@@ -80,6 +90,8 @@ pub(crate) struct ColdRows {
     /// The Parquet column of each stored column (`None`: the vector column, not stored here).
     columns: Vec<Option<usize>>,
     rows: usize,
+    /// The Parquet file's length.
+    len: u64,
 }
 
 impl ColdRows {
@@ -134,10 +146,7 @@ impl ColdRows {
             .row_groups()
             .iter()
             .flat_map(|g| g.columns())
-            .map(|c| {
-                let (start, len) = c.byte_range();
-                start.saturating_add(len)
-            })
+            .map(|c| chunk_range(c).map_or(u64::MAX, |(start, len)| start.saturating_add(len)))
             .max()
             .unwrap_or(0);
         if held != rows as i64 || pages_end > range.end - range.start {
@@ -153,6 +162,7 @@ impl ColdRows {
             metadata,
             columns,
             rows,
+            len: range.end - range.start,
         })
     }
 
@@ -170,16 +180,8 @@ impl ColdRows {
             )));
         }
         let runs = runs(&sorted);
-        let batch = self
-            .decode(
-                cols,
-                Some(RowSelection::from_consecutive_ranges(
-                    runs.iter().cloned(),
-                    self.rows,
-                )),
-                &runs,
-            )
-            .await?;
+        let selection = RowSelection::from_consecutive_ranges(runs.iter().cloned(), self.rows);
+        let batch = self.decode(cols, Read::Rows(selection), &runs).await?;
         let at: UInt32Array = ords
             .iter()
             .map(|r| sorted.binary_search(r).map(|i| i as u32).unwrap_or(0))
@@ -191,10 +193,13 @@ impl ColdRows {
             .collect::<std::result::Result<_, _>>()?)
     }
 
-    /// Columns `cols` of every row, in row order.
-    pub(crate) async fn read_all(&self, cols: &[usize]) -> Result<Vec<ArrayRef>> {
+    /// Columns `cols` of every row, in row order: through the block cache when `cached` (a
+    /// filter's columns, read again by the next query), else straight from the store (a
+    /// compaction's, read once, which would flush what queries keep in the cache).
+    pub(crate) async fn read_all(&self, cols: &[usize], cached: bool) -> Result<Vec<ArrayRef>> {
         let all = std::iter::once(0..self.rows).collect::<Vec<_>>();
-        Ok(self.decode(cols, None, &all).await?.columns().to_vec())
+        let how = if cached { Read::Cached } else { Read::Direct };
+        Ok(self.decode(cols, how, &all).await?.columns().to_vec())
     }
 
     /// Decode columns `cols` of the rows `runs` selects (all of them without a selection),
@@ -202,7 +207,7 @@ impl ColdRows {
     async fn decode(
         &self,
         cols: &[usize],
-        selection: Option<RowSelection>,
+        how: Read,
         runs: &[Range<usize>],
     ) -> Result<RecordBatch> {
         let leaves: Vec<usize> = cols
@@ -217,12 +222,39 @@ impl ColdRows {
         let mut order: Vec<usize> = leaves.clone();
         order.sort_unstable();
         order.dedup();
-        let pages = self.page_ranges(&order, runs);
-        self.object.read_ranges(&pages).await?;
+        // Some rows: their pages through the block cache, fetched at once before the reader
+        // asks for them row group by row group. Every row: the column chunks straight from
+        // the store (not through the cache, which they would flush), kept for the reader.
+        let (local, selection) = match how {
+            Read::Rows(selection) => {
+                let pages = self.page_ranges(&order, runs)?;
+                self.object.read_ranges(&pages).await?;
+                (Vec::new(), Some(selection))
+            }
+            Read::Cached => {
+                let chunks = self.chunk_ranges(&order)?;
+                self.object.read_ranges(&chunks).await?;
+                (Vec::new(), None)
+            }
+            Read::Direct => {
+                let chunks = self.chunk_ranges(&order)?;
+                let mut read: Vec<Bytes> = Vec::with_capacity(chunks.len());
+                for some in chunks.chunks(self.object.concurrency()) {
+                    read.extend(
+                        futures::future::try_join_all(
+                            some.iter().map(|r| self.object.read_direct(r.clone())),
+                        )
+                        .await?,
+                    );
+                }
+                (chunks.into_iter().zip(read).collect(), None)
+            }
+        };
         let reader = Reader {
             object: self.object.clone(),
             offset: self.offset,
             metadata: self.metadata.metadata().clone(),
+            local: Arc::new(local),
         };
         let mask = ProjectionMask::roots(
             self.metadata.metadata().file_metadata().schema_descr(),
@@ -246,6 +278,13 @@ impl ColdRows {
             None => Arc::new(self.metadata.schema().project(&order)?),
         };
         let all = arrow::compute::concat_batches(&schema, &batches)?;
+        let selected: usize = runs.iter().map(|r| r.len()).sum();
+        if all.num_rows() != selected {
+            return Err(self.bad(&format!(
+                "{} rows decoded where {selected} were selected",
+                all.num_rows()
+            )));
+        }
         let pick: Vec<usize> = leaves
             .iter()
             .map(|l| order.binary_search(l).expect("a projected column"))
@@ -253,11 +292,36 @@ impl ColdRows {
         Ok(all.project(&pick)?)
     }
 
+    /// The byte ranges (in the object) of the column chunks of columns `leaves`, adjacent
+    /// ones merged; a chunk outside the rows section is a `Data` error.
+    fn chunk_ranges(&self, leaves: &[usize]) -> Result<Vec<Range<u64>>> {
+        let mut out: Vec<Range<u64>> = Vec::new();
+        for group in self.metadata.metadata().row_groups() {
+            for &leaf in leaves {
+                let Some(c) = group.columns().get(leaf) else {
+                    continue;
+                };
+                let end = chunk_range(c)
+                    .and_then(|(start, len)| Some((start, start.checked_add(len)?)))
+                    .filter(|(_, e)| *e <= self.len);
+                let Some((start, end)) = end else {
+                    return Err(self.bad("a column chunk lies outside its section"));
+                };
+                let range = self.offset + start..self.offset + end;
+                match out.last_mut() {
+                    Some(last) if last.end == range.start => last.end = range.end,
+                    _ => out.push(range),
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// The byte ranges (in the object) of the pages of columns `leaves` holding rows `runs`.
-    fn page_ranges(&self, leaves: &[usize], runs: &[Range<usize>]) -> Vec<Range<u64>> {
+    fn page_ranges(&self, leaves: &[usize], runs: &[Range<usize>]) -> Result<Vec<Range<u64>>> {
         let meta = self.metadata.metadata();
         let Some(index) = meta.offset_index() else {
-            return Vec::new();
+            return Ok(Vec::new());
         };
         let mut out: Vec<Range<u64>> = Vec::new();
         let mut first = 0usize;
@@ -282,8 +346,17 @@ impl ColdRows {
                     let start = page.first_row_index as usize;
                     let end = pages.get(p + 1).map_or(n, |q| q.first_row_index as usize);
                     if inside.iter().any(|r| r.start < end && r.end > start) {
-                        let at = self.offset + page.offset as u64;
-                        let range = at..at + page.compressed_page_size as u64;
+                        let (Ok(at), Ok(size)) = (
+                            u64::try_from(page.offset),
+                            u64::try_from(page.compressed_page_size),
+                        ) else {
+                            return Err(self.bad("a page with a negative offset or size"));
+                        };
+                        if at.checked_add(size).is_none_or(|e| e > self.len) {
+                            return Err(self.bad("a page lies outside its section"));
+                        }
+                        let at = self.offset + at;
+                        let range = at..at + size;
                         match out.last_mut() {
                             Some(last) if last.end == range.start => last.end = range.end,
                             _ => out.push(range),
@@ -292,7 +365,12 @@ impl ColdRows {
                 }
             }
         }
-        out
+        Ok(out)
+    }
+
+    /// A `Data` error about these rows.
+    fn bad(&self, what: &str) -> Error {
+        Error::data(self.object.path(), format!("generation rows: {what}"))
     }
 
     /// One of our errors back from a Parquet stream, or a `Data` error naming the object.
@@ -316,6 +394,16 @@ impl ColdRows {
     }
 }
 
+/// How [`ColdRows::decode`] reads.
+enum Read {
+    /// The rows selected: their pages through the block cache.
+    Rows(RowSelection),
+    /// Every row, through the block cache.
+    Cached,
+    /// Every row, straight from the store.
+    Direct,
+}
+
 /// Sorted distinct rows as runs of consecutive rows.
 fn runs(sorted: &[usize]) -> Vec<Range<usize>> {
     let mut out: Vec<Range<usize>> = Vec::new();
@@ -334,14 +422,33 @@ struct Reader {
     object: ColdObject,
     offset: u64,
     metadata: Arc<ParquetMetaData>,
+    /// Ranges of the object read beforehand (a whole-column read), served from here.
+    local: Arc<Vec<(Range<u64>, Bytes)>>,
+}
+
+impl Reader {
+    /// Bytes `range` of the object, from the ranges read beforehand or through the cache.
+    async fn bytes(
+        object: &ColdObject,
+        local: &[(Range<u64>, Bytes)],
+        range: Range<u64>,
+    ) -> Result<Bytes> {
+        let at = local.partition_point(|(r, _)| r.end <= range.start);
+        match local.get(at) {
+            Some((r, b)) if r.start <= range.start && range.end <= r.end => {
+                let from = (range.start - r.start) as usize;
+                Ok(b.slice(from..from + (range.end - range.start) as usize))
+            }
+            _ => object.read(range).await,
+        }
+    }
 }
 
 impl AsyncFileReader for Reader {
     fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
         let at = self.offset + range.start..self.offset + range.end;
         async move {
-            self.object
-                .read(at)
+            Reader::bytes(&self.object, &self.local, at)
                 .await
                 .map_err(|e| ParquetError::External(Box::new(e)))
         }
@@ -354,15 +461,23 @@ impl AsyncFileReader for Reader {
     ) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
         let object = self.object.clone();
         let offset = self.offset;
+        let local = self.local.clone();
         async move {
             let ranges: Vec<Range<u64>> = ranges
                 .into_iter()
                 .map(|r| offset + r.start..offset + r.end)
                 .collect();
-            object
-                .read_ranges(&ranges)
+            let result = if local.is_empty() {
+                object.read_ranges(&ranges).await
+            } else {
+                futures::future::try_join_all(
+                    ranges
+                        .into_iter()
+                        .map(|r| Reader::bytes(&object, &local, r)),
+                )
                 .await
-                .map_err(|e| ParquetError::External(Box::new(e)))
+            };
+            result.map_err(|e| ParquetError::External(Box::new(e)))
         }
         .boxed()
     }

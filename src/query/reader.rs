@@ -54,6 +54,7 @@ impl Reader {
             disk_bytes: settings.cache_disk_bytes,
             disk_dir: settings.cache_dir.clone(),
             block_bytes: BLOCK_BYTES,
+            concurrency: settings.io_concurrency,
         })
         .await?;
         let generations = GenerationCache::new(

@@ -43,6 +43,8 @@ pub(crate) struct BlockCacheConfig {
     pub(crate) disk_dir: Option<PathBuf>,
     /// Bytes per block (the last block of an object is shorter).
     pub(crate) block_bytes: u64,
+    /// Blocks one read asks for at once (misses become that many concurrent GETs at most).
+    pub(crate) concurrency: usize,
 }
 
 /// What a [`BlockCache`] served, since it was opened.
@@ -108,6 +110,7 @@ pub(crate) type Verify = Arc<dyn Fn(u64, &Bytes) -> Result<()> + Send + Sync>;
 pub(crate) struct BlockCache {
     cache: HybridCache<u128, Block>,
     block: u64,
+    concurrency: usize,
     counters: Arc<Counters>,
 }
 
@@ -191,6 +194,7 @@ impl BlockCache {
         Ok(BlockCache {
             cache,
             block: config.block_bytes,
+            concurrency: config.concurrency.max(1),
             counters: Arc::default(),
         })
     }
@@ -239,12 +243,17 @@ impl BlockCache {
         wanted.sort_unstable();
         wanted.dedup();
         let object = xxhash_rust::xxh3::xxh3_64(format!("{store_name}/{path}@{len}").as_bytes());
-        let blocks = futures::future::try_join_all(
-            wanted
-                .iter()
-                .map(|b| self.block_of(store, object, path, len, *b, verify)),
-        )
-        .await?;
+        // At most `concurrency` blocks asked for at once.
+        let mut blocks: Vec<Bytes> = Vec::with_capacity(wanted.len());
+        for some in wanted.chunks(self.concurrency) {
+            blocks.extend(
+                futures::future::try_join_all(
+                    some.iter()
+                        .map(|b| self.block_of(store, object, path, len, *b, verify)),
+                )
+                .await?,
+            );
+        }
         let block = |b: u64| &blocks[wanted.binary_search(&b).expect("a block asked for")];
         Ok(ranges
             .iter()
@@ -461,6 +470,7 @@ mod tests {
             disk_bytes: if disk.is_some() { 64 << 20 } else { 0 },
             disk_dir: disk.map(|d| d.to_path_buf()),
             block_bytes: BLOCK,
+            concurrency: 64,
         }
     }
 
@@ -748,6 +758,7 @@ mod tests {
             disk_bytes: 64 << 20,
             disk_dir: Some(dir.path().to_path_buf()),
             block_bytes: MAX_BLOCK_BYTES,
+            concurrency: 4,
         };
         BlockCache::open(&c).await.unwrap().close().await.unwrap();
     }
