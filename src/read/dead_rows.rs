@@ -30,6 +30,9 @@ use tantivy::schema::IndexRecordOption;
 use tantivy::tokenizer::TextAnalyzer;
 use tantivy::{DocSet, Term, TERMINATED};
 
+/// Rows of a generation whose text one read fetches, when its dead rows change.
+const READ_ROWS: usize = 4096;
+
 /// A row not counted as dead.
 const NOT_COUNTED: u8 = 0;
 /// A row counted as dead: its terms and tokens are in the totals.
@@ -101,67 +104,70 @@ impl DeadRowStats {
         let mut analyzers: Option<Vec<TextAnalyzer>> = None;
         let mut changed = false;
         let changes = self.changes(visit, end, covered, live);
-        let fetched = read_changed(ts, source, &changes)?;
-        for (i, &(r, change)) in changes.iter().enumerate() {
-            let (batch, row, text_cols, deleted) = match &fetched {
-                Some(b) => (
-                    b,
-                    i,
-                    (0..ts.columns().len()).collect::<Vec<_>>(),
-                    ts.columns().len(),
-                ),
-                None => {
-                    let Some((batch, row)) = locate(&self.text, r) else {
-                        return Err(crate::Error::internal(format!(
-                            "row {r} is in no stored batch of its source"
-                        )));
-                    };
-                    let deleted = batch.schema().index_of(DELETED_COLUMN)?;
-                    (batch, row, ts.columns().to_vec(), deleted)
-                }
-            };
-            if change > 0 && batch.column(deleted).as_boolean().value(row) {
-                self.state[r] = TOMBSTONE;
-                continue;
-            }
-            let analyzers = match &mut analyzers {
-                Some(a) => a,
-                None => analyzers.insert(
-                    ts.fields()
-                        .iter()
-                        .map(|f| index.searcher().index().tokenizer_for_field(*f))
-                        .collect::<tantivy::Result<_>>()?,
-                ),
-            };
-            for (pos, (col, field)) in text_cols.iter().zip(ts.fields()).enumerate() {
-                let col = batch.column(*col).as_string::<i32>();
-                if col.is_null(row) {
+        // A generation's changed rows are read a bounded number at a time.
+        for part in changes.chunks(READ_ROWS) {
+            let fetched = read_changed(ts, source, part)?;
+            for (i, &(r, change)) in part.iter().enumerate() {
+                let (batch, row, text_cols, deleted) = match &fetched {
+                    Some(b) => (
+                        b,
+                        i,
+                        (0..ts.columns().len()).collect::<Vec<_>>(),
+                        ts.columns().len(),
+                    ),
+                    None => {
+                        let Some((batch, row)) = locate(&self.text, r) else {
+                            return Err(crate::Error::internal(format!(
+                                "row {r} is in no stored batch of its source"
+                            )));
+                        };
+                        let deleted = batch.schema().index_of(DELETED_COLUMN)?;
+                        (batch, row, ts.columns().to_vec(), deleted)
+                    }
+                };
+                if change > 0 && batch.column(deleted).as_boolean().value(row) {
+                    self.state[r] = TOMBSTONE;
                     continue;
                 }
-                let mut distinct = HashSet::new();
-                let mut n = 0u64;
-                let mut stream = analyzers[pos].token_stream(col.value(row));
-                while stream.advance() {
-                    let t = &stream.token().text;
-                    if !in_postings(t) {
+                let analyzers = match &mut analyzers {
+                    Some(a) => a,
+                    None => analyzers.insert(
+                        ts.fields()
+                            .iter()
+                            .map(|f| index.searcher().index().tokenizer_for_field(*f))
+                            .collect::<tantivy::Result<_>>()?,
+                    ),
+                };
+                for (pos, (col, field)) in text_cols.iter().zip(ts.fields()).enumerate() {
+                    let col = batch.column(*col).as_string::<i32>();
+                    if col.is_null(row) {
                         continue;
                     }
-                    n += 1;
-                    if !distinct.contains(t.as_str()) {
-                        distinct.insert(t.clone());
+                    let mut distinct = HashSet::new();
+                    let mut n = 0u64;
+                    let mut stream = analyzers[pos].token_stream(col.value(row));
+                    while stream.advance() {
+                        let t = &stream.token().text;
+                        if !in_postings(t) {
+                            continue;
+                        }
+                        n += 1;
+                        if !distinct.contains(t.as_str()) {
+                            distinct.insert(t.clone());
+                        }
+                    }
+                    self.tokens[pos] = apply(self.tokens[pos], n, change);
+                    for t in distinct {
+                        let e = self
+                            .doc_freq
+                            .entry(Term::from_field_text(*field, &t))
+                            .or_default();
+                        *e = apply(*e, 1, change);
                     }
                 }
-                self.tokens[pos] = apply(self.tokens[pos], n, change);
-                for t in distinct {
-                    let e = self
-                        .doc_freq
-                        .entry(Term::from_field_text(*field, &t))
-                        .or_default();
-                    *e = apply(*e, 1, change);
-                }
+                self.state[r] = if change > 0 { COUNTED } else { NOT_COUNTED };
+                changed = true;
             }
-            self.state[r] = if change > 0 { COUNTED } else { NOT_COUNTED };
-            changed = true;
         }
         if changed {
             self.doc_freq.retain(|_, n| *n > 0);
