@@ -56,7 +56,9 @@ pub struct Settings {
     pub hnsw_ef_search: usize,
     /// A vector arm scans exactly instead of walking its graph when its live rows and filter
     /// leave fewer candidate rows than this (a walk over a sparse filter can come back short;
-    /// a scan of few rows is cheap). Default 2,048.
+    /// a scan of few rows is cheap). A version-3 generation of at most this many rows is
+    /// opened from its whole object and keeps its f32 vectors in memory for those scans;
+    /// larger ones keep 8-bit codes and read vectors by range. Default 2,048.
     pub vector_exact_below: usize,
     /// The active memtable gets a vector graph, filled in the background, once it holds this
     /// many rows; below it (and for `dot`) memtables are scanned exactly. Default 2,048, near

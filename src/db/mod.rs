@@ -462,9 +462,9 @@ impl Index {
     }
 
     /// Whether a read that failed with `e` starts over: a generation object was deleted while
-    /// it read it by range. A writer deletes a replaced generation only once no query of its
-    /// own holds it, so this is for objects removed by hand or by another process; at most
-    /// three times.
+    /// it read it by range (a compaction replaced it and its grace period passed while a query
+    /// of a list that still names it read it, or it was removed by another process); the new
+    /// snapshot no longer names it. At most three times; streamed reads do not start over.
     async fn retry_gone(&self, e: &Error, attempts: &mut u32) -> Result<bool> {
         if !e.is_not_found() || *attempts >= 3 {
             return Ok(false);

@@ -190,7 +190,8 @@ macro_rules! read_methods {
             .await
         }
 
-        /// What this handle's generation cache holds (see
+        /// What this handle's caches hold and fetched: opened generations (see
+        /// [`crate::Settings::hot_cache_bytes`]) and blocks (see
         /// [`crate::Settings::cache_bytes`]).
         pub async fn cache_stats(&self) -> crate::generation::cache::CacheStats {
             self.$($path).+.cache_stats().await

@@ -1,14 +1,15 @@
-//! The generation cache of a handle: decoded generations (rows, key hashes, text index,
-//! vector graph) by id, within a byte budget
-//! ([`crate::Settings::cache_bytes`]).
+//! The generation cache of a handle: opened generations (a version-3 generation's hot part,
+//! an older one whole) by id, within a byte budget ([`crate::Settings::hot_cache_bytes`]).
 //!
 //! Every generation a query needs is fetched through [`GenerationCache::get_all`]: hits cost
-//! nothing, misses are fetched and decoded concurrently (at most
-//! [`crate::Settings::io_concurrency`] at once, all issued before any is awaited), and two
-//! queries missing the same generation share one fetch. A flush puts the generation it built
-//! into the cache, so a writer never reads back what it wrote while the budget holds it. When
-//! the decoded generations outgrow the budget, the least recently and least frequently used
-//! are dropped; a query holding one keeps it alive until it finishes.
+//! nothing, misses are opened concurrently (at most [`crate::Settings::io_concurrency`] at
+//! once, all issued before any is awaited), and two queries missing the same generation share
+//! one open. A flush or a compaction puts the generation it built into the cache, opened from
+//! the bytes it wrote; what a version-3 generation leaves in its object (rows, large
+//! generations' vectors) is read by range through the handle's block cache, the writer's own
+//! generations included. When the opened generations outgrow the budget, the least recently
+//! and least frequently used are dropped; a query holding one keeps it alive until it
+//! finishes.
 
 use super::{Generation, IndexSpec};
 use crate::format::bundle::Bundle;

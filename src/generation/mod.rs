@@ -7,9 +7,10 @@
 //! container and every section's layout are in `docs/format.md`, "Generation bundle".
 //!
 //! From format version 3 an opened generation holds in memory only its hot part (keys, flags,
-//! key hashes, the text index, the graph) and its vectors; the other columns of its rows stay
-//! in the object, read by range when a query returns or filters rows ([`cold`], [`rows`]).
-//! A generation of an older version, or one decoded from a whole object, holds every row.
+//! key hashes, the text index, the graph, 8-bit codes of its vectors; a small generation also
+//! its f32 vectors); the other columns of its rows and its vectors stay in the object, read by
+//! range when a query returns, filters or re-ranks rows ([`cold`], [`rows`]). A generation of
+//! an older version, or one decoded from a whole object, holds every row.
 
 pub(crate) mod cache;
 pub(crate) mod cold;

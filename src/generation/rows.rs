@@ -416,8 +416,9 @@ fn runs(sorted: &[usize]) -> Vec<Range<usize>> {
     out
 }
 
-/// The Parquet reader's view of the cold rows: ranges of the file, read through the block
-/// cache (the pages were fetched just before, so these are hits), and the metadata in memory.
+/// The Parquet reader's view of the cold rows: ranges of the file, from the bytes a
+/// whole-column read fetched beforehand or through the block cache (where the pages a read
+/// of some rows needs were fetched just before), and the metadata in memory.
 struct Reader {
     object: ColdObject,
     offset: u64,
