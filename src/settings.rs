@@ -89,6 +89,10 @@ pub struct Settings {
     /// one its whole object). Queries open the generations that are not held (concurrently)
     /// and evict the least used beyond the budget. Default 4 GiB.
     pub hot_cache_bytes: u64,
+    /// Budget, in bytes, of the decoded columns a handle keeps for filters: a filter on a
+    /// version-3 generation reads the columns it names by range and decodes them, and the
+    /// next filter on them finds them decoded. Default 64 MiB.
+    pub column_cache_bytes: u64,
     /// Merge generations in the writer's background (see `docs/architecture.md`,
     /// "Compaction"). Off, generations accumulate until [`crate::Index::compact`] is called.
     /// Default on.
@@ -157,6 +161,7 @@ impl Default for Settings {
             cache_disk_bytes: 0,
             cache_dir: None,
             hot_cache_bytes: 4 << 30,
+            column_cache_bytes: 64 << 20,
             compaction: true,
             compaction_fanout: 4,
             compaction_max_generations: 16,

@@ -198,6 +198,11 @@ async fn a_filter_reads_only_the_columns_it_names() {
         read * 10 < object,
         "a filter on year read {read} of {object} bytes"
     );
+    // The column is kept decoded: the same filter again reads nothing.
+    assert!(ro.cache_stats().await.column_bytes >= 20_000 * 8);
+    store.reset();
+    assert_eq!(keys(&ro.search_fts("shock", &opts).await.unwrap()), got);
+    assert_eq!(store.counters().gets, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -52,6 +52,9 @@ pub struct CacheStats {
     pub blocks_fetched: u64,
     /// Bytes of blocks fetched from the object store.
     pub block_bytes_fetched: u64,
+    /// Bytes of decoded columns kept for filters (see
+    /// [`crate::Settings::column_cache_bytes`]).
+    pub column_bytes: u64,
 }
 
 /// Decoded generations of one index, within a byte budget. Cheap to clone (shared).
@@ -289,6 +292,7 @@ impl GenerationCache {
             block_disk_hits: b.disk_hits,
             blocks_fetched: b.fetched,
             block_bytes_fetched: b.fetched_bytes,
+            column_bytes: 0,
         }
     }
 

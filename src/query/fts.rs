@@ -246,6 +246,7 @@ pub(crate) fn plan(
     let live = snapshot.live();
     let t_live = started.elapsed();
     let pool = snapshot.pool.clone();
+    let caches = snapshot.caches.clone();
     let sources = snapshot.sources;
     let dead_rows = &snapshot.caches.dead;
     let mut terms: Vec<Term> = Vec::new();
@@ -276,7 +277,7 @@ pub(crate) fn plan(
     let payload: Arc<[usize]> = (0..schema.payload.len())
         .map(|i| user.fields().len() - schema.payload.len() + i)
         .collect();
-    let filter_rows = filter_rows(&pool, &sources, filter.as_ref(), &user)?;
+    let filter_rows = filter_rows(&pool, &caches.columns, &sources, filter.as_ref(), &user)?;
     let all_sources = sources.clone();
     for (src, ((((source, ti), live), live_rows), fm)) in sources
         .into_iter()

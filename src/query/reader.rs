@@ -7,7 +7,7 @@ use crate::format::bundle::BLOCK_BYTES;
 use crate::format::GenerationMeta;
 use crate::generation::cache::{CacheStats, GenerationCache};
 use crate::read::pool::QueryPool;
-use crate::read::{compile_filter, ReadCaches, ScanCursor, Snapshot, Source};
+use crate::read::{compile_filter, ColumnCache, ReadCaches, ScanCursor, Snapshot, Source};
 use crate::schema::IndexSchema;
 use crate::settings::Settings;
 use crate::storage::blocks::{BlockCache, BlockCacheConfig};
@@ -49,6 +49,7 @@ impl Reader {
     ) -> Result<Self> {
         let stored_schema = schema.stored_schema();
         let text_schema = TextSchema::new(&schema);
+        let column_budget = settings.column_cache_bytes;
         let blocks = BlockCache::open(&BlockCacheConfig {
             memory_bytes: settings.cache_bytes,
             disk_bytes: settings.cache_disk_bytes,
@@ -74,7 +75,10 @@ impl Reader {
             schema,
             settings,
             generations,
-            caches: Arc::default(),
+            caches: Arc::new(ReadCaches {
+                columns: ColumnCache::new(column_budget),
+                ..ReadCaches::default()
+            }),
         })
     }
 
@@ -199,9 +203,12 @@ impl Reader {
         .await?
     }
 
-    /// What the generation cache holds.
+    /// What the caches hold and fetched.
     pub(crate) async fn cache_stats(&self) -> CacheStats {
-        self.generations.stats().await
+        CacheStats {
+            column_bytes: self.caches.columns.bytes(),
+            ..self.generations.stats().await
+        }
     }
 }
 

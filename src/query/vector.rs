@@ -147,8 +147,9 @@ pub(crate) fn plan(
         );
     }
     let pool = snapshot.pool.clone();
+    let caches = snapshot.caches.clone();
     let sources = snapshot.sources;
-    let filter_rows = filter_rows(&pool, &sources, filter.as_ref(), &user)?;
+    let filter_rows = filter_rows(&pool, &caches.columns, &sources, filter.as_ref(), &user)?;
     let query: Arc<Vec<f32>> = Arc::new(query.to_vec());
     let payload: Arc<[usize]> = (0..schema.payload.len())
         .map(|i| user.fields().len() - schema.payload.len() + i)

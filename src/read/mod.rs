@@ -6,12 +6,14 @@
 //! replayed, or a generation. Sources are ordered newest first; for each key only the newest
 //! version in the snapshot is live, and a tombstone supersedes every older version.
 
+mod columns;
 mod dead_rows;
 mod filter;
 mod live_rows;
 pub(crate) mod pool;
 mod source;
 
+pub(crate) use columns::ColumnCache;
 pub(crate) use dead_rows::{past_view, DeadRowCache};
 pub(crate) use filter::compile_filter;
 pub(crate) use live_rows::{LiveRowCache, LiveRows};
@@ -31,6 +33,7 @@ use std::sync::Arc;
 /// the query pool.
 pub(crate) fn filter_rows(
     pool: &QueryPool,
+    columns: &ColumnCache,
     sources: &[Source],
     filter: Option<&Arc<dyn PhysicalExpr>>,
     user: &SchemaRef,
@@ -38,8 +41,9 @@ pub(crate) fn filter_rows(
     let Some(f) = filter else {
         return Ok(vec![None; sources.len()]);
     };
-    // The columns it names, of every generation at once (by range, concurrently): one round
-    // of reads whatever the number of generations.
+    // The columns it names, of every generation at once (decoded ones kept from an earlier
+    // query, the others by range, concurrently): one round of reads whatever the number of
+    // generations.
     let used = source::filter_columns(f, user);
     let gens: Vec<&Arc<crate::generation::Generation>> = sources
         .iter()
@@ -48,16 +52,7 @@ pub(crate) fn filter_rows(
             Source::Memtable(_) => None,
         })
         .collect();
-    // Driven by the runtime of a generation that reads by range, if any does.
-    let driver = gens.iter().find(|g| g.reads_by_range()).or(gens.first());
-    let mut read = match driver {
-        Some(first) => first
-            .block_on(futures::future::try_join_all(
-                gens.iter().map(|g| g.read_all(&used)),
-            ))?
-            .into_iter(),
-        None => Vec::new().into_iter(),
-    };
+    let mut read = columns.read(&gens, &used)?.into_iter();
     let read: Vec<Option<Vec<arrow::array::ArrayRef>>> = sources
         .iter()
         .map(|s| match s {
@@ -80,6 +75,8 @@ pub(crate) fn filter_rows(
 pub(crate) struct ReadCaches {
     pub(crate) live: LiveRowCache,
     pub(crate) dead: DeadRowCache,
+    /// Decoded columns filters read.
+    pub(crate) columns: ColumnCache,
 }
 
 impl ReadCaches {
@@ -93,6 +90,10 @@ impl ReadCaches {
             sources.iter().map(SourceKey::of).collect();
         self.dead
             .retain(|k| current.contains(k) || kept.contains(k));
+        self.columns.retain(|id, epoch| {
+            let k = SourceKey::Generation(id, epoch);
+            current.contains(&k) || kept.contains(&k)
+        });
     }
 
     /// Compute ahead what the first query over generation list `gens` (oldest first, as a
