@@ -7,7 +7,7 @@
 //! already states (the same schema and ordering).
 
 use crate::read::pool::QueryPool;
-use crate::read::Source;
+use crate::read::{ReadCaches, Source};
 use arrow::array::{ArrayRef, AsArray, RecordBatch, UInt32Array, UInt64Array};
 use arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -104,6 +104,8 @@ pub(crate) fn ranked(
 pub(crate) struct TakeExec {
     input: Arc<dyn ExecutionPlan>,
     sources: Arc<[Source]>,
+    /// Where fixed-width payload columns are kept decoded.
+    columns: Arc<ReadCaches>,
     /// The payload columns (stored positions).
     payload: Arc<[usize]>,
     schema: SchemaRef,
@@ -116,6 +118,7 @@ impl TakeExec {
     pub(crate) fn new(
         input: Arc<dyn ExecutionPlan>,
         sources: Vec<Source>,
+        columns: Arc<ReadCaches>,
         payload: Arc<[usize]>,
         schema: SchemaRef,
         ordering: LexOrdering,
@@ -130,6 +133,7 @@ impl TakeExec {
         TakeExec {
             input,
             sources: sources.into(),
+            columns,
             payload,
             schema,
             properties,
@@ -177,6 +181,7 @@ impl ExecutionPlan for TakeExec {
             Ok([input]) => Ok(Arc::new(TakeExec {
                 input,
                 sources: self.sources.clone(),
+                columns: self.columns.clone(),
                 payload: self.payload.clone(),
                 schema: self.schema.clone(),
                 properties: self.properties.clone(),
@@ -198,16 +203,22 @@ impl ExecutionPlan for TakeExec {
             )));
         }
         let input = self.input.execute(0, context)?;
-        let (sources, payload, schema) = (
+        let (sources, payload, schema, caches) = (
             self.sources.clone(),
             self.payload.clone(),
             self.schema.clone(),
+            self.columns.clone(),
         );
         let stream = futures::StreamExt::then(input, move |batch| {
-            let (sources, payload, schema) = (sources.clone(), payload.clone(), schema.clone());
+            let (sources, payload, schema, caches) = (
+                sources.clone(),
+                payload.clone(),
+                schema.clone(),
+                caches.clone(),
+            );
             async move {
                 let batch = batch?;
-                take_payload(&batch, &sources, &payload, &schema)
+                take_payload(&batch, &sources, &caches, &payload, &schema)
                     .await
                     .map_err(|e| DataFusionError::External(Box::new(e)))
             }
@@ -219,10 +230,73 @@ impl ExecutionPlan for TakeExec {
     }
 }
 
+/// Payload columns `payload` of rows `ords` of generation `g`: fixed-width columns (numbers,
+/// booleans, dates) from their decoded whole, kept in the handle's column cache (read once,
+/// then a take per query); the others read by row.
+async fn generation_payload(
+    g: &Arc<crate::generation::Generation>,
+    ords: &[usize],
+    caches: &ReadCaches,
+    payload: &[usize],
+    schema: &SchemaRef,
+) -> crate::Result<Vec<ArrayRef>> {
+    if !g.reads_by_range() {
+        return g.read_rows(ords, payload).await;
+    }
+    // The output schema's payload fields follow the key and the score.
+    let narrow: Vec<bool> = (0..payload.len())
+        .map(|i| schema.field(i + 2).data_type().is_primitive())
+        .collect();
+    let (mut kept, mut by_row) = (Vec::new(), Vec::new());
+    for (c, n) in payload.iter().zip(&narrow) {
+        if *n {
+            kept.push(*c);
+        } else {
+            by_row.push(*c);
+        }
+    }
+    // Both reads at once: one round trip.
+    let (whole, rows) = futures::future::try_join(
+        async {
+            match kept.is_empty() {
+                true => Ok(Vec::new()),
+                false => Ok(caches
+                    .columns
+                    .read_async(&[g], &kept)
+                    .await?
+                    .pop()
+                    .unwrap_or_default()),
+            }
+        },
+        async {
+            match by_row.is_empty() {
+                true => Ok(Vec::new()),
+                false => g.read_rows(ords, &by_row).await,
+            }
+        },
+    )
+    .await?;
+    let idx = UInt32Array::from_iter_values(ords.iter().map(|o| *o as u32));
+    let (mut whole, mut rows) = (whole.into_iter(), rows.into_iter());
+    narrow
+        .iter()
+        .map(|n| {
+            let missing = || crate::Error::internal("a payload column missing from a read");
+            if *n {
+                let column = whole.next().ok_or_else(missing)?;
+                Ok(arrow::compute::take(column.as_ref(), &idx, None)?)
+            } else {
+                rows.next().ok_or_else(missing)
+            }
+        })
+        .collect()
+}
+
 /// `batch` ([`ranked_schema`]) with the `payload` columns of its rows, as `schema` says.
 async fn take_payload(
     batch: &RecordBatch,
     sources: &[Source],
+    caches: &ReadCaches,
     payload: &[usize],
     schema: &SchemaRef,
 ) -> crate::Result<RecordBatch> {
@@ -249,7 +323,7 @@ async fn take_payload(
         })?;
         let ords: Vec<usize> = rows.iter().map(|r| r.1).collect();
         match source {
-            Source::Generation(g) => g.read_rows(&ords, payload).await,
+            Source::Generation(g) => generation_payload(g, &ords, caches, payload, schema).await,
             Source::Memtable(_) => source.take(&ords, payload),
         }
     });

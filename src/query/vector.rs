@@ -218,6 +218,7 @@ pub(crate) fn plan(
     Ok(Arc::new(TakeExec::new(
         merged,
         all_sources,
+        caches,
         payload,
         out_schema,
         out_ordering,

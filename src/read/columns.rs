@@ -47,6 +47,19 @@ impl ColumnCache {
         gens: &[&Arc<Generation>],
         cols: &[usize],
     ) -> Result<Vec<Vec<ArrayRef>>> {
+        // Driven by the runtime of a generation that reads by range, if any does.
+        match gens.iter().find(|g| g.reads_by_range()).or(gens.first()) {
+            Some(d) => d.block_on(self.read_async(gens, cols)),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// [`ColumnCache::read`], awaited.
+    pub(crate) async fn read_async(
+        &self,
+        gens: &[&Arc<Generation>],
+        cols: &[usize],
+    ) -> Result<Vec<Vec<ArrayRef>>> {
         let key = |g: &Generation, c: usize| {
             let (id, epoch) = key_of(g);
             (id, epoch, c)
@@ -61,19 +74,9 @@ impl ColumnCache {
             .filter(|(_, c)| c.is_none())
             .map(|(g, _)| *g)
             .collect();
-        // Driven by the runtime of a generation that reads by range, if any does.
-        let driver = missing
-            .iter()
-            .find(|g| g.reads_by_range())
-            .or(missing.first());
-        let mut read = match driver {
-            Some(d) => d
-                .block_on(futures::future::try_join_all(
-                    missing.iter().map(|g| g.read_all(cols)),
-                ))?
-                .into_iter(),
-            None => Vec::new().into_iter(),
-        };
+        let mut read = futures::future::try_join_all(missing.iter().map(|g| g.read_all(cols)))
+            .await?
+            .into_iter();
         let mut out = Vec::with_capacity(gens.len());
         for (g, c) in gens.iter().zip(cached) {
             match c {
