@@ -91,6 +91,7 @@ pub use error::{Error, ErrorKind, Result};
 pub use format::ipc::IpcReader;
 pub use format::GenerationMeta;
 pub use generation::cache::CacheStats;
+pub use generation::Resident;
 pub use key::{Key, KeyType, PK_HASH_SEED};
 pub use query::{
     Conjunction, ScanOptions, SearchOptions, VectorSearchOptions, DISTANCE_COLUMN, SCORE_COLUMN,

@@ -145,6 +145,12 @@ async fn a_query_reads_the_blocks_of_the_rows_it_returns_not_the_generation() {
     assert_eq!(store.counters().gets, 0);
     let c = ro.cache_stats().await;
     assert!(c.blocks_fetched > 0 && c.block_memory_hits > 0, "{c:?}");
+    // What the generation holds, by kind: no rows whole, and the hot part's parts.
+    let r = c.resident;
+    assert_eq!(r.whole, 0, "{r:?}");
+    assert!(r.keys >= 20_000 * 32 && r.text > 0, "{r:?}");
+    let held = r.keys + r.text + r.graph + r.vectors + r.other;
+    assert!(held < object / 2, "{held} of {object} bytes held: {r:?}");
     // Every row, every column, by range, as written.
     let all = ro.scan(ScanOptions::default()).await.unwrap();
     let mut got: Vec<(String, i64, String)> = Vec::new();

@@ -11,7 +11,7 @@
 //! and least frequently used are dropped; a query holding one keeps it alive until it
 //! finishes.
 
-use super::{Generation, IndexSpec};
+use super::{Generation, IndexSpec, Resident};
 use crate::format::bundle::Bundle;
 use crate::format::GenerationMeta;
 use crate::generation::cold::{ColdObject, ColdStore};
@@ -52,9 +52,11 @@ pub struct CacheStats {
     pub blocks_fetched: u64,
     /// Bytes of blocks fetched from the object store.
     pub block_bytes_fetched: u64,
-    /// Bytes of decoded columns kept for filters (see
+    /// Bytes of decoded columns kept for filters and payload (see
     /// [`crate::Settings::column_cache_bytes`]).
     pub column_bytes: u64,
+    /// What the opened generations hold, by kind.
+    pub resident: Resident,
 }
 
 /// Decoded generations of one index, within a byte budget. Cheap to clone (shared).
@@ -282,6 +284,11 @@ impl GenerationCache {
         self.inner.cache.run_pending_tasks().await;
         let blocks = &self.inner.cold.cache;
         let b = blocks.stats();
+        let resident = self
+            .inner
+            .cache
+            .iter()
+            .fold(Resident::default(), |sum, (_, g)| sum.add(g.resident()));
         CacheStats {
             generations: self.inner.cache.entry_count(),
             bytes: self.inner.cache.weighted_size(),
@@ -293,6 +300,7 @@ impl GenerationCache {
             blocks_fetched: b.fetched,
             block_bytes_fetched: b.fetched_bytes,
             column_bytes: 0,
+            resident,
         }
     }
 

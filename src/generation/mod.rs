@@ -78,8 +78,43 @@ pub(crate) struct Generation {
     row_of_hash: std::sync::OnceLock<HashMap<u64, u32, BuildHasherDefault<HashIsKey>>>,
     /// Bytes of the hot part it was opened from (0: decoded whole).
     hot_bytes: u64,
+    /// What it holds in memory, by kind (see [`Resident`]).
+    resident_bytes: Resident,
     /// The position of the vector column, when the index has one.
     vector_col: Option<usize>,
+}
+
+/// What opened generations hold in memory, by kind, in bytes (an estimate: the sizes of the
+/// sections and arrays they were made from).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Resident {
+    /// Keys, `_seq` and `_deleted` (version 3), key hashes and their lookup table (32 bytes a
+    /// row).
+    pub keys: u64,
+    /// Full-text indexes (tantivy files) and token counts.
+    pub text: u64,
+    /// Vector graphs and the 8-bit codes walks read (version 3).
+    pub graph: u64,
+    /// f32 vectors held (small version-3 generations) and graphs' extra copies and norms.
+    pub vectors: u64,
+    /// Parquet metadata of the cold rows, the block CRCs and the rest of the hot parts.
+    pub other: u64,
+    /// Generations of versions 1 and 2, held whole (every row).
+    pub whole: u64,
+}
+
+impl Resident {
+    /// The sum of two.
+    pub(crate) fn add(self, o: Resident) -> Resident {
+        Resident {
+            keys: self.keys + o.keys,
+            text: self.text + o.text,
+            graph: self.graph + o.graph,
+            vectors: self.vectors + o.vectors,
+            other: self.other + o.other,
+            whole: self.whole + o.whole,
+        }
+    }
 }
 
 /// A hasher for keys that already are uniformly distributed 64-bit hashes.
@@ -285,6 +320,7 @@ impl Generation {
                 vector,
                 row_of_hash: Default::default(),
                 hot_bytes: 0,
+                resident_bytes: Resident::default(),
                 vector_col: vcol,
             },
             out,
@@ -435,7 +471,7 @@ impl Generation {
             None => None,
         };
         let hot = bundle.len() as u64 - bundle.hot_offset();
-        Self::assemble(
+        let mut g = Self::assemble(
             bundle,
             schema,
             spec,
@@ -444,7 +480,48 @@ impl Generation {
             Some(cold_rows),
             vectors,
             hot,
-        )
+        )?;
+        g.resident_bytes = g.measure(bundle, hot);
+        Ok(g)
+    }
+
+    /// What a generation opened from `bundle`'s hot part (`hot` bytes) holds, by kind.
+    fn measure(&self, bundle: &Bundle, hot: u64) -> Resident {
+        let len = |n: &str| bundle.section(n).map_or(0, |b| b.len() as u64);
+        let text: u64 = bundle
+            .section_names()
+            .filter(|n| n.starts_with("text"))
+            .map(len)
+            .sum();
+        let graph = len(GRAPH_SECTION) + len(CODES_SECTION);
+        let keys = self.resident.get_array_memory_size() as u64 + 32 * self.meta.rows;
+        let held = self
+            .vectors
+            .as_ref()
+            .and_then(|v| v.held.as_ref())
+            .map_or(0, |h| h.get_array_memory_size() as u64);
+        let vectors = held + self.vector().map_or(0, |v| v.extra_bytes() as u64);
+        let accounted = text + graph + len(KEYS_SECTION) + len("pk_hashes");
+        let parquet = self.cold.as_ref().map_or(0, |c| c.resident_bytes() as u64);
+        Resident {
+            keys,
+            text,
+            graph,
+            vectors,
+            other: hot.saturating_sub(accounted) + parquet,
+            whole: 0,
+        }
+    }
+
+    /// What it holds in memory, by kind.
+    pub(crate) fn resident(&self) -> Resident {
+        match self.cold {
+            Some(_) => self.resident_bytes,
+            None => Resident {
+                whole: self.weight(),
+                ..Resident::default()
+            },
+        }
     }
 
     /// The generation of `bundle` whose rows (all, or the hot columns with `cold`) are
@@ -561,6 +638,7 @@ impl Generation {
             vector,
             row_of_hash: Default::default(),
             hot_bytes,
+            resident_bytes: Resident::default(),
             vector_col: spec.vector.map(|v| v.0),
         })
     }
