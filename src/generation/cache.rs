@@ -219,22 +219,7 @@ impl GenerationCache {
         let p = self.inner.paths.generation(meta.id, meta.epoch);
         let g = match meta.hot_offset {
             Some(_) => self.inner.open_whole(object, &p).await?,
-            None => {
-                let (schema, text, vector, p2) = (
-                    self.inner.schema.clone(),
-                    self.inner.text.clone(),
-                    self.inner.vector,
-                    p.clone(),
-                );
-                tokio::task::spawn_blocking(move || {
-                    let spec = IndexSpec {
-                        text: text.as_deref(),
-                        vector,
-                    };
-                    Generation::decode(object, &schema, spec, &p2)
-                })
-                .await??
-            }
+            None => self.inner.decode_whole(object, &p).await?,
         };
         let g = Arc::new(g);
         self.insert(g.clone()).await;
@@ -318,20 +303,7 @@ impl Loader {
             Some(hot) => self.open_hot(&meta, hot, &p).await?,
             None => {
                 let bytes = crate::storage::read_object(self.loc.store.as_ref(), &p).await?;
-                let (schema, text, vector, p2) = (
-                    self.schema.clone(),
-                    self.text.clone(),
-                    self.vector,
-                    p.clone(),
-                );
-                tokio::task::spawn_blocking(move || {
-                    let spec = IndexSpec {
-                        text: text.as_deref(),
-                        vector,
-                    };
-                    Generation::decode(bytes, &schema, spec, &p2)
-                })
-                .await??
+                self.decode_whole(bytes, &p).await?
             }
         };
         if g.meta() != &meta {
@@ -346,6 +318,25 @@ impl Loader {
     /// Whether a generation of `rows` rows keeps its vectors in memory.
     fn keeps_vectors(&self, rows: u64) -> bool {
         self.vector.is_some() && rows <= self.small_rows
+    }
+
+    /// A generation of version 1 or 2 decoded from its whole object, every row held, on a
+    /// blocking thread.
+    async fn decode_whole(&self, object: Bytes, p: &Path) -> Result<Generation> {
+        let (schema, text, vector, p) = (
+            self.schema.clone(),
+            self.text.clone(),
+            self.vector,
+            p.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            let spec = IndexSpec {
+                text: text.as_deref(),
+                vector,
+            };
+            Generation::decode(object, &schema, spec, &p)
+        })
+        .await?
     }
 
     /// Open a version-3 generation: its hot part in one ranged read (a small one that keeps
