@@ -157,16 +157,10 @@ async fn build(
     in_background_thread("lsmsearch-compact", lower, move || {
         // Every input's rows, read in full (their cold parts from the store) and decoded here,
         // at the compaction's priority, not on the runtime's threads.
-        let driver = inputs
-            .iter()
-            .find(|g| g.reads_by_range())
-            .or(inputs.first());
-        let input_rows = match driver {
-            Some(g) => g.block_on(futures::future::try_join_all(
-                inputs.iter().map(|g| g.all_rows()),
-            ))?,
-            None => Vec::new(),
-        };
+        let read = futures::future::try_join_all(inputs.iter().map(|g| g.all_rows()));
+        let input_rows = Generation::block_on_any(&inputs, read)
+            .transpose()?
+            .unwrap_or_default();
         let (rows, kept) = merge_rows(&inputs, &input_rows, drop_tombstones)?;
         if rows.num_rows() == 0 {
             return Ok(None);

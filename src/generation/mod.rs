@@ -869,6 +869,21 @@ impl Generation {
         }
     }
 
+    /// Run `f` (reads of any of `gens`) to completion from a query or blocking thread, driven
+    /// by the runtime of one that reads by range if any does (a generation held whole does
+    /// no I/O); `None` without generations.
+    pub(crate) fn block_on_any<'a, T>(
+        gens: impl IntoIterator<Item = &'a Arc<Generation>> + Clone,
+        f: impl std::future::Future<Output = T>,
+    ) -> Option<T> {
+        let driver = gens
+            .clone()
+            .into_iter()
+            .find(|g| g.reads_by_range())
+            .or(gens.into_iter().next())?;
+        Some(driver.block_on(f))
+    }
+
     /// Whether its rows are read by range (a version-3 generation opened from its hot part).
     pub(crate) fn reads_by_range(&self) -> bool {
         self.cold.is_some()
@@ -884,6 +899,7 @@ impl Generation {
     }
 
     /// [`Generation::read_all`] from a query or blocking thread.
+    #[cfg(test)]
     pub(crate) fn read_all_blocking(&self, cols: &[usize]) -> Result<Vec<ArrayRef>> {
         match &self.cold {
             Some(c) => c.object().block_on(self.read_all(cols)),

@@ -47,11 +47,8 @@ impl ColumnCache {
         gens: &[&Arc<Generation>],
         cols: &[usize],
     ) -> Result<Vec<Vec<ArrayRef>>> {
-        // Driven by the runtime of a generation that reads by range, if any does.
-        match gens.iter().find(|g| g.reads_by_range()).or(gens.first()) {
-            Some(d) => d.block_on(self.read_async(gens, cols)),
-            None => Ok(Vec::new()),
-        }
+        Generation::block_on_any(gens.iter().copied(), self.read_async(gens, cols))
+            .unwrap_or(Ok(Vec::new()))
     }
 
     /// [`ColumnCache::read`], awaited.

@@ -177,7 +177,7 @@ impl Source {
 
     /// Evaluate a predicate over the user columns of every row; nulls count as false. A
     /// generation evaluates it over `read`, the columns it names ([`filter_columns`]) as
-    /// read by the caller, or reads them now (by range, blocking).
+    /// the caller read them (every generation at once, see [`super::filter_rows`]).
     pub(crate) fn filter_rows(
         &self,
         filter: &Arc<dyn PhysicalExpr>,
@@ -188,12 +188,11 @@ impl Source {
         let n = user.fields().len();
         let batches: Vec<RecordBatch> = match self {
             Source::Memtable(m) => m.view.batches.clone(),
-            Source::Generation(g) => {
+            Source::Generation(_) => {
                 let used = filter_columns(filter, user);
-                let read = match read {
-                    Some(r) => r,
-                    None => g.read_all_blocking(&used)?,
-                };
+                let read = read.ok_or_else(|| {
+                    crate::Error::internal("a generation's filter columns were not read")
+                })?;
                 // The columns the predicate does not name are typed nulls of no size.
                 let mut fields = Vec::with_capacity(n);
                 let mut columns: Vec<ArrayRef> = Vec::with_capacity(n);
