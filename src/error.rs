@@ -335,6 +335,13 @@ impl From<datafusion::error::DataFusionError> for Error {
 
 impl From<tantivy::TantivyError> for Error {
     fn from(e: tantivy::TantivyError) -> Self {
+        // A read of a generation's cold postings failed under tantivy: the error it carries
+        // (a store's, or a block failing its check) keeps its kind and names the object.
+        if let tantivy::TantivyError::IoError(io) = &e {
+            if let Some(inner) = io.get_ref().and_then(|s| s.downcast_ref::<Error>()) {
+                return inner.clone();
+            }
+        }
         Reason::Text(e).into()
     }
 }

@@ -806,3 +806,38 @@ async fn a_compaction_yields_the_version_a_flushs_earlier_attempt_holds() {
     let reopened = Index::open(loc, settings).await.unwrap();
     assert_eq!(live(&reopened).await.len(), 20);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_read_of_postings_fails_the_search_and_a_retry_succeeds() {
+    let (store, loc) = faulty();
+    let s = schema();
+    let index = Index::create(loc.clone(), s.clone(), settings())
+        .await
+        .unwrap();
+    let all = rows("k", 40);
+    for part in all.chunks(10) {
+        index.append(&batch(&s, part)).await.unwrap();
+        index.flush().await.unwrap();
+    }
+    index.close().await.unwrap();
+    let ro = Index::open_read_only(loc, Settings::default())
+        .await
+        .unwrap();
+    assert!(ro.stats().generations.len() >= 2);
+    // Postings are read by range when a query needs them: fetched before the search for the
+    // query's terms, or while it runs for the terms a range expands to.
+    store.on("get", "generations/", Action::Fail);
+    for q in ["version", "body:[k000 TO k010]"] {
+        let e = ro
+            .search_fts(q, &SearchOptions::with_k(5))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unavailable, "{q}: {e}");
+        assert!(e.message().contains(".gen"), "{q}: names the object: {e}");
+    }
+    store.clear();
+    for q in ["version", "body:[k000 TO k010]"] {
+        let hits = ro.search_fts(q, &SearchOptions::with_k(5)).await.unwrap();
+        assert_eq!(hits.iter().map(|b| b.num_rows()).sum::<usize>(), 5, "{q}");
+    }
+}

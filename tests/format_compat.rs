@@ -1,12 +1,13 @@
 //! Every format version this build claims to read opens: `tests/fixtures/index/` holds a
 //! version-1 generation (graph as hnsw_rs dump files), a version-2 generation (flat graph), a
-//! version-3 generation (a hot part, and rows and vectors read by range),
+//! version-3 generation (a hot part, and rows and vectors read by range), a version-4
+//! generation (postings and positions read by range too),
 //! version-1 WAL objects (rows, and an epoch fence as the last object) and a version-1 manifest
 //! (written by `cargo test --lib write_fixtures -- --ignored`). `tests/fixtures/index.json`
 //! says what the index holds and what searches returned when the fixtures were written.
 //!
 //! A flipped byte in any of these objects is a `Data` error naming the object (when the index
-//! opens, or for the cold part of a version-3 generation when it is read), except past the
+//! opens, or for the cold part of a version-3 or -4 generation when it is read), except past the
 //! magic number and version of the last WAL object, where the CRC mismatch makes it a torn tail
 //! (never acknowledged), which recovery drops. The
 //! `LATEST` hint is plain text without a CRC: a wrong hint only costs a longer LIST.
@@ -139,8 +140,8 @@ fn the_fixtures_hold_every_version_the_build_reads() {
     }
     assert_eq!(
         seen["generations"],
-        [1, 2, 3],
-        "generation versions 1, 2 and 3"
+        [1, 2, 3, 4],
+        "generation versions 1 to 4"
     );
     assert_eq!(seen["wal"], [1], "WAL version 1");
     assert_eq!(seen["manifest"], [1], "manifest version 1");
@@ -213,7 +214,7 @@ async fn every_fixture_version_opens_and_reads_as_written() {
     let reader = Index::open_read_only(loc.clone(), walk.clone())
         .await
         .expect("open read-only");
-    assert_eq!(reader.stats().generations.len(), 3);
+    assert_eq!(reader.stats().generations.len(), 4);
     check_contents(&reader, &e).await;
 
     // A writer opens it too (replaying the WAL, fencing past the fence), appends and flushes
@@ -224,7 +225,7 @@ async fn every_fixture_version_opens_and_reads_as_written() {
     writer.flush().await.expect("flush");
     writer.close().await.expect("close");
     let reader = Index::open_read_only(loc, walk).await.expect("reopen");
-    assert_eq!(reader.stats().generations.len(), 4);
+    assert_eq!(reader.stats().generations.len(), 5);
     check_contents(&reader, &e).await;
 }
 

@@ -134,7 +134,8 @@ async fn a_query_reads_the_blocks_of_the_rows_it_returns_not_the_generation() {
         "a top 10 read {} of {object} bytes",
         cold.bytes_read
     );
-    assert_eq!(cold.round_trips, 1, "{cold:?}");
+    // One round for the postings of both terms, one for the pages of the ten rows returned.
+    assert_eq!(cold.round_trips, 2, "{cold:?}");
     // The same query again: every block in memory.
     store.reset();
     let again = ro
@@ -290,4 +291,106 @@ async fn a_damaged_cold_block_is_a_data_error_naming_the_object() {
     let e = ro.scan(ScanOptions::default()).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Data, "{e}");
     assert!(e.message().contains(".gen"), "names the object: {e}");
+}
+
+/// `(key, score)` of every hit, in order.
+fn scored(batches: &[RecordBatch]) -> Vec<(String, f32)> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            let k = b.column(0).as_string::<i32>();
+            let s = b
+                .column_by_name("_score")
+                .unwrap()
+                .as_primitive::<arrow::datatypes::Float32Type>();
+            (0..b.num_rows())
+                .map(|i| (k.value(i).to_string(), s.value(i)))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_text_query_reads_the_postings_of_its_terms_not_the_index() {
+    let inner = one_generation(20_000).await;
+    let store = LatencyStore::new(inner, LatencyConfig::default());
+    let ro = Index::open_read_only(
+        Location::from_store(store.clone(), "idx"),
+        Settings::default(),
+    )
+    .await
+    .unwrap();
+    let object = ro.stats().generations[0].bytes;
+    // Postings and positions stay in the cold part: what the text index holds is its term
+    // dictionary, fieldnorms, row table and token counts (4 bytes a row), about 12 bytes a
+    // row here, not 8 words' postings and positions per row as well.
+    let text = ro.cache_stats().await.resident.text;
+    println!("text held: {text} bytes for 20,000 rows");
+    assert!(text < 20_000 * 13, "the text index holds {text} bytes");
+    store.reset();
+    let hits = ro
+        .search_fts("mach", &SearchOptions::with_k(1))
+        .await
+        .unwrap();
+    assert_eq!(keys(&hits).len(), 1);
+    let one = store.counters();
+    store.reset();
+    let hits = ro
+        .search_fts("\"shock nozzle\" wave", &SearchOptions::with_k(1))
+        .await
+        .unwrap();
+    assert_eq!(keys(&hits).len(), 1);
+    let three = store.counters();
+    println!(
+        "object {object} bytes: a one-term query read {} bytes ({} round trips), a phrase and a term {} bytes ({} round trips)",
+        one.bytes_read, one.round_trips, three.bytes_read, three.round_trips
+    );
+    // One round for the postings (and the phrase's positions) of the query's terms, then one
+    // for the page of the row returned (unless the first query read it).
+    assert_eq!(one.round_trips, 2, "{one:?}");
+    assert!((1..=2).contains(&three.round_trips), "{three:?}");
+    assert!(
+        one.bytes_read * 20 < object && three.bytes_read * 10 < object,
+        "{one:?} {three:?} of {object} bytes"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_of_query_scores_cold_postings_as_held_ones() {
+    let inner = one_generation(20_000).await;
+    let cold = Index::open_read_only(Location::from_store(inner, "idx"), Settings::default())
+        .await
+        .unwrap();
+    // The same rows in a writer's memtable, whose index is held in memory.
+    let s = schema();
+    let held = Index::create(
+        Location::from_store(Arc::new(object_store::memory::InMemory::new()), "idx"),
+        s.clone(),
+        Settings {
+            memtable_max_rows: 30_000,
+            ..Settings::default()
+        },
+    )
+    .await
+    .unwrap();
+    for from in (0..20_000).step_by(5_000) {
+        held.append(&batch(&s, from, from + 5_000)).await.unwrap();
+    }
+    assert!(held.stats().generations.is_empty());
+    // Terms and phrases (fetched before the search) and a phrase prefix, whose last term
+    // tantivy expands while it searches (read when it asks).
+    for q in [
+        "shock",
+        "shock nozzle -wave",
+        "+mach +\"nozzle mach\"",
+        "\"heat drag\"~2",
+        "\"nozzle ma\"*",
+    ] {
+        let opts = SearchOptions::with_k(25);
+        let want = scored(&held.search_fts(q, &opts).await.unwrap());
+        let got = scored(&cold.search_fts(q, &opts).await.unwrap());
+        assert!(!want.is_empty(), "{q}");
+        assert_eq!(got, want, "{q}");
+    }
+    held.close().await.unwrap();
 }

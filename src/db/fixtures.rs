@@ -1,6 +1,7 @@
 //! Writes `tests/fixtures/index/`: an index holding an object of every format version this build
 //! reads (a version-1 generation with `hnsw/*` sections, a version-2 generation, a version-3
-//! generation, version-1 WAL rows and fence objects, a version-1 manifest), and `tests/fixtures/index.json`, what it
+//! generation (text held), a version-4 generation (postings and positions read by range),
+//! version-1 WAL rows and fence objects, a version-1 manifest), and `tests/fixtures/index.json`, what it
 //! holds. `tests/format_compat.rs` opens them. Regenerate (only when a format version is added)
 //! with:
 //!
@@ -132,13 +133,14 @@ fn keys(batches: &[RecordBatch]) -> Vec<String> {
 }
 
 /// Rewrite generation `path` (written at the current version) as a bundle of format
-/// `version`, 1 (its graph as hnsw_rs dump files) or 2 (its graph as flat arrays); both keep
-/// every section hot and their rows as one Arrow IPC stream. Returns its new size.
+/// `version`: 1 (its graph as hnsw_rs dump files) or 2 (its graph as flat arrays), both with
+/// every section hot and their rows as one Arrow IPC stream, or 3 (rows and vectors cold, the
+/// text index held whole). Returns its new size and where its hot part starts.
 async fn to_format(
     store: &Arc<dyn ObjectStore>,
     path: &object_store::path::Path,
     version: u32,
-) -> u64 {
+) -> (u64, Option<u64>) {
     let bytes = store
         .get(path)
         .await
@@ -154,10 +156,22 @@ async fn to_format(
         text: text.as_deref(),
         vector: Some((vcol, metric, params)),
     };
+    let b = Bundle::open(bytes.clone(), path).expect("a bundle");
+    if version == 3 {
+        let mut w = BundleWriter::with_version(version);
+        let names: Vec<String> = b.section_names().map(str::to_string).collect();
+        for n in names.iter().filter(|n| !n.starts_with("text_pieces/")) {
+            let cold = b.is_cold(n) && !n.starts_with("text/");
+            w.add_section(n, &b.section(n).expect("section"), cold);
+        }
+        let mut meta = b.stats().clone();
+        let out = w.finish(&mut meta).expect("finish");
+        store.put(path, out.into()).await.expect("put");
+        return (meta.bytes, meta.hot_offset);
+    }
     let g = crate::generation::Generation::decode(bytes.clone(), &stored, spec, path)
         .expect("a generation");
     let rows = g.all_rows().await.expect("rows");
-    let b = Bundle::open(bytes, path).expect("a bundle");
     let mut w = BundleWriter::with_version(version);
     w.add(
         "rows",
@@ -175,18 +189,21 @@ async fn to_format(
         w.add(graph, &b.section(graph).expect("graph"));
     }
     let names: Vec<String> = b.section_names().map(str::to_string).collect();
-    for name in names.iter().filter(|n| n.starts_with("text")) {
+    for name in names
+        .iter()
+        .filter(|n| n.starts_with("text") && !n.starts_with("text_pieces/"))
+    {
         w.add(name, &b.section(name).expect("text"));
     }
     let mut meta = b.stats().clone();
     let out = w.finish(&mut meta).expect("finish");
     store.put(path, out.into()).await.expect("put");
-    meta.bytes
+    (meta.bytes, None)
 }
 
-/// Delete every manifest version but the latest, and rewrite the oldest of the index's three
-/// generations in format 1 and the next in format 2 (the latest manifest records their new
-/// sizes; the newest stays at the current version).
+/// Delete every manifest version but the latest, and rewrite the oldest of the index's four
+/// generations in format 1, the next in format 2 and the third in format 3 (the latest
+/// manifest records their new sizes; the newest stays at the current version).
 async fn keep_the_latest_manifest_with_older_formats(loc: &Location) {
     let store = loc.store.clone();
     let paths = Paths::new(loc.root.clone());
@@ -205,9 +222,9 @@ async fn keep_the_latest_manifest_with_older_formats(loc: &Location) {
         .filter_map(|m| parse_generation(&m.location))
         .collect();
     gens.sort_unstable();
-    assert_eq!(gens.len(), 3, "three generations: {gens:?}");
+    assert_eq!(gens.len(), 4, "four generations: {gens:?}");
     let mut sizes = Vec::new();
-    for (i, version) in [1, 2].into_iter().enumerate() {
+    for (i, version) in [1, 2, 3].into_iter().enumerate() {
         sizes.push(to_format(&store, &paths.generation(gens[i].0, gens[i].1), version).await);
     }
     let mp = paths.manifest(latest);
@@ -219,9 +236,9 @@ async fn keep_the_latest_manifest_with_older_formats(loc: &Location) {
         .await
         .expect("bytes");
     let mut m = Manifest::decode(&raw, &mp).expect("manifest");
-    for (g, bytes) in m.generations.iter_mut().zip(sizes) {
+    for (g, (bytes, hot)) in m.generations.iter_mut().zip(sizes) {
         g.bytes = bytes;
-        g.hot_offset = None;
+        g.hot_offset = hot;
     }
     // WAL objects below the replay point (the fence the index was created with) are never
     // read: none is left, so that every object of the fixture is one a reader checks.
@@ -269,13 +286,21 @@ async fn write_fixtures() {
     model.remove("k00");
     model.remove("k01");
     index.flush().await.expect("flush");
-    // Generation 3 (the current version): k30..k34 updated, k40..k42 new, k03 deleted.
+    // Generation 3 (rewritten below as format 3): k30..k34 updated, k40..k42 new, k03 deleted.
     let mut r = rows(&mut g, 30..35, 5);
     r.extend(rows(&mut g, 40..43, 5));
     index.append(&batch(&schema, &r)).await.expect("append");
     model.extend(r.into_iter().map(|r| (r.id.clone(), r)));
     index.delete(&[Key::from("k03")]).await.expect("delete");
     model.remove("k03");
+    index.flush().await.expect("flush");
+    // Generation 4 (the current version): k10..k14 updated, k45..k47 new, k04 deleted.
+    let mut r = rows(&mut g, 10..15, 6);
+    r.extend(rows(&mut g, 45..48, 6));
+    index.append(&batch(&schema, &r)).await.expect("append");
+    model.extend(r.into_iter().map(|r| (r.id.clone(), r)));
+    index.delete(&[Key::from("k04")]).await.expect("delete");
+    model.remove("k04");
     index.flush().await.expect("flush");
     // WAL rows: k35..k44 (k35..k39 updated), k02 and k36 deleted, k44 updated again.
     let r = rows(&mut g, 35..45, 3);

@@ -86,6 +86,11 @@ impl BundleWriter {
         }
     }
 
+    /// The format version it writes.
+    pub(crate) fn version(&self) -> u32 {
+        self.version
+    }
+
     /// Append a hot section: one every query needs, fetched when the generation is opened.
     pub(crate) fn add(&mut self, name: &str, bytes: &[u8]) {
         self.add_section(name, bytes, false);
@@ -414,8 +419,7 @@ impl Bundle {
             .filter(|n| *n != BLOCKS_SECTION)
     }
 
-    /// Whether section `name` is in the cold part (tests rewrite bundles section by section).
-    #[cfg(test)]
+    /// Whether section `name` is in the cold part.
     pub(crate) fn is_cold(&self, name: &str) -> bool {
         self.dir.sections.iter().any(|s| s.name == name && s.cold)
     }

@@ -49,7 +49,7 @@ impl ObjectKind {
             // block CRCs, and a hot part fetched whole; 2: the vector graph as flat adjacency
             // arrays (`vector/graph`); 1: hnsw_rs dump files in `hnsw/graph`, `hnsw/data`,
             // `hnsw/meta`.
-            ObjectKind::Generation => (3, 1),
+            ObjectKind::Generation => (4, 1),
             ObjectKind::GraphSection => (1, 1),
             ObjectKind::Wal => (1, 1),
             ObjectKind::Manifest => (1, 1),

@@ -148,3 +148,9 @@ impl ColdObject {
         &self.path
     }
 }
+
+impl crate::text::ColdRead for ColdObject {
+    fn read_blocking(&self, range: Range<u64>) -> Result<Bytes> {
+        self.block_on(self.read(range))
+    }
+}

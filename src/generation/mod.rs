@@ -22,7 +22,7 @@ use crate::format::GenerationMeta;
 use crate::key::Key;
 use crate::schema::{deleted_flags, Metric, SEQ_COLUMN};
 use crate::settings::GraphParams;
-use crate::text::{TextIndex, TextSchema};
+use crate::text::{hot_pieces, ColdRead, TextFile, TextIndex, TextSchema};
 use crate::vector::graph::Adjacency;
 use crate::vector::{VectorIndex, CODES_SECTION, GRAPH_SECTION};
 use crate::{Error, Result};
@@ -56,6 +56,11 @@ const ROWS_FOOTER_SECTION: &str = "rows/footer";
 const VECTORS_SECTION: &str = "vectors";
 /// Version 3: the hot section marking the rows with a vector, one bit per row (LSB first).
 const VECTORS_VALID_SECTION: &str = "vectors/valid";
+/// Prefix of the hot sections holding what tantivy reads of a cold text file when it opens
+/// the generation (its pieces, see [`crate::text::hot_pieces`]), named by the file.
+const TEXT_PIECES: &str = "text_pieces/";
+/// The first version whose postings and positions are in the cold part.
+const COLD_TEXT_VERSION: u32 = 4;
 
 /// A generation opened for reading.
 #[derive(Debug)]
@@ -289,8 +294,18 @@ impl Generation {
             Some(ts) => {
                 let (ti, files) = TextIndex::build(ts, &rows)?;
                 w.add("text_token_counts", &ti.encode_counts());
+                let pieces: HashMap<String, Vec<u8>> = match w.version() >= COLD_TEXT_VERSION {
+                    true => hot_pieces(ts, &files)?.into_iter().collect(),
+                    false => HashMap::new(),
+                };
                 for (name, bytes) in files {
-                    w.add(&format!("text/{name}"), &bytes);
+                    match pieces.get(&name) {
+                        Some(p) => {
+                            w.add_cold(&format!("text/{name}"), &bytes);
+                            w.add(&format!("{TEXT_PIECES}{name}"), p);
+                        }
+                        None => w.add(&format!("text/{name}"), &bytes),
+                    }
                 }
                 Some(ti)
             }
@@ -524,6 +539,45 @@ impl Generation {
         }
     }
 
+    /// The text index of `bundle` (`rows` rows): its held files, and its postings and
+    /// positions read through `cold` when they are in the cold part (version 4).
+    fn open_text(
+        bundle: &Bundle,
+        ts: &TextSchema,
+        rows: usize,
+        cold: Option<&ColdRows>,
+        object: &dyn Display,
+    ) -> Result<TextIndex> {
+        let section = |name: &str| bundle.section(name);
+        let c = section("text_token_counts")?;
+        if c.len() != rows * ts.fields().len() * 4 {
+            return Err(bundle.error("section 'text_token_counts' has the wrong size"));
+        }
+        let counts = c
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4")))
+            .collect();
+        let mut files = Vec::new();
+        let read = cold.map(|c| Arc::new(c.object().clone()) as Arc<dyn ColdRead>);
+        for name in bundle.section_names().filter(|n| n.starts_with("text/")) {
+            let file = &name["text/".len()..];
+            let f = match read.is_some() && bundle.is_cold(name) {
+                true => {
+                    let r = bundle.cold_range(name)?;
+                    TextFile::Cold {
+                        at: r.start,
+                        len: r.end - r.start,
+                        pieces: section(&format!("{TEXT_PIECES}{file}"))?,
+                    }
+                }
+                false => TextFile::Hot(section(name)?),
+            };
+            files.push((file.to_string(), f));
+        }
+        TextIndex::open(ts, files, counts, read)
+            .map_err(|e| e.corrupt_in(object, "generation text index"))
+    }
+
     /// The generation of `bundle` whose rows (all, or the hot columns with `cold`) are
     /// `resident`: key hashes checked against `pk_hashes`, text index and graph opened.
     #[allow(clippy::too_many_arguments)]
@@ -600,24 +654,7 @@ impl Generation {
         };
         let t_vector = started.elapsed();
         let text = match spec.text {
-            Some(ts) => {
-                let c = section("text_token_counts")?;
-                if c.len() != rows * ts.fields().len() * 4 {
-                    return Err(bad("section 'text_token_counts' has the wrong size".into()));
-                }
-                let counts = c
-                    .chunks_exact(4)
-                    .map(|b| u32::from_le_bytes(b.try_into().expect("4")))
-                    .collect();
-                let mut files = Vec::new();
-                for name in bundle.section_names().filter(|n| n.starts_with("text/")) {
-                    files.push((name["text/".len()..].to_string(), section(name)?.to_vec()));
-                }
-                Some(
-                    TextIndex::open(ts, files, counts)
-                        .map_err(|e| e.corrupt_in(object, "generation text index"))?,
-                )
-            }
+            Some(ts) => Some(Self::open_text(bundle, ts, rows, cold.as_ref(), object)?),
             None => None,
         };
         tracing::debug!(
@@ -882,6 +919,15 @@ impl Generation {
             .find(|g| g.reads_by_range())
             .or(gens.into_iter().next())?;
         Some(driver.block_on(f))
+    }
+
+    /// Fetch `ranges` of its object (a query's postings, see [`TextIndex::cold_ranges`])
+    /// into the block cache, so that the search reading them next finds them in memory.
+    pub(crate) async fn warm(&self, ranges: &[std::ops::Range<u64>]) -> Result<()> {
+        match &self.cold {
+            Some(c) if !ranges.is_empty() => c.object().read_ranges(ranges).await.map(drop),
+            _ => Ok(()),
+        }
     }
 
     /// Whether its rows are read by range (a version-3 generation opened from its hot part).

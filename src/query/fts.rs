@@ -272,6 +272,7 @@ pub(crate) fn plan(
     let (indexes, live_rows): (Vec<TextIndex>, Vec<usize>) =
         per_source.into_iter().map(|(ti, n, _)| (ti, n)).unzip();
     let scoring = scoring(query.as_ref(), ts, &stats, &indexes)?;
+    warm_postings(query.as_ref(), &sources, &indexes)?;
 
     let mut arms: Vec<ArmSpec> = Vec::with_capacity(sources.len());
     let payload: Arc<[usize]> = (0..schema.payload.len())
@@ -320,6 +321,28 @@ pub(crate) fn plan(
         out_schema,
         out_ordering,
     )))
+}
+
+/// Fetch the postings (and positions, where the query needs them) of the query's terms in
+/// every generation that reads them by range, all in one concurrent round, so that the arms'
+/// synchronous searches find them in memory. Terms the query does not list (a prefix or range
+/// query's) are read when its arm asks.
+fn warm_postings(query: &dyn Query, sources: &[Source], indexes: &[TextIndex]) -> Result<()> {
+    let mut terms: Vec<(Term, bool)> = Vec::new();
+    query.query_terms(&mut |t, positions| terms.push((t.clone(), positions)));
+    let mut gens = Vec::new();
+    let mut ranges = Vec::new();
+    for (source, ti) in sources.iter().zip(indexes) {
+        if let Source::Generation(g) = source {
+            let r = ti.cold_ranges(&terms)?;
+            if !r.is_empty() {
+                gens.push(g.clone());
+                ranges.push(r);
+            }
+        }
+    }
+    let reads = futures::future::try_join_all(gens.iter().zip(&ranges).map(|(g, r)| g.warm(r)));
+    crate::generation::Generation::block_on_any(&gens, reads).map_or(Ok(()), |r| r.map(drop))
 }
 
 /// One source's share of the global statistics: tokens per text field and documents per

@@ -1,6 +1,7 @@
 //! A source's full-text index as searches read it, and a generation's, built at flush and
 //! stored in its bundle.
 
+use super::cold::{ColdRead, ColdText, GenDirectory, TextFile};
 use super::schema::TextSchema;
 use super::tail::{TailQuery, TailSegment};
 use super::{open_reader, segment_files, token_totals, IndexFiles, ROW_FIELD};
@@ -8,7 +9,7 @@ use crate::{Error, Result};
 use arrow::array::RecordBatch;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use tantivy::directory::{Directory, RamDirectory};
+use tantivy::directory::Directory;
 use tantivy::{IndexWriter, Searcher, SegmentReader, TantivyDocument, Term};
 
 /// Writer heap used to build a generation's text index at flush.
@@ -32,6 +33,9 @@ pub(crate) struct TextIndex {
     /// A memtable's rows past what its index had committed, in the order of their rows: small
     /// segments searches built themselves (see [`MemTextIndex::view`]). Empty for a generation.
     pub(super) tail: Arc<[Arc<TailSegment>]>,
+    /// Where a generation's cold postings and positions lie (see [`TextIndex::cold_ranges`]);
+    /// `None` when they are held.
+    pub(super) cold: Option<Arc<ColdText>>,
 }
 
 /// Terms whose document frequencies a generation's index remembers; the memo starts over
@@ -256,49 +260,65 @@ impl TextIndex {
             totals: Arc::default(),
             nfields: ts.fields.len(),
             tail: Arc::new([]),
+            cold: None,
         })
     }
 
-    /// Open an index from the files [`TextIndex::build`] exported and the stored token counts.
-    /// Every segment file's own checksum is verified first, and a panic of tantivy on
-    /// malformed files becomes an error.
-    pub(crate) fn open(ts: &TextSchema, files: IndexFiles, counts: Vec<u32>) -> Result<TextIndex> {
+    /// Open an index from the files [`TextIndex::build`] exported (held, or cold and read
+    /// through `read`) and the stored token counts. Every held segment file's own checksum is
+    /// verified first (cold ones are checked by block as they are read), and a panic of
+    /// tantivy on malformed files becomes an error.
+    pub(crate) fn open(
+        ts: &TextSchema,
+        files: Vec<(String, TextFile)>,
+        counts: Vec<u32>,
+        read: Option<Arc<dyn ColdRead>>,
+    ) -> Result<TextIndex> {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            Self::open_unguarded(ts, files, counts)
+            Self::open_unguarded(ts, files, counts, read)
         }))
         .unwrap_or_else(|_| Err(Error::internal("tantivy failed on malformed index files")))
     }
 
     pub(super) fn open_unguarded(
         ts: &TextSchema,
-        files: IndexFiles,
+        files: Vec<(String, TextFile)>,
         counts: Vec<u32>,
+        read: Option<Arc<dyn ColdRead>>,
     ) -> Result<TextIndex> {
-        let dir = RamDirectory::create();
-        let mut segment_files = Vec::new();
-        for (name, bytes) in files {
-            let path = std::path::PathBuf::from(&name);
-            dir.atomic_write(&path, &bytes)
-                .map_err(tantivy::TantivyError::from)?;
-            if !name.ends_with(".json") {
-                segment_files.push(path);
-            }
-        }
-        let index = tantivy::Index::open(dir)?;
+        let segment_files: Vec<std::path::PathBuf> = files
+            .iter()
+            .filter(|(name, _)| !name.ends_with(".json"))
+            .map(|(name, _)| std::path::PathBuf::from(name))
+            .collect();
+        let dir = GenDirectory::open(files, read)?;
+        let index = tantivy::Index::open(dir.clone())?;
         if index.schema() != ts.schema {
             return Err(Error::internal(
                 "text index schema differs from the index schema",
             ));
         }
-        for path in segment_files {
-            if !index.directory().validate_checksum(&path)? {
+        for path in segment_files.iter().filter(|p| !dir.is_cold(p)) {
+            if !index.directory().validate_checksum(path)? {
                 return Err(Error::internal(format!(
                     "file '{}' fails its checksum",
                     path.display()
                 )));
             }
         }
-        Self::of_generation(ts, &index, counts)
+        let mut ti = Self::of_generation(ts, &index, counts)?;
+        ti.cold = ColdText::locate(ts, &ti.searcher, &dir)?.map(Arc::new);
+        Ok(ti)
+    }
+
+    /// The byte ranges of a generation's object that hold the postings of `terms` (and their
+    /// positions where the flag asks) in its cold part: what a search of them reads. Empty
+    /// when its postings are held (a memtable's index, or an older generation).
+    pub(crate) fn cold_ranges(&self, terms: &[(Term, bool)]) -> Result<Vec<std::ops::Range<u64>>> {
+        match &self.cold {
+            Some(c) => c.ranges(&self.searcher, terms),
+            None => Ok(Vec::new()),
+        }
     }
 
     /// Encode token counts (u32 little-endian, row-major).

@@ -84,6 +84,7 @@ pub(super) fn published(st: &MemState, nfields: usize) -> TextIndex {
         totals: Arc::new(totals),
         nfields,
         tail: Arc::new([]),
+        cold: None,
     }
 }
 
@@ -236,6 +237,7 @@ impl MemTextIndex {
         }
         Ok(TextIndex {
             tail: segments,
+            cold: None,
             ..committed
         })
     }

@@ -6,11 +6,13 @@
 //! output, as tantivy counts it for fieldnorms) so that the snapshot's total token count can be
 //! computed over live rows only.
 
+mod cold;
 mod index;
 mod memtable;
 mod schema;
 mod tail;
 
+pub(crate) use cold::{hot_pieces, ColdRead, TextFile};
 pub(crate) use index::{DocRows, TextIndex};
 pub(crate) use memtable::MemTextIndex;
 pub(crate) use schema::TextSchema;
