@@ -93,6 +93,12 @@ pub struct Settings {
     /// version-3 generation reads the columns it names by range and decodes them, and the
     /// next filter on them finds them decoded. Default 64 MiB.
     pub column_cache_bytes: u64,
+    /// Budget, in bytes, of a handle's cache of the postings and positions full-text
+    /// searches read from generations' cold parts (version 4), one entry per term and
+    /// generation as tantivy reads it: a warm search finds them there without a lookup per
+    /// block or a copy. Beyond it, the least used leave (their blocks may still be in the
+    /// block cache). Default 64 MiB.
+    pub postings_cache_bytes: u64,
     /// Merge generations in the writer's background (see `docs/architecture.md`,
     /// "Compaction"). Off, generations accumulate until [`crate::Index::compact`] is called.
     /// Default on.
@@ -162,6 +168,7 @@ impl Default for Settings {
             cache_dir: None,
             hot_cache_bytes: 4 << 30,
             column_cache_bytes: 64 << 20,
+            postings_cache_bytes: 64 << 20,
             compaction: true,
             compaction_fanout: 4,
             compaction_max_generations: 16,

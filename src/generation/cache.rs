@@ -11,7 +11,7 @@
 //! and least frequently used are dropped; a query holding one keeps it alive until it
 //! finishes.
 
-use super::{Generation, IndexSpec, Resident};
+use super::{Generation, Held, IndexSpec, Resident};
 use crate::format::bundle::Bundle;
 use crate::format::GenerationMeta;
 use crate::generation::cold::{ColdObject, ColdStore};
@@ -20,7 +20,7 @@ use crate::settings::{GraphParams, Settings};
 use crate::storage::blocks::BlockCache;
 use crate::storage::paths::Paths;
 use crate::storage::Location;
-use crate::text::TextSchema;
+use crate::text::{PostingsCache, TextSchema};
 use crate::{Error, Result};
 use arrow::datatypes::SchemaRef;
 use bytes::Bytes;
@@ -55,6 +55,9 @@ pub struct CacheStats {
     /// Bytes of decoded columns kept for filters and payload (see
     /// [`crate::Settings::column_cache_bytes`]).
     pub column_bytes: u64,
+    /// Bytes of postings and positions kept for full-text searches (see
+    /// [`crate::Settings::postings_cache_bytes`]).
+    pub postings_bytes: u64,
     /// What the opened generations hold, by kind.
     pub resident: Resident,
 }
@@ -137,6 +140,7 @@ impl GenerationCache {
                     cache: blocks,
                     runtime: tokio::runtime::Handle::current(),
                     concurrency,
+                    postings: PostingsCache::new(settings.postings_cache_bytes),
                 },
                 small_rows,
                 cache,
@@ -285,6 +289,7 @@ impl GenerationCache {
             blocks_fetched: b.fetched,
             block_bytes_fetched: b.fetched_bytes,
             column_bytes: 0,
+            postings_bytes: self.inner.cold.postings.bytes(),
             resident,
         }
     }
@@ -368,7 +373,7 @@ impl Loader {
             ));
         }
         let bundle = Bundle::open_hot(bytes, meta.bytes, p)?;
-        self.open_bundle(bundle, p, None).await
+        self.open_bundle(bundle, p, Held::default()).await
     }
 
     /// A version-3 generation from its whole object in memory: its hot part (copied, so that
@@ -379,24 +384,19 @@ impl Loader {
         let Some(hot) = meta.hot_offset else {
             return Err(Error::data(p, "generation has no hot part"));
         };
-        let vectors = match self.keeps_vectors(meta.rows) {
-            true => Some(Generation::vectors_section(&whole)?),
-            false => None,
+        let held = match self.keeps_vectors(meta.rows) {
+            true => Generation::held_parts(&whole)?,
+            false => Held::default(),
         };
         drop(whole);
         let part = Bytes::copy_from_slice(&object[hot as usize..]);
         let bundle = Bundle::open_hot(part, meta.bytes, p)?;
-        self.open_bundle(bundle, p, vectors).await
+        self.open_bundle(bundle, p, held).await
     }
 
-    /// The generation of a checked hot part (nothing else is read); `vectors`, its vectors
-    /// section when it keeps them in memory.
-    async fn open_bundle(
-        &self,
-        bundle: Bundle,
-        p: &Path,
-        vectors: Option<Bytes>,
-    ) -> Result<Generation> {
+    /// The generation of a checked hot part (nothing else is read), holding `held` of its
+    /// cold part.
+    async fn open_bundle(&self, bundle: Bundle, p: &Path, held: Held) -> Result<Generation> {
         let cold = ColdObject::new(
             &self.cold,
             p.clone(),
@@ -415,7 +415,7 @@ impl Loader {
                 text: text.as_deref(),
                 vector,
             };
-            Generation::open(&bundle, cold, vectors, &schema, spec, &p2)
+            Generation::open(&bundle, cold, held, &schema, spec, &p2)
         })
         .await?
     }

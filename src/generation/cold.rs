@@ -4,6 +4,7 @@
 
 use crate::format::bundle::{check_block, BLOCK_BYTES};
 use crate::storage::blocks::{BlockCache, Verify};
+use crate::text::PostingsCache;
 use crate::{Error, Result};
 use bytes::Bytes;
 use object_store::path::Path;
@@ -24,6 +25,7 @@ pub(crate) struct ColdObject {
     verify: Verify,
     runtime: tokio::runtime::Handle,
     concurrency: usize,
+    postings: PostingsCache,
 }
 
 impl std::fmt::Debug for ColdObject {
@@ -45,6 +47,8 @@ pub(crate) struct ColdStore {
     pub(crate) runtime: tokio::runtime::Handle,
     /// Reads issued at once ([`crate::Settings::io_concurrency`]).
     pub(crate) concurrency: usize,
+    /// Postings and positions searches read ([`crate::Settings::postings_cache_bytes`]).
+    pub(crate) postings: PostingsCache,
 }
 
 impl ColdObject {
@@ -71,6 +75,7 @@ impl ColdObject {
             verify,
             runtime: at.runtime.clone(),
             concurrency: at.concurrency.max(1),
+            postings: at.postings.clone(),
         }
     }
 
@@ -152,5 +157,9 @@ impl ColdObject {
 impl crate::text::ColdRead for ColdObject {
     fn read_blocking(&self, range: Range<u64>) -> Result<Bytes> {
         self.block_on(self.read(range))
+    }
+
+    fn postings(&self) -> &PostingsCache {
+        &self.postings
     }
 }

@@ -89,6 +89,16 @@ pub(crate) struct Generation {
     vector_col: Option<usize>,
 }
 
+/// What a version-3 generation opened from its hot part also holds of its cold part (a small
+/// one, read whole: see [`Generation::held_parts`]).
+#[derive(Default)]
+pub(crate) struct Held {
+    /// Its vectors section.
+    pub(crate) vectors: Option<Bytes>,
+    /// Its cold text sections, by name.
+    pub(crate) text: HashMap<String, Bytes>,
+}
+
 /// What opened generations hold in memory, by kind, in bytes (an estimate: the sizes of the
 /// sections and arrays they were made from).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -371,7 +381,17 @@ impl Generation {
             let batches = ipc_decode(bundle.section("rows")?, schema, object)?;
             arrow::compute::concat_batches(schema, &batches)?
         };
-        Self::assemble(&bundle, schema, spec, object, rows, None, None, 0)
+        Self::assemble(
+            &bundle,
+            schema,
+            spec,
+            object,
+            rows,
+            None,
+            None,
+            0,
+            &HashMap::new(),
+        )
     }
 
     /// A version-3 bundle's stored columns but the vector column, decoded from the whole
@@ -421,11 +441,12 @@ impl Generation {
     }
 
     /// Open a version-3 generation from its checked hot part, reading the rest through `cold`
-    /// when a query asks for rows (its columns) or re-ranks candidates (their vectors).
+    /// when a query asks for rows (its columns) or re-ranks candidates (their vectors), or
+    /// holding what `held` gives (a small generation read whole).
     pub(crate) fn open(
         bundle: &Bundle,
         cold: ColdObject,
-        vectors: Option<Bytes>,
+        held: Held,
         schema: &SchemaRef,
         spec: IndexSpec<'_>,
         object: &dyn Display,
@@ -437,6 +458,10 @@ impl Generation {
         let resident = arrow::compute::concat_batches(&hot_schema, &batches)?;
         let rows = resident.num_rows();
         let vcol = spec.vector.map(|v| v.0);
+        let Held {
+            vectors,
+            text: held_text,
+        } = held;
         let cold_rows = ColdRows::open(
             cold,
             bundle.cold_range(ROWS_SECTION)?,
@@ -495,8 +520,10 @@ impl Generation {
             Some(cold_rows),
             vectors,
             hot,
+            &held_text,
         )?;
         g.resident_bytes = g.measure(bundle, hot);
+        g.resident_bytes.text += held_text.values().map(|b| b.len() as u64).sum::<u64>();
         Ok(g)
     }
 
@@ -540,12 +567,14 @@ impl Generation {
     }
 
     /// The text index of `bundle` (`rows` rows): its held files, and its postings and
-    /// positions read through `cold` when they are in the cold part (version 4).
+    /// positions read through `cold` when they are in the cold part (version 4) and not in
+    /// `held` (by section name).
     fn open_text(
         bundle: &Bundle,
         ts: &TextSchema,
         rows: usize,
         cold: Option<&ColdRows>,
+        held: &HashMap<String, Bytes>,
         object: &dyn Display,
     ) -> Result<TextIndex> {
         let section = |name: &str| bundle.section(name);
@@ -562,6 +591,7 @@ impl Generation {
         for name in bundle.section_names().filter(|n| n.starts_with("text/")) {
             let file = &name["text/".len()..];
             let f = match read.is_some() && bundle.is_cold(name) {
+                true if held.contains_key(name) => TextFile::Hot(held[name].clone()),
                 true => {
                     let r = bundle.cold_range(name)?;
                     TextFile::Cold {
@@ -590,6 +620,7 @@ impl Generation {
         cold: Option<ColdRows>,
         vectors: Option<ColdVectors>,
         hot_bytes: u64,
+        held_text: &HashMap<String, Bytes>,
     ) -> Result<Self> {
         let started = std::time::Instant::now();
         let bad = |m: String| bundle.error(m);
@@ -654,7 +685,14 @@ impl Generation {
         };
         let t_vector = started.elapsed();
         let text = match spec.text {
-            Some(ts) => Some(Self::open_text(bundle, ts, rows, cold.as_ref(), object)?),
+            Some(ts) => Some(Self::open_text(
+                bundle,
+                ts,
+                rows,
+                cold.as_ref(),
+                held_text,
+                object,
+            )?),
             None => None,
         };
         tracing::debug!(
@@ -921,13 +959,22 @@ impl Generation {
         Some(driver.block_on(f))
     }
 
-    /// Fetch `ranges` of its object (a query's postings, see [`TextIndex::cold_ranges`])
-    /// into the block cache, so that the search reading them next finds them in memory.
-    pub(crate) async fn warm(&self, ranges: &[std::ops::Range<u64>]) -> Result<()> {
-        match &self.cold {
-            Some(c) if !ranges.is_empty() => c.object().read_ranges(ranges).await.map(drop),
-            _ => Ok(()),
+    /// Fetch `pieces` of its cold text files (a query's postings, see
+    /// [`TextIndex::cold_pieces`]) through the block cache and keep them for the search that
+    /// reads them next.
+    pub(crate) async fn warm(&self, pieces: &[crate::text::ColdPiece]) -> Result<()> {
+        let Some(c) = &self.cold else {
+            return Ok(());
+        };
+        if pieces.is_empty() {
+            return Ok(());
         }
+        let ranges: Vec<_> = pieces.iter().map(|p| p.object_range()).collect();
+        let bytes = c.object().read_ranges(&ranges).await?;
+        for (p, b) in pieces.iter().zip(&bytes) {
+            p.fill(b);
+        }
+        Ok(())
     }
 
     /// Whether its rows are read by range (a version-3 generation opened from its hot part).
@@ -986,9 +1033,27 @@ impl Generation {
         }
     }
 
-    /// A version-3 bundle's vectors section (the whole object at hand).
-    pub(crate) fn vectors_section(bundle: &Bundle) -> Result<Bytes> {
-        bundle.section(VECTORS_SECTION)
+    /// What a small generation read whole keeps of its cold part (the whole object at hand):
+    /// its vectors, which exact scans read, and its postings and positions (version 4), copied
+    /// so that the object is not held.
+    pub(crate) fn held_parts(bundle: &Bundle) -> Result<Held> {
+        let mut text = HashMap::new();
+        for name in bundle.section_names().filter(|n| n.starts_with("text/")) {
+            if bundle.is_cold(name) {
+                text.insert(
+                    name.to_string(),
+                    Bytes::copy_from_slice(&bundle.section(name)?),
+                );
+            }
+        }
+        Ok(Held {
+            vectors: bundle
+                .section_names()
+                .any(|n| n == VECTORS_SECTION)
+                .then(|| bundle.section(VECTORS_SECTION))
+                .transpose()?,
+            text,
+        })
     }
 
     /// The key hash of each row.

@@ -9,7 +9,7 @@ use crate::read::{
     compile_filter, filter_rows, past_view, DeadRowCache, LiveRows, Snapshot, Source,
 };
 use crate::schema::IndexSchema;
-use crate::text::{DocRows, TailQuery, TextIndex, TextSchema};
+use crate::text::{ColdPiece, DocRows, TailQuery, TextIndex, TextSchema};
 use crate::{Error, Result};
 use arrow::array::{ArrayRef, Float32Array, RecordBatch};
 use arrow::compute::SortOptions;
@@ -253,7 +253,11 @@ pub(crate) fn plan(
     query.query_terms(&mut |t, _| terms.push(t.clone()));
     terms.sort();
     terms.dedup();
-    let per_source: Vec<(TextIndex, usize, SourceStats)> = pool.install(|| {
+    // What each generation's search of the terms will read of its cold part (postings, and
+    // positions for phrases), found beside its statistics.
+    let mut needs: Vec<(Term, bool)> = Vec::new();
+    query.query_terms(&mut |t, positions| needs.push((t.clone(), positions)));
+    let per_source: Vec<(TextIndex, usize, SourceStats, Vec<ColdPiece>)> = pool.install(|| {
         use rayon::prelude::*;
         sources
             .par_iter()
@@ -263,16 +267,23 @@ pub(crate) fn plan(
                     .text_index()?
                     .ok_or_else(|| Error::internal("a source without a text index"))?;
                 let stats = source_stats(ts, dead_rows, source, &ti, live, &terms)?;
-                Ok((ti, live.count(), stats))
+                let pieces = ti.cold_pieces(&needs)?;
+                Ok((ti, live.count(), stats, pieces))
             })
             .collect::<Result<_>>()
     })?;
     let t_stats = started.elapsed();
-    let stats = GlobalStats::sum(ts, &terms, per_source.iter().map(|(_, n, s)| (*n, s)));
-    let (indexes, live_rows): (Vec<TextIndex>, Vec<usize>) =
-        per_source.into_iter().map(|(ti, n, _)| (ti, n)).unzip();
+    let stats = GlobalStats::sum(ts, &terms, per_source.iter().map(|(_, n, s, _)| (*n, s)));
+    let mut pieces_of = Vec::with_capacity(sources.len());
+    let (indexes, live_rows): (Vec<TextIndex>, Vec<usize>) = per_source
+        .into_iter()
+        .map(|(ti, n, _, pieces)| {
+            pieces_of.push(pieces);
+            (ti, n)
+        })
+        .unzip();
     let scoring = scoring(query.as_ref(), ts, &stats, &indexes)?;
-    warm_postings(query.as_ref(), &sources, &indexes)?;
+    warm_postings(&sources, pieces_of)?;
 
     let mut arms: Vec<ArmSpec> = Vec::with_capacity(sources.len());
     let payload: Arc<[usize]> = (0..schema.payload.len())
@@ -323,25 +334,20 @@ pub(crate) fn plan(
     )))
 }
 
-/// Fetch the postings (and positions, where the query needs them) of the query's terms in
-/// every generation that reads them by range, all in one concurrent round, so that the arms'
-/// synchronous searches find them in memory. Terms the query does not list (a prefix or range
-/// query's) are read when its arm asks.
-fn warm_postings(query: &dyn Query, sources: &[Source], indexes: &[TextIndex]) -> Result<()> {
-    let mut terms: Vec<(Term, bool)> = Vec::new();
-    query.query_terms(&mut |t, positions| terms.push((t.clone(), positions)));
+/// Fetch the postings (and positions, where the query needs them) of the query's terms that
+/// each generation reads by range (`pieces`, per source), all in one concurrent round, so
+/// that the arms' synchronous searches find them in memory. Terms the query does not list (a
+/// phrase prefix's expansions) are read when its arm asks.
+fn warm_postings(sources: &[Source], pieces: Vec<Vec<ColdPiece>>) -> Result<()> {
     let mut gens = Vec::new();
-    let mut ranges = Vec::new();
-    for (source, ti) in sources.iter().zip(indexes) {
-        if let Source::Generation(g) = source {
-            let r = ti.cold_ranges(&terms)?;
-            if !r.is_empty() {
-                gens.push(g.clone());
-                ranges.push(r);
-            }
+    let mut wanted = Vec::new();
+    for (source, p) in sources.iter().zip(pieces) {
+        if let (Source::Generation(g), false) = (source, p.is_empty()) {
+            gens.push(g.clone());
+            wanted.push(p);
         }
     }
-    let reads = futures::future::try_join_all(gens.iter().zip(&ranges).map(|(g, r)| g.warm(r)));
+    let reads = futures::future::try_join_all(gens.iter().zip(&wanted).map(|(g, p)| g.warm(p)));
     crate::generation::Generation::block_on_any(&gens, reads).map_or(Ok(()), |r| r.map(drop))
 }
 

@@ -9,7 +9,9 @@
 //! then name the rest: [`ColdText::ranges`] gives the byte ranges of their postings and
 //! positions in the object, which the query fetches in one concurrent round before tantivy
 //! runs its unchanged, synchronous search over them; a read the round did not cover (a
-//! prefix or range query's terms) is made when tantivy asks ([`ColdRead`]).
+//! prefix or range query's terms) is made when tantivy asks ([`ColdRead`]). What was read is
+//! kept, as tantivy asks for it (one entry per term's postings or positions), in the handle's
+//! [`PostingsCache`], so a warm search reads it without a lookup per block or a copy.
 
 use super::schema::TextSchema;
 use super::{open_reader, IndexFiles};
@@ -39,7 +41,54 @@ pub(crate) fn is_cold_file(name: &str) -> bool {
 pub(crate) trait ColdRead: Send + Sync + std::fmt::Debug + 'static {
     /// Bytes `range` of the object, the calling thread waiting for them.
     fn read_blocking(&self, range: Range<u64>) -> Result<Bytes>;
+    /// The handle's cache of what searches read.
+    fn postings(&self) -> &PostingsCache;
 }
+
+/// A handle's cache of the postings and positions its searches read from generations' cold
+/// parts, one entry per range tantivy asks for (a term's postings, or its positions), within
+/// a byte budget ([`crate::Settings::postings_cache_bytes`]).
+///
+/// foyer's in-memory cache (S3-FIFO), whose lookups cost a fraction of moka's: a warm
+/// search makes one per term and generation, twice (ahead of the search, and in it).
+#[derive(Clone)]
+pub(crate) struct PostingsCache(foyer::Cache<(u64, u64, u64), OwnedBytes>);
+
+impl std::fmt::Debug for PostingsCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PostingsCache({} bytes)", self.0.usage())
+    }
+}
+
+/// What an entry of the postings cache weighs beside its bytes: its key and bookkeeping.
+const ENTRY_OVERHEAD: usize = 96;
+
+impl PostingsCache {
+    /// An empty cache of at most `bytes` bytes.
+    pub(crate) fn new(bytes: u64) -> Self {
+        let capacity = usize::try_from(bytes).unwrap_or(usize::MAX);
+        // Shards split the budget evenly: each holds at least 1 MiB.
+        let shards = (bytes >> 20).clamp(1, 8) as usize;
+        PostingsCache(
+            foyer::CacheBuilder::new(capacity)
+                .with_shards(shards)
+                .with_weighter(|_: &(u64, u64, u64), v: &OwnedBytes| v.len() + ENTRY_OVERHEAD)
+                .build(),
+        )
+    }
+
+    /// Bytes held.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.0.usage() as u64
+    }
+
+    fn get(&self, key: &(u64, u64, u64)) -> Option<OwnedBytes> {
+        self.0.get(key).map(|e| e.value().clone())
+    }
+}
+
+/// Numbers cold files for the keys of [`PostingsCache`].
+static NEXT_FILE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// One file of a generation's tantivy index as a bundle holds it.
 pub(crate) enum TextFile {
@@ -65,7 +114,7 @@ fn encode_pieces(file: &[u8], ranges: &[Range<usize>]) -> Vec<u8> {
 }
 
 /// Decode the pieces of a file of `len` bytes; `None` when they are malformed.
-fn decode_pieces(bytes: &Bytes, len: u64) -> Option<Vec<(Range<u64>, Bytes)>> {
+fn decode_pieces(bytes: &Bytes, len: u64) -> Option<Vec<(Range<u64>, OwnedBytes)>> {
     let count = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
     let head = count.checked_mul(12)?.checked_add(4)?;
     let mut at = head;
@@ -81,21 +130,24 @@ fn decode_pieces(bytes: &Bytes, len: u64) -> Option<Vec<(Range<u64>, Bytes)>> {
         }
         prev_end = end;
         let piece = bytes.get(at..at.checked_add(n as usize)?)?;
-        out.push((offset..end, bytes.slice_ref(piece)));
+        out.push((offset..end, OwnedBytes::new(piece.to_vec())));
         at += n as usize;
     }
     (at == bytes.len()).then_some(out)
 }
 
 /// A postings or positions file in the cold part: its pieces held, the rest read through
-/// `read` when tantivy asks.
+/// `read` when tantivy asks (or fetched ahead, see [`ColdPiece`]) and kept in the handle's
+/// [`PostingsCache`].
 #[derive(Debug)]
-struct ColdFile {
+pub(crate) struct ColdFile {
+    /// Its key in the postings cache.
+    id: u64,
     name: String,
     /// Where the file starts in the object, and its length.
     at: u64,
     len: u64,
-    pieces: Vec<(Range<u64>, Bytes)>,
+    pieces: Vec<(Range<u64>, OwnedBytes)>,
     read: Arc<dyn ColdRead>,
 }
 
@@ -120,27 +172,63 @@ impl FileHandle for ColdFile {
         if r.is_empty() {
             return Ok(OwnedBytes::empty());
         }
+        if let Some(held) = self.read.postings().get(&(self.id, r.start, r.end)) {
+            return Ok(held);
+        }
         let i = self.pieces.partition_point(|(p, _)| p.start <= r.start);
         if let Some((p, bytes)) = i.checked_sub(1).map(|i| &self.pieces[i]) {
             if r.end <= p.end {
                 let from = (r.start - p.start) as usize;
-                return Ok(OwnedBytes::new(
-                    bytes[from..from + (r.end - r.start) as usize].to_vec(),
-                ));
+                return Ok(bytes.slice(from..from + (r.end - r.start) as usize));
             }
         }
         let bytes = self
             .read
             .read_blocking(self.at + r.start..self.at + r.end)
             .map_err(io::Error::other)?;
-        Ok(OwnedBytes::new(bytes.to_vec()))
+        Ok(self.keep(r, &bytes))
     }
 }
 
-/// A file held whole, or one whose reads are recorded (at build, to find its pieces).
+impl ColdFile {
+    /// Keep `bytes`, the file's bytes `r`, in the postings cache.
+    fn keep(&self, r: Range<u64>, bytes: &Bytes) -> OwnedBytes {
+        let owned = OwnedBytes::new(bytes.to_vec());
+        self.read
+            .postings()
+            .0
+            .insert((self.id, r.start, r.end), owned.clone());
+        owned
+    }
+
+    fn is_kept(&self, r: &Range<u64>) -> bool {
+        self.read.postings().0.contains(&(self.id, r.start, r.end))
+    }
+}
+
+/// A range of a cold file a search will read: fetch its object range, then [`ColdPiece::fill`].
+pub(crate) struct ColdPiece {
+    file: Arc<ColdFile>,
+    range: Range<u64>,
+}
+
+impl ColdPiece {
+    /// Its bytes in the object.
+    pub(crate) fn object_range(&self) -> Range<u64> {
+        self.file.at + self.range.start..self.file.at + self.range.end
+    }
+
+    /// Keep its bytes (those of [`ColdPiece::object_range`]) for the search that reads it.
+    pub(crate) fn fill(&self, bytes: &Bytes) {
+        self.file.keep(self.range.clone(), bytes);
+    }
+}
+
+/// A file held whole (read without a copy, as tantivy's own directories do), or one whose
+/// reads are recorded (at build, to find its pieces).
 #[derive(Debug)]
 struct HeldFile {
-    bytes: Bytes,
+    bytes: OwnedBytes,
     /// The ranges read, when recording.
     seen: Option<Mutex<Vec<Range<usize>>>>,
 }
@@ -153,19 +241,21 @@ impl HasLen for HeldFile {
 
 impl FileHandle for HeldFile {
     fn read_bytes(&self, range: Range<usize>) -> io::Result<OwnedBytes> {
-        let bytes = self.bytes.get(range.clone()).ok_or_else(|| {
-            io::Error::new(
+        if range.start > range.end || range.end > self.bytes.len() {
+            return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
                     "bytes {range:?} lie past a text file's {}",
                     self.bytes.len()
                 ),
-            )
-        })?;
-        if let Some(seen) = &self.seen {
-            seen.lock().unwrap_or_else(|e| e.into_inner()).push(range);
+            ));
         }
-        Ok(OwnedBytes::new(bytes.to_vec()))
+        if let Some(seen) = &self.seen {
+            seen.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(range.clone());
+        }
+        Ok(self.bytes.slice(range))
     }
 }
 
@@ -174,8 +264,8 @@ impl FileHandle for HeldFile {
 #[derive(Clone, Debug, Default)]
 pub(super) struct GenDirectory {
     files: Arc<HashMap<PathBuf, Arc<dyn FileHandle>>>,
-    /// The cold files and where each starts in the object.
-    cold: Arc<HashMap<String, u64>>,
+    /// The cold files, by name.
+    cold: Arc<HashMap<String, Arc<ColdFile>>>,
 }
 
 fn read_only(path: &Path) -> io::Error {
@@ -255,9 +345,12 @@ impl GenDirectory {
         let mut cold = HashMap::new();
         for (name, file) in files {
             let handle: Arc<dyn FileHandle> = match file {
-                TextFile::Hot(bytes) => Arc::new(HeldFile { bytes, seen: None }),
+                // One copy, at open: reads then slice it.
+                TextFile::Hot(bytes) => Arc::new(HeldFile {
+                    bytes: OwnedBytes::new(bytes.to_vec()),
+                    seen: None,
+                }),
                 TextFile::Cold { at, len, pieces } => {
-                    cold.insert(name.clone(), at);
                     let pieces = decode_pieces(&pieces, len).ok_or_else(|| {
                         Error::internal(format!(
                             "the held pieces of text file '{name}' are malformed"
@@ -266,13 +359,16 @@ impl GenDirectory {
                     let read = read.clone().ok_or_else(|| {
                         Error::internal(format!("text file '{name}' is cold but nothing reads it"))
                     })?;
-                    Arc::new(ColdFile {
+                    let file = Arc::new(ColdFile {
+                        id: NEXT_FILE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
                         name: name.clone(),
                         at,
                         len,
                         pieces,
                         read,
-                    })
+                    });
+                    cold.insert(name.clone(), file.clone());
+                    file
                 }
             };
             map.insert(PathBuf::from(name), handle);
@@ -297,7 +393,7 @@ pub(crate) fn hot_pieces(ts: &TextSchema, files: &IndexFiles) -> Result<Vec<(Str
     let mut recorders = Vec::new();
     for (name, bytes) in files {
         let file = Arc::new(HeldFile {
-            bytes: Bytes::copy_from_slice(bytes),
+            bytes: OwnedBytes::new(bytes.clone()),
             seen: is_cold_file(name).then(Mutex::default),
         });
         if is_cold_file(name) {
@@ -337,7 +433,7 @@ pub(crate) fn hot_pieces(ts: &TextSchema, files: &IndexFiles) -> Result<Vec<(Str
                 _ => merged.push(r),
             }
         }
-        out.push((name, encode_pieces(&file.bytes, &merged)));
+        out.push((name, encode_pieces(file.bytes.as_slice(), &merged)));
     }
     Ok(out)
 }
@@ -349,12 +445,22 @@ pub(crate) fn hot_pieces(ts: &TextSchema, files: &IndexFiles) -> Result<Vec<(Str
 pub(crate) struct ColdText {
     /// Per segment (in the searcher's order), per field.
     segments: Vec<HashMap<Field, FieldAt>>,
+    /// The ranges of recently queried terms (a generation never changes, so neither do
+    /// they), so that a warm query does not look its terms up twice; it starts over when full.
+    memo: Mutex<HashMap<(Term, bool), TermRanges>>,
 }
 
-#[derive(Debug, Clone, Copy)]
+/// The ranges of cold files a search of one term reads.
+type TermRanges = Arc<[(Arc<ColdFile>, Range<u64>)]>;
+
+/// Terms whose ranges a generation's [`ColdText`] remembers.
+const RANGES_MEMO: usize = 4096;
+
+/// Where a field's postings body and positions start in their cold files.
+#[derive(Debug, Clone, Default)]
 struct FieldAt {
-    postings: Option<u64>,
-    positions: Option<u64>,
+    postings: Option<(Arc<ColdFile>, u64)>,
+    positions: Option<(Arc<ColdFile>, u64)>,
 }
 
 /// A handle over a cold file that notes where the last read started: tantivy does not expose
@@ -412,8 +518,7 @@ impl ColdText {
         searcher: &tantivy::Searcher,
         dir: &GenDirectory,
     ) -> Result<Option<ColdText>> {
-        let at = &dir.cold;
-        if at.is_empty() {
+        if dir.cold.is_empty() {
             return Ok(None);
         }
         let mut segments = Vec::new();
@@ -422,59 +527,89 @@ impl ColdText {
             let mut fields: HashMap<Field, FieldAt> = HashMap::new();
             for (ext, postings) in [("idx", true), ("pos", false)] {
                 let name = format!("{id}.{ext}");
-                let Some(base) = at.get(&name) else { continue };
-                let file = dir.get_file_handle(Path::new(&name))?;
-                for (f, off) in field_offsets(file, ts.fields())? {
-                    let e = fields.entry(f).or_insert(FieldAt {
-                        postings: None,
-                        positions: None,
-                    });
+                let Some(file) = dir.cold.get(&name) else {
+                    continue;
+                };
+                for (f, off) in field_offsets(file.clone(), ts.fields())? {
+                    let e = fields.entry(f).or_default();
                     // A field's postings start with its token total (8 bytes), which ranges
                     // of terms do not count.
                     if postings {
-                        e.postings = Some(base + off + 8);
+                        e.postings = Some((file.clone(), off + 8));
                     } else {
-                        e.positions = Some(base + off);
+                        e.positions = Some((file.clone(), off));
                     }
                 }
             }
             segments.push(fields);
         }
-        Ok(Some(ColdText { segments }))
+        Ok(Some(ColdText {
+            segments,
+            memo: Mutex::default(),
+        }))
     }
 
-    /// The byte ranges of the object holding `terms`' postings (and their positions where
-    /// the flag asks), in every segment of `searcher` (the one [`ColdText::locate`] saw).
-    pub(crate) fn ranges(
+    /// The ranges of cold files holding `terms`' postings (and their positions where the
+    /// flag asks) in every segment of `searcher` (the one [`ColdText::locate`] saw), but those
+    /// the postings cache holds.
+    pub(crate) fn pieces(
         &self,
         searcher: &tantivy::Searcher,
         terms: &[(Term, bool)],
-    ) -> Result<Vec<Range<u64>>> {
+    ) -> Result<Vec<ColdPiece>> {
         let mut out = Vec::new();
-        for (seg, fields) in searcher.segment_readers().iter().zip(&self.segments) {
-            for (term, positions) in terms {
-                let Some(at) = fields.get(&term.field()) else {
-                    continue;
-                };
-                let inv = seg.inverted_index(term.field())?;
-                let Some(ti) = inv
-                    .get_term_info(term)
-                    .map_err(tantivy::TantivyError::from)?
-                else {
-                    continue;
-                };
-                if let Some(p) = at.postings {
-                    let r = &ti.postings_range;
-                    out.push(p + r.start as u64..p + r.end as u64);
-                }
-                if let (true, Some(p)) = (*positions, at.positions) {
-                    let r = &ti.positions_range;
-                    if !r.is_empty() {
-                        out.push(p + r.start as u64..p + r.end as u64);
-                    }
+        for t in terms {
+            for (file, range) in self.ranges_of(searcher, t)?.iter() {
+                if !file.is_kept(range) {
+                    out.push(ColdPiece {
+                        file: file.clone(),
+                        range: range.clone(),
+                    });
                 }
             }
         }
+        Ok(out)
+    }
+
+    /// The ranges of cold files a search of `term` reads (its positions too with the flag).
+    fn ranges_of(&self, searcher: &tantivy::Searcher, term: &(Term, bool)) -> Result<TermRanges> {
+        if let Some(r) = self
+            .memo
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(term)
+        {
+            return Ok(r.clone());
+        }
+        let mut out = Vec::new();
+        let mut want = |at: &Option<(Arc<ColdFile>, u64)>, r: &Range<usize>| {
+            if let Some((file, base)) = at {
+                let range = base + r.start as u64..base + r.end as u64;
+                if !range.is_empty() {
+                    out.push((file.clone(), range));
+                }
+            }
+        };
+        let (t, positions) = term;
+        for (seg, fields) in searcher.segment_readers().iter().zip(&self.segments) {
+            let Some(at) = fields.get(&t.field()) else {
+                continue;
+            };
+            let inv = seg.inverted_index(t.field())?;
+            let Some(ti) = inv.get_term_info(t).map_err(tantivy::TantivyError::from)? else {
+                continue;
+            };
+            want(&at.postings, &ti.postings_range);
+            if *positions {
+                want(&at.positions, &ti.positions_range);
+            }
+        }
+        let out: Arc<[_]> = out.into();
+        let mut memo = self.memo.lock().unwrap_or_else(|e| e.into_inner());
+        if memo.len() >= RANGES_MEMO {
+            memo.clear();
+        }
+        memo.insert(term.clone(), out.clone());
         Ok(out)
     }
 }

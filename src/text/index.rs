@@ -1,7 +1,7 @@
 //! A source's full-text index as searches read it, and a generation's, built at flush and
 //! stored in its bundle.
 
-use super::cold::{ColdRead, ColdText, GenDirectory, TextFile};
+use super::cold::{ColdPiece, ColdRead, ColdText, GenDirectory, TextFile};
 use super::schema::TextSchema;
 use super::tail::{TailQuery, TailSegment};
 use super::{open_reader, segment_files, token_totals, IndexFiles, ROW_FIELD};
@@ -311,12 +311,12 @@ impl TextIndex {
         Ok(ti)
     }
 
-    /// The byte ranges of a generation's object that hold the postings of `terms` (and their
-    /// positions where the flag asks) in its cold part: what a search of them reads. Empty
-    /// when its postings are held (a memtable's index, or an older generation).
-    pub(crate) fn cold_ranges(&self, terms: &[(Term, bool)]) -> Result<Vec<std::ops::Range<u64>>> {
+    /// What a search of `terms` (their postings, and their positions where the flag asks)
+    /// reads of a generation's cold part and the postings cache does not hold. Empty when its
+    /// postings are held (a memtable's index, or an older generation).
+    pub(crate) fn cold_pieces(&self, terms: &[(Term, bool)]) -> Result<Vec<ColdPiece>> {
         match &self.cold {
-            Some(c) => c.ranges(&self.searcher, terms),
+            Some(c) => c.pieces(&self.searcher, terms),
             None => Ok(Vec::new()),
         }
     }
