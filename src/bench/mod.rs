@@ -5,6 +5,8 @@
 //!   generations, behind a store adding per-request latency;
 //! - [`stream`]: writers and readers on one index at once, with compaction at work;
 //! - [`merge`]: a compaction's indexes merged against rebuilt;
+//! - [`reader`]: a new process opening an existing index read-only and answering queries:
+//!   round trips, bytes, resident memory;
 //! - [`corpus`]: the benchmark corpus (Cranfield replicated, with vectors), also as Parquet for
 //!   other systems.
 
@@ -13,6 +15,7 @@ pub mod generations;
 pub mod merge;
 mod options;
 mod plot;
+pub mod reader;
 pub mod stream;
 
 pub use generations::{run, slope, Options, Report, Run, Shape};

@@ -175,6 +175,11 @@ enum BenchCommand {
     /// tantivy's segment merge against re-indexing the text, continuing the largest input's
     /// graph against a fresh graph (with the recall@10 of each).
     Merge(lsmsearch::bench::merge::MergeOptions),
+    /// A new process opening an existing index read-only behind a store that adds
+    /// per-request latency: round trips and bytes of its first queries and of cold ones, then
+    /// many mixed queries on one handle with what it holds in memory and its peak RSS;
+    /// writes OUT/results.json.
+    Reader(lsmsearch::bench::reader::ReaderOptions),
     /// Write the benchmark corpus (Cranfield replicated, with vectors) to OUT/docs.parquet and
     /// its queries to OUT/queries.parquet, for measuring other systems on the same data.
     Corpus {
@@ -301,6 +306,17 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
                     println!("{}", serde_json::to_string(&report).unwrap_or_default());
                 } else {
                     print!("{}", report.table());
+                }
+                Ok(())
+            }
+            BenchCommand::Reader(opts) => {
+                let opts = lsmsearch::bench::reader::ReaderOptions {
+                    print: !json,
+                    ..opts
+                };
+                let report = lsmsearch::bench::reader::run(&opts).await?;
+                if json {
+                    println!("{}", serde_json::to_string(&report).unwrap_or_default());
                 }
                 Ok(())
             }
