@@ -160,6 +160,20 @@ async fn corrupt_manifest_is_an_error_naming_it() {
         } else {
             truncate(latest, len - 7);
         }
+        // `LATEST` carries a checked copy of the newest manifest: a reader takes it (and
+        // reads the damaged object no more), a writer reads the object it builds on.
+        let hint = dir.path().join("LATEST");
+        Index::open_read_only(location(dir.path()), settings())
+            .await
+            .expect("a reader opens from LATEST's copy");
+        let e = Index::open(location(dir.path()), settings())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Data, "{e}");
+        assert!(e.to_string().contains(&name(latest)), "{e}");
+        // With the copy damaged too, both name the object.
+        let hint_len = std::fs::metadata(&hint).unwrap().len() as usize;
+        flip(&hint, hint_len - 3);
         expect_data_error(dir.path(), &name(latest)).await;
     }
 }

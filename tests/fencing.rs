@@ -390,7 +390,7 @@ async fn a_zombie_cannot_recreate_a_pruned_manifest_version() {
             .bytes()
             .await
             .unwrap();
-        String::from_utf8(bytes.to_vec()).unwrap()
+        bytes.to_vec()
     };
     let before = latest().await;
     let e = a.flush().await.unwrap_err();

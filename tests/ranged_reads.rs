@@ -394,3 +394,45 @@ async fn every_kind_of_query_scores_cold_postings_as_held_ones() {
     }
     held.close().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_handle_answers_its_first_query_in_four_round_trips() {
+    let inner = one_generation(20_000).await;
+    // Rows in the WAL past the generation, which a new handle replays.
+    let writer = Index::open(
+        Location::from_store(inner.clone(), "idx"),
+        Settings::default(),
+    )
+    .await
+    .unwrap();
+    writer
+        .append(&batch(&schema(), 20_000, 20_010))
+        .await
+        .unwrap();
+    writer.close().await.unwrap();
+    let store = LatencyStore::new(inner, LatencyConfig::default());
+    for (what, query) in [("full-text", "shock nozzle")] {
+        store.reset();
+        let ro = Index::open_read_only(
+            Location::from_store(store.clone(), "idx"),
+            Settings::default(),
+        )
+        .await
+        .unwrap();
+        // The manifest (carried by LATEST) with the listings, then the hot part with the WAL.
+        let open = store.counters();
+        assert_eq!(open.round_trips, 2, "{what}: the open: {open:?}");
+        assert_eq!(ro.stats().memtable_rows, 10);
+        let opts = SearchOptions {
+            filter: (what == "filtered").then(|| "year > 1990".to_string()),
+            ..SearchOptions::with_k(10)
+        };
+        let hits = ro.search_fts(query, &opts).await.unwrap();
+        assert_eq!(keys(&hits).len(), 10);
+        let all = store.counters();
+        println!("{what}: open {open:?}, open and first query {all:?}");
+        // Then the postings of the query's terms (and the filter's column), then the pages
+        // of the rows returned.
+        assert!(all.round_trips <= 4, "{what}: {all:?}");
+    }
+}

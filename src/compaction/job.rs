@@ -338,6 +338,6 @@ async fn publish_or_give_up(
         report.rows_out,
         next.version
     );
-    clean_up_manifests(w, next.version).await;
+    clean_up_manifests(w, &next).await;
     Ok(Some(report))
 }

@@ -339,7 +339,7 @@ async fn finish(
             .flushes
             .kept_wal
             .after_flush(&inner.loc, &inner.paths, wal_ids, conc),
-        clean_up_manifests(inner, next.version),
+        clean_up_manifests(inner, &next),
     );
     Ok(())
 }

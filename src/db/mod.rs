@@ -196,7 +196,7 @@ impl Index {
                 )))
             }
         }
-        manifests.publish_hint(1).await;
+        manifests.publish_hint(&m).await;
         // The store was checked above.
         Self::open_checked(loc, settings, false).await
     }
@@ -219,7 +219,7 @@ impl Index {
         let claimed = claim(&loc, &paths, &manifests, &settings).await?;
         let manifest = claimed.manifest;
         let reader = claimed.reader;
-        manifests.publish_hint(manifest.version).await;
+        manifests.publish_hint(&manifest).await;
         let epoch = manifest.epoch;
         let stored_schema = reader.stored_schema.clone();
         // Every open adds a version: prune as a flush does, while the WAL is replayed.

@@ -9,7 +9,7 @@ use crate::read::{Snapshot, Source};
 use crate::settings::Settings;
 use crate::storage::paths::Paths;
 use crate::storage::Location;
-use crate::wal::{replay, Mode};
+use crate::wal::{replay_listed, Mode};
 use crate::{Error, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -46,10 +46,12 @@ impl ReadOnlyIndex {
         let started = std::time::Instant::now();
         let paths = Paths::new(loc.root.clone());
         let manifests = ManifestStore::new(loc.store.clone(), paths.clone());
-        let m = manifests
-            .load_latest()
-            .await?
-            .ok_or_else(|| Error::invalid(format!("no index at {}", loc.display)))?;
+        // The newest manifest and the WAL's listing in one round.
+        let (m, wal) = futures::try_join!(
+            manifests.load_latest_for_reading(),
+            crate::wal::list_all(&loc.store, &paths)
+        )?;
+        let m = m.ok_or_else(|| Error::invalid(format!("no index at {}", loc.display)))?;
         let reader = Reader::new(&loc, &paths, m.schema.clone(), settings).await?;
         let handle = ReadOnlyIndex {
             view: std::sync::RwLock::new(View {
@@ -65,7 +67,7 @@ impl ReadOnlyIndex {
             next_view_id: AtomicU64::new(1),
             closed: Default::default(),
         };
-        let view = handle.load_view(Some(m)).await?;
+        let view = handle.load_view(Some((m, wal))).await?;
         tracing::debug!(
             "opened {} read-only in {:?}: {} generations, {} rows from the WAL",
             handle.loc.display,
@@ -77,28 +79,37 @@ impl ReadOnlyIndex {
         Ok(handle)
     }
 
-    /// The newest manifest (or `manifest`), its generations (fetched into the cache) and the
-    /// WAL written since.
-    async fn load_view(&self, mut manifest: Option<Manifest>) -> Result<View> {
+    /// The newest manifest (or `listed`: a manifest and the WAL's ids listed beside its
+    /// read), its generations (fetched into the cache) and the WAL written since: two rounds
+    /// of requests, the manifest with the WAL's listing, then the generations' hot parts with
+    /// the WAL objects.
+    async fn load_view(&self, mut listed: Option<(Manifest, Vec<u64>)>) -> Result<View> {
         let r = &self.reader;
         let mut attempts = 0;
         loop {
-            let m =
-                match manifest.take() {
-                    Some(m) => m,
-                    None => self.manifests.load_latest().await?.ok_or_else(|| {
+            let (m, wal) = match listed.take() {
+                Some(l) => l,
+                None => {
+                    let (m, wal) = futures::try_join!(
+                        self.manifests.load_latest_for_reading(),
+                        crate::wal::list_all(&self.loc.store, &self.paths)
+                    )?;
+                    let m = m.ok_or_else(|| {
                         Error::invalid(format!("no index at {}", self.loc.display))
-                    })?,
-                };
+                    })?;
+                    (m, wal)
+                }
+            };
             let loaded = futures::try_join!(
                 r.generations.get_all(&m.generations),
-                replay(
+                replay_listed(
                     &self.loc.store,
                     &self.paths,
                     &r.stored_schema,
                     m.wal_replay_from,
                     Mode::ReadOnly,
-                    r.settings.io_concurrency
+                    r.settings.io_concurrency,
+                    Some(wal)
                 )
             );
             match loaded {

@@ -5,6 +5,11 @@
 //! recent version number (written after each publish, never ahead of the truth), and a LIST that
 //! starts after it (`list_with_offset`; S3's `StartAfter`) returns only the few newer versions.
 //! Old versions are pruned beyond `Settings::manifest_retention`, so no LIST grows with history.
+//!
+//! `LATEST` also carries that version's manifest, so that a reader ([`ManifestStore::load_latest`])
+//! finds the newest manifest in one round: it GETs `LATEST` while it LISTs the (pruned)
+//! manifest folder, and reads a manifest object only when the LIST shows a version newer than
+//! the hint's.
 
 use crate::format::manifest::Manifest;
 use crate::storage::paths::{parse_manifest, Paths};
@@ -50,17 +55,7 @@ impl ManifestStore {
 
     /// The newest version, if the index exists.
     pub(crate) async fn latest_version(&self) -> Result<Option<u64>> {
-        let hint_path = self.paths.latest_hint();
-        let hint = match self.store.get(&hint_path).await {
-            Ok(r) => {
-                let b = r.bytes().await.map_err(|e| Error::store(&hint_path, e))?;
-                std::str::from_utf8(&b)
-                    .ok()
-                    .and_then(|s| s.trim().parse::<u64>().ok())
-            }
-            Err(object_store::Error::NotFound { .. }) => None,
-            Err(e) => return Err(Error::store(&hint_path, e)),
-        };
+        let (hint, _) = self.hint().await?;
         let dir = self.paths.manifest_dir();
         let listing: Vec<_> = match hint {
             Some(h) => self
@@ -86,14 +81,69 @@ impl ManifestStore {
         })
     }
 
-    /// The newest manifest, if the index exists. Retries if the version it found was pruned
-    /// between the LIST and the GET by a writer that moved on.
+    /// What `LATEST` says: a version, and that version's manifest when it carries a whole one
+    /// (a hint an older build wrote carries none, and a damaged one is ignored: the manifest
+    /// object is read instead).
+    async fn hint(&self) -> Result<(Option<u64>, Option<Manifest>)> {
+        let hint_path = self.paths.latest_hint();
+        let bytes = match self.store.get(&hint_path).await {
+            Ok(r) => r.bytes().await.map_err(|e| Error::store(&hint_path, e))?,
+            Err(object_store::Error::NotFound { .. }) => return Ok((None, None)),
+            Err(e) => return Err(Error::store(&hint_path, e)),
+        };
+        let line = bytes
+            .iter()
+            .position(|b| *b == b'\n')
+            .unwrap_or(bytes.len());
+        let version = std::str::from_utf8(&bytes[..line])
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok());
+        let manifest = match (version, bytes.get(line + 1..)) {
+            (Some(v), Some(body)) if !body.is_empty() => Manifest::decode(body, &hint_path)
+                .ok()
+                .filter(|m| m.version == v),
+            _ => None,
+        };
+        Ok((version, manifest))
+    }
+
+    /// The newest manifest, if the index exists, read from its object (a writer's view: the
+    /// object it builds on). Retries if the version it found was pruned between the LIST and
+    /// the GET by a writer that moved on.
     pub(crate) async fn load_latest(&self) -> Result<Option<Manifest>> {
+        self.load(false).await
+    }
+
+    /// [`ManifestStore::load_latest`] for a reader: in one round when `LATEST` is current and
+    /// carries its manifest (checked by its CRC), which is then taken instead of the object.
+    pub(crate) async fn load_latest_for_reading(&self) -> Result<Option<Manifest>> {
+        self.load(true).await
+    }
+
+    /// The newest version from `LATEST`'s GET beside a LIST of the manifest folder, and its
+    /// manifest (`LATEST`'s copy when `carried` allows it, else its object).
+    async fn load(&self, carried: bool) -> Result<Option<Manifest>> {
         let mut attempt = 0;
         loop {
-            let Some(v) = self.latest_version().await? else {
+            let dir = self.paths.manifest_dir();
+            let listing = async {
+                self.store
+                    .list(Some(&dir))
+                    .try_collect::<Vec<_>>()
+                    .await
+                    .map_err(|e| Error::store(&dir, e))
+            };
+            let ((hint, copy), listed) = futures::try_join!(self.hint(), listing)?;
+            let newest = listed
+                .iter()
+                .filter_map(|m| parse_manifest(&m.location))
+                .max();
+            let Some(v) = hint.max(newest) else {
                 return Ok(None);
             };
+            if let Some(m) = copy.filter(|m| carried && m.version == v) {
+                return Ok(Some(m));
+            }
             match self.read(v).await {
                 Ok(m) => return Ok(Some(m)),
                 Err(e) if attempt < 3 && e.is_not_found() => attempt += 1,
@@ -120,10 +170,16 @@ impl ManifestStore {
         }
     }
 
-    /// Record `version` in the `LATEST` hint (best effort: a stale hint only costs a longer LIST).
-    pub(crate) async fn publish_hint(&self, version: u64) {
+    /// Record `m` in the `LATEST` hint: its version (a line of ASCII digits) and its manifest
+    /// object's bytes (best effort: a stale hint only costs a longer LIST and a GET).
+    pub(crate) async fn publish_hint(&self, m: &Manifest) {
         let p = self.paths.latest_hint();
-        if let Err(e) = self.store.put(&p, version.to_string().into()).await {
+        let mut body = format!("{}\n", m.version).into_bytes();
+        match m.encode() {
+            Ok(b) => body.extend_from_slice(&b),
+            Err(e) => tracing::warn!("{p} carries no manifest: {e}"),
+        }
+        if let Err(e) = self.store.put(&p, body.into()).await {
             tracing::warn!("could not update {p}: {e}");
         }
     }
@@ -201,11 +257,23 @@ mod tests {
             Some(30),
             "no hint: full list"
         );
-        ms.publish_hint(5).await;
+        m.version = 5;
+        ms.publish_hint(&m).await;
         assert_eq!(ms.latest_version().await.unwrap(), Some(30), "stale hint");
-        ms.publish_hint(30).await;
+        assert_eq!(ms.load_latest().await.unwrap().unwrap().version, 30);
+        m.version = 30;
+        ms.publish_hint(&m).await;
         ms.prune(30, 3, 4).await;
         assert_eq!(ms.load_latest().await.unwrap().unwrap().version, 30);
+        // A hint an older build wrote (the version alone), or a damaged one, is still a hint.
+        for hint in [&b"30"[..], b"30\ngarbage", b"29\n"] {
+            store
+                .put(&Path::from("i/LATEST"), hint.to_vec().into())
+                .await
+                .unwrap();
+            assert_eq!(ms.latest_version().await.unwrap(), Some(30));
+            assert_eq!(ms.load_latest().await.unwrap().unwrap().version, 30);
+        }
         use futures::TryStreamExt;
         let left: Vec<_> = store
             .list(Some(&Path::from("i/manifest")))

@@ -46,19 +46,47 @@ pub(crate) async fn replay(
     mode: Mode,
     concurrency: usize,
 ) -> Result<Replayed> {
+    replay_listed(store, paths, schema, from, mode, concurrency, None).await
+}
+
+/// The ids of the WAL objects from `from` on.
+async fn list_from(store: &Arc<dyn ObjectStore>, paths: &Paths, from: u64) -> Result<Vec<u64>> {
+    let dir = paths.wal_dir();
+    let offset = paths.wal(from.saturating_sub(1));
+    Ok(store
+        .list_with_offset(Some(&dir), &offset)
+        .map_ok(|m| parse_wal(&m.location))
+        .try_collect::<Vec<_>>()
+        .await
+        .map_err(|e| Error::store(&dir, e))?
+        .into_iter()
+        .flatten()
+        .filter(|id| *id >= from)
+        .collect())
+}
+
+/// The ids of every WAL object: a listing made before the replay point is known (beside the
+/// manifest's read), for [`replay_listed`].
+pub(crate) async fn list_all(store: &Arc<dyn ObjectStore>, paths: &Paths) -> Result<Vec<u64>> {
+    list_from(store, paths, 0).await
+}
+
+/// [`replay`], starting from `listed` (ids of a listing made beside the manifest's read:
+/// those below `from` are left out) instead of a LIST of its own; a retry lists again.
+pub(crate) async fn replay_listed(
+    store: &Arc<dyn ObjectStore>,
+    paths: &Paths,
+    schema: &SchemaRef,
+    from: u64,
+    mode: Mode,
+    concurrency: usize,
+    mut listed: Option<Vec<u64>>,
+) -> Result<Replayed> {
     loop {
-        let dir = paths.wal_dir();
-        let offset = paths.wal(from.saturating_sub(1));
-        let mut ids: Vec<u64> = store
-            .list_with_offset(Some(&dir), &offset)
-            .map_ok(|m| parse_wal(&m.location))
-            .try_collect::<Vec<_>>()
-            .await
-            .map_err(|e| Error::store(&dir, e))?
-            .into_iter()
-            .flatten()
-            .filter(|id| *id >= from)
-            .collect();
+        let mut ids: Vec<u64> = match listed.take() {
+            Some(ids) => ids.into_iter().filter(|id| *id >= from).collect(),
+            None => list_from(store, paths, from).await?,
+        };
         ids.sort_unstable();
         for (i, id) in ids.iter().enumerate() {
             let expect = from + i as u64;

@@ -147,10 +147,11 @@ async fn taken_by(w: &Writer, m: &Manifest) -> Result<Taker> {
     })
 }
 
-/// Move LATEST to `version` and prune manifest versions beyond the retention (best effort).
-pub(crate) async fn clean_up_manifests(w: &Writer, version: u64) {
+/// Move LATEST to `m` and prune manifest versions beyond the retention (best effort).
+pub(crate) async fn clean_up_manifests(w: &Writer, m: &Manifest) {
     let settings = &w.reader.settings;
-    w.manifests.publish_hint(version).await;
+    let version = m.version;
+    w.manifests.publish_hint(m).await;
     if version > settings.manifest_retention {
         w.manifests
             .prune(
