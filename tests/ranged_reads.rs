@@ -205,6 +205,8 @@ async fn a_filter_reads_only_the_columns_it_names() {
         read * 10 < object,
         "a filter on year read {read} of {object} bytes"
     );
+    // The filter's column with the term's postings, then the pages of the rows returned.
+    assert_eq!(store.counters().round_trips, 2, "{:?}", store.counters());
     // The column is kept decoded: the same filter again reads nothing.
     assert!(ro.cache_stats().await.column_bytes >= 20_000 * 8);
     store.reset();
@@ -411,7 +413,7 @@ async fn a_new_handle_answers_its_first_query_in_four_round_trips() {
         .unwrap();
     writer.close().await.unwrap();
     let store = LatencyStore::new(inner, LatencyConfig::default());
-    for (what, query) in [("full-text", "shock nozzle")] {
+    for (what, query) in [("full-text", "shock nozzle"), ("filtered", "wave")] {
         store.reset();
         let ro = Index::open_read_only(
             Location::from_store(store.clone(), "idx"),

@@ -283,13 +283,20 @@ pub(crate) fn plan(
         })
         .unzip();
     let scoring = scoring(query.as_ref(), ts, &stats, &indexes)?;
-    warm_postings(&sources, pieces_of)?;
 
     let mut arms: Vec<ArmSpec> = Vec::with_capacity(sources.len());
     let payload: Arc<[usize]> = (0..schema.payload.len())
         .map(|i| user.fields().len() - schema.payload.len() + i)
         .collect();
-    let filter_rows = filter_rows(&pool, &caches.columns, &sources, filter.as_ref(), &user)?;
+    // The query's postings and the filter's columns are read at once: one round, not two.
+    let (warmed, filter_rows) = pool.install(|| {
+        rayon::join(
+            || warm_postings(&sources, pieces_of),
+            || filter_rows(&pool, &caches.columns, &sources, filter.as_ref(), &user),
+        )
+    });
+    warmed?;
+    let filter_rows = filter_rows?;
     let all_sources = sources.clone();
     for (src, ((((source, ti), live), live_rows), fm)) in sources
         .into_iter()
