@@ -114,6 +114,18 @@ pub struct Settings {
     /// fewest rows even where the policy would wait. It bounds the count when appends outrun
     /// compaction (the policy alone keeps it near `2 log2(flushes)`). Default 16.
     pub compaction_max_generations: usize,
+    /// No compaction makes a generation of more than this many rows (as Lucene caps merged
+    /// segments): a merge holds its merged rows and one input's, and builds the merged
+    /// generation in memory, so this bounds a compaction's memory by the setting, not by the
+    /// index (`docs/performance.md`, "Memory": with the default, a writer ingesting
+    /// 2,000,000 rows of the benchmark corpus peaked at 3.1 GB, `compact` at 1.8 GB).
+    /// Generations of at least half of it are full: the cap on the count
+    /// ([`Settings::compaction_max_generations`]) applies to the others, so a large index
+    /// holds up to `2 × rows / compaction_max_rows` full generations beside them. `compact()`
+    /// merges into generations of at most this many rows. Keep it at least
+    /// `compaction_fanout` flushes' worth of rows, or the policy merges fewer at a time.
+    /// Default 200,000.
+    pub compaction_max_rows: usize,
     /// A compaction's merged graph continues the graph of its largest input (its nodes keep
     /// their links; only the other rows are inserted) instead of being built afresh. Cheaper in
     /// proportion to the largest input's share of the rows, but it found less on clustered
@@ -172,6 +184,7 @@ impl Default for Settings {
             compaction: true,
             compaction_fanout: 4,
             compaction_max_generations: 16,
+            compaction_max_rows: 200_000,
             compaction_continue_graph: false,
             compaction_threads: 1,
             compaction_ef_construction: 100,
@@ -228,6 +241,7 @@ impl Settings {
         check(self.cache_bytes >= MIN_CACHE_BYTES, "cache_bytes")?;
         check(self.hot_cache_bytes > 0, "hot_cache_bytes")?;
         check(self.compaction_fanout >= 2, "compaction_fanout")?;
+        check(self.compaction_max_rows > 0, "compaction_max_rows")?;
         check(self.compaction_threads > 0, "compaction_threads")?;
         check(
             self.compaction_ef_construction > 0,

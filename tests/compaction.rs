@@ -521,3 +521,66 @@ async fn an_open_that_loses_a_generation_to_a_compaction_starts_over() {
     assert_eq!(opened.stats().generations.len(), 1);
     assert_eq!(live(&opened).await, model);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_merged_generation_passes_compaction_max_rows() {
+    // Six generations of 30 rows (with updates and deletes) under a cap of 70 rows a merged
+    // generation: compact() merges the oldest runs that fit, answers unchanged.
+    let capped = Settings {
+        compaction_max_rows: 70,
+        memtable_max_rows: 35,
+        ..settings(false)
+    };
+    let index = Index::create(memory(), schema(), capped.clone())
+        .await
+        .unwrap();
+    let model = six_generations(&index).await;
+    let before = answers(&index).await;
+    let report = index.compact().await.unwrap().expect("runs merge");
+    let gens = index.stats().generations;
+    println!(
+        "{report:?}: {:?}",
+        gens.iter().map(|g| g.rows).collect::<Vec<_>>()
+    );
+    assert!(gens.len() > 1 && gens.len() < 6, "{gens:?}");
+    assert!(gens.iter().all(|g| g.rows <= 70), "{gens:?}");
+    assert_eq!(report.generations_before, 6);
+    assert_eq!(report.generations_after, gens.len());
+    assert_eq!(answers(&index).await, before, "answers changed");
+    assert_eq!(live(&index).await, model);
+    // Nothing fits together any more: nothing to do.
+    assert_eq!(index.compact().await.unwrap(), None);
+    index.close().await.unwrap();
+
+    // A stream under the same cap with background compaction: no merge passes it, and
+    // flushes at the generation cap do not wait for merges that cannot happen.
+    let index = Index::create(
+        memory(),
+        schema(),
+        Settings {
+            compaction: true,
+            compaction_max_generations: 6,
+            ..capped
+        },
+    )
+    .await
+    .unwrap();
+    let s = schema();
+    for f in 0..40 {
+        let rows: Vec<Row> = (0..30).map(|i| Row::new(format!("f{f}-{i}"), 1)).collect();
+        index.append(&batch(&s, &rows)).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(20), index.flush())
+            .await
+            .expect("a flush waits for a merge that cannot happen")
+            .unwrap();
+    }
+    settled(&index).await;
+    let gens = index.stats().generations;
+    assert!(gens.iter().all(|g| g.rows <= 70), "{gens:?}");
+    // The cap of 6 applies to the open generations (under 35 rows, half the cap on merged
+    // rows); the full ones are beside them.
+    let open = gens.iter().filter(|g| g.rows * 2 < 70).count();
+    assert!(open <= 6, "{gens:?}");
+    assert_eq!(live(&index).await.len(), 40 * 30);
+    index.close().await.unwrap();
+}

@@ -136,10 +136,8 @@ pub fn run(o: &MergeOptions) -> Result<MergeReport> {
     let inputs_s = started.elapsed().as_secs_f64();
 
     let t = Instant::now();
-    let input_rows = futures::executor::block_on(futures::future::try_join_all(
-        inputs.iter().map(|g| g.all_rows()),
-    ))?;
-    let (rows, kept) = merge_rows(&inputs, &input_rows, true)?;
+    let read = |g: &Arc<Generation>| futures::executor::block_on(g.all_rows());
+    let (rows, kept) = merge_rows(&inputs, read, true)?;
     let rows_s = t.elapsed().as_secs_f64();
 
     let t = Instant::now();

@@ -7,7 +7,7 @@
 //! operation changed is given up, and its merged object deleted.
 
 use super::merge::{continue_largest, merge_rows};
-use super::policy::due;
+use super::policy::{all, due};
 use super::urgency::{raise_if_due, Running};
 use super::CompactionReport;
 use crate::format::manifest::Manifest;
@@ -28,8 +28,10 @@ use std::time::Instant;
 pub(crate) enum Pick {
     /// The run the policy picks, if any.
     Policy,
-    /// Every generation into one (`compact()` on demand), if that changes anything.
-    All,
+    /// The oldest run that fits in `compaction_max_rows` among the generations of sequence
+    /// numbers up to this one (`compact()` on demand), if that changes anything (see
+    /// [`super::policy::all`]).
+    All(u64),
 }
 
 /// A compaction picked: its run and how its merge is built.
@@ -50,7 +52,7 @@ pub(crate) async fn compact_once(
     w: &Arc<Writer>,
     pick_by: Pick,
 ) -> Result<Option<CompactionReport>> {
-    if matches!(pick_by, Pick::All) {
+    if matches!(pick_by, Pick::All(_)) {
         // Asked for: a background compaction under way finishes first, at the foreground's
         // priority.
         raise_if_due(w, None);
@@ -98,19 +100,19 @@ fn pick(w: &Writer, pick_by: Pick) -> Option<Job> {
     let run: Range<usize> = match pick_by {
         Pick::Policy => {
             let rows: Vec<u64> = metas.iter().map(|m| m.rows).collect();
-            due(&rows, s.compaction_fanout, s.compaction_max_generations)?
+            due(
+                &rows,
+                s.compaction_fanout,
+                s.compaction_max_generations,
+                s.compaction_max_rows as u64,
+            )?
         }
-        Pick::All => {
-            let nothing_to_drop = metas.len() == 1 && metas[0].tombstones == 0;
-            if metas.is_empty() || nothing_to_drop {
-                return None;
-            }
-            0..metas.len()
-        }
+        Pick::All(last) => all(&metas, s.compaction_max_rows as u64, last)?,
     };
     // One flush short of the cap (where flushes, and then appends, wait for compaction) or
     // asked for, a compaction is urgent: it runs at the foreground's priority on every core.
-    let urgent = matches!(pick_by, Pick::All) || metas.len() + 1 >= s.compaction_max_generations;
+    let open = super::policy::open(metas.iter().map(|m| m.rows), s.compaction_max_rows as u64);
+    let urgent = matches!(pick_by, Pick::All(_)) || open + 1 >= s.compaction_max_generations;
     tracing::debug!(
         "compacting generations {:?} of {} (urgent: {urgent})",
         run,
@@ -155,13 +157,10 @@ async fn build(
     let drop_tombstones = job.drop_tombstones;
     let continue_graph = settings.compaction_continue_graph;
     in_background_thread("lsmsearch-compact", lower, move || {
-        // Every input's rows, read in full (their cold parts from the store) and decoded here,
-        // at the compaction's priority, not on the runtime's threads.
-        let read = futures::future::try_join_all(inputs.iter().map(|g| g.all_rows()));
-        let input_rows = Generation::block_on_any(&inputs, read)
-            .transpose()?
-            .unwrap_or_default();
-        let (rows, kept) = merge_rows(&inputs, &input_rows, drop_tombstones)?;
+        // Each input's rows, read in full (their cold parts from the store) and decoded here,
+        // at the compaction's priority, not on the runtime's threads: one input at a time.
+        let read = |g: &Arc<Generation>| g.block_on(g.all_rows());
+        let (rows, kept) = merge_rows(&inputs, read, drop_tombstones)?;
         if rows.num_rows() == 0 {
             return Ok(None);
         }

@@ -16,16 +16,37 @@ use std::sync::Arc;
 
 /// The rows of the generation merging `inputs` (adjacent generations, oldest first): the newest
 /// version of each key among them, in sequence order; tombstones left out when
-/// `drop_tombstones` (nothing older remains for them to hide).
+/// `drop_tombstones` (nothing older remains for them to hide). What to keep is decided from
+/// the keys every generation holds ([`kept_rows`]); then each input's rows are read (`read`)
+/// and filtered one input at a time, so that a merge holds the merged rows and one input's,
+/// not every input's.
 pub(crate) fn merge_rows(
     inputs: &[Arc<Generation>],
-    rows: &[RecordBatch],
+    read: impl Fn(&Arc<Generation>) -> Result<RecordBatch>,
     drop_tombstones: bool,
 ) -> Result<(RecordBatch, Vec<Vec<bool>>)> {
     let schema = match inputs.first() {
         Some(g) => g.schema().clone(),
         None => return Err(Error::internal("a compaction of no generations")),
     };
+    let keep = kept_rows(inputs, drop_tombstones);
+    let mut parts = Vec::with_capacity(inputs.len());
+    for (g, k) in inputs.iter().zip(&keep) {
+        if !k.iter().any(|x| *x) {
+            continue;
+        }
+        let rows = read(g)?;
+        parts.push(arrow::compute::filter_record_batch(
+            &rows,
+            &BooleanArray::from(k.clone()),
+        )?);
+    }
+    Ok((arrow::compute::concat_batches(&schema, &parts)?, keep))
+}
+
+/// Per input, which of its rows the merge keeps: the newest version of each key among the
+/// inputs, tombstones left out when `drop_tombstones`.
+fn kept_rows(inputs: &[Arc<Generation>], drop_tombstones: bool) -> Vec<Vec<bool>> {
     // Key hash → (input, row) of the newest version seen, newest input first; a hit is confirmed
     // on the exact key, and a true hash collision falls back to asking every newer input.
     let mut seen: HashMap<u64, (usize, usize), BuildHasherDefault<HashIsKey>> =
@@ -56,12 +77,7 @@ pub(crate) fn merge_rows(
         }
         keep[i] = mine;
     }
-    let parts = rows
-        .iter()
-        .zip(&keep)
-        .map(|(r, k)| arrow::compute::filter_record_batch(r, &BooleanArray::from(k.clone())))
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    Ok((arrow::compute::concat_batches(&schema, &parts)?, keep))
+    keep
 }
 
 /// The merged generation's graph, continuing the graph of the input with the most rows (its

@@ -38,7 +38,7 @@ impl Drop for Running<'_> {
 }
 
 /// Raise the compaction under way to the foreground's priority when it became urgent: `gens`
-/// generations are one flush short of the cap (where flushes wait for compaction), or
+/// open generations (see [`super::policy::open`]) are one flush short of the cap (where flushes wait for compaction), or
 /// `compact()` waits for it (`None`).
 pub(crate) fn raise_if_due(w: &Writer, gens: Option<usize>) {
     let due = gens.is_none_or(|n| n + 1 >= w.reader.settings.compaction_max_generations);

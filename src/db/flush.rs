@@ -97,13 +97,24 @@ pub(crate) async fn run_flusher(inner: Arc<Writer>) {
     }
 }
 
-/// Whether a flush must wait for compaction: compaction is on and not failing, and the
-/// generations are at the cap.
+/// Whether a flush must wait for compaction: compaction is on and not failing, the
+/// generations are at the cap, and a merge can bring the count down (on a large index,
+/// generations near `compaction_max_rows` may not fit together).
 fn over_cap(inner: &Writer) -> bool {
     let s = &inner.reader.settings;
+    let gens = &inner.read_state().manifest.generations;
     s.compaction
-        && inner.read_state().manifest.generations.len() >= s.compaction_max_generations
+        && crate::compaction::policy::open(
+            gens.iter().map(|g| g.rows),
+            s.compaction_max_rows as u64,
+        ) >= s.compaction_max_generations
         && inner.compaction.telemetry().last_error.is_none()
+        && crate::compaction::policy::debt(
+            gens,
+            s.compaction_fanout,
+            s.compaction_max_generations,
+            s.compaction_max_rows as u64,
+        ) > 0
 }
 
 /// The manifest version after `base` when this writer already published it (an earlier
@@ -265,7 +276,13 @@ async fn flush_one(
     }
     swap(inner, mid, &next)?;
     drop(publish);
-    raise_if_due(inner, Some(next.generations.len()));
+    raise_if_due(
+        inner,
+        Some(crate::compaction::policy::open(
+            next.generations.iter().map(|g| g.rows),
+            inner.reader.settings.compaction_max_rows as u64,
+        )),
+    );
     finish(inner, mid, next, generation, &wal_ids).await
 }
 

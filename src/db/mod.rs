@@ -540,6 +540,7 @@ impl Index {
                 &stats.generations,
                 settings.compaction_fanout,
                 settings.compaction_max_generations,
+                settings.compaction_max_rows as u64,
             ),
             bytes_reclaimable: self.inner.compaction.replaced.bytes(),
             last_compaction_ms: c.last_ms,
@@ -549,19 +550,48 @@ impl Index {
         }
     }
 
-    /// Merge every generation into one now (superseded versions and tombstones dropped), and
-    /// wait until the merged generation is published; `None` when there was nothing to merge
-    /// (no generation, or one without tombstones), or when the list changed under the merge
-    /// (a flush's earlier attempt took the version it was to be published at): call it again.
-    /// Runs beside appends and queries; a background compaction under way finishes first. See
-    /// [`Settings::compaction`].
+    /// Merge the generations now (superseded versions and tombstones dropped) into as few as
+    /// [`Settings::compaction_max_rows`] allows (one, unless the index holds more rows than
+    /// that), oldest runs first, and wait until each merged generation is published. The
+    /// report sums the merges; `None` when there was nothing to merge (no generation, one
+    /// without tombstones, or none that fit together), or when the list changed under the
+    /// first merge (a flush's earlier attempt took the version it was to be published at):
+    /// call it again. Runs beside appends and queries; a background compaction under way
+    /// finishes first. See [`Settings::compaction`].
     pub async fn compact(&self) -> Result<Option<CompactionReport>> {
         self.check_open()?;
-        let compacted = compact_once(&self.inner, Pick::All).await;
-        if compacted.as_ref().is_err_and(is_fenced) {
-            self.inner.mark_fenced();
+        let mut total: Option<CompactionReport> = None;
+        // The generations present now: under appends, the merges end.
+        let last = self
+            .inner
+            .read_state()
+            .manifest
+            .generations
+            .iter()
+            .map(|g| g.max_seq)
+            .max()
+            .unwrap_or(0);
+        loop {
+            let compacted = compact_once(&self.inner, Pick::All(last)).await;
+            if compacted.as_ref().is_err_and(is_fenced) {
+                self.inner.mark_fenced();
+            }
+            let Some(r) = compacted? else {
+                return Ok(total);
+            };
+            total = Some(match total {
+                None => r,
+                Some(t) => CompactionReport {
+                    generations_before: t.generations_before,
+                    generations_after: r.generations_after,
+                    rows_in: t.rows_in + r.rows_in,
+                    rows_out: t.rows_out + r.rows_out,
+                    bytes_in: t.bytes_in + r.bytes_in,
+                    bytes_out: t.bytes_out + r.bytes_out,
+                    millis: t.millis + r.millis,
+                },
+            });
         }
-        compacted
     }
 
     /// Whether a newer writer has fenced this one.

@@ -101,8 +101,17 @@ pub(crate) fn debt_rows(w: &Writer) -> usize {
             0
         };
         let gens = &st.manifest.generations;
-        let due = debt(gens, s.compaction_fanout, s.compaction_max_generations) > 0;
-        (queue_full, gens.len(), due)
+        let due = debt(
+            gens,
+            s.compaction_fanout,
+            s.compaction_max_generations,
+            s.compaction_max_rows as u64,
+        ) > 0;
+        let open = crate::compaction::policy::open(
+            gens.iter().map(|g| g.rows),
+            s.compaction_max_rows as u64,
+        );
+        (queue_full, open, due)
     };
     // Only while a compaction is due: one that is not would never drain it.
     let compaction = if s.compaction && due && w.compaction.telemetry().last_error.is_none() {

@@ -284,6 +284,7 @@ impl Generation {
                     .ok_or_else(|| Error::internal("vector column is not a fixed-size list"))?;
                 let (values, valid) = encode_vectors(list)?;
                 w.add_cold(VECTORS_SECTION, &values);
+                drop(values);
                 w.add(VECTORS_VALID_SECTION, &valid);
                 w.add(
                     CODES_SECTION,
@@ -304,6 +305,11 @@ impl Generation {
             Some(ts) => {
                 let (ti, files) = TextIndex::build(ts, &rows)?;
                 w.add("text_token_counts", &ti.encode_counts());
+                // Owned once (not copied) for the recording of their pieces and the bundle.
+                let files: Vec<(String, tantivy::directory::OwnedBytes)> = files
+                    .into_iter()
+                    .map(|(n, b)| (n, tantivy::directory::OwnedBytes::new(b)))
+                    .collect();
                 let pieces: HashMap<String, Vec<u8>> = match w.version() >= COLD_TEXT_VERSION {
                     true => hot_pieces(ts, &files)?.into_iter().collect(),
                     false => HashMap::new(),
@@ -311,10 +317,10 @@ impl Generation {
                 for (name, bytes) in files {
                     match pieces.get(&name) {
                         Some(p) => {
-                            w.add_cold(&format!("text/{name}"), &bytes);
+                            w.add_cold(&format!("text/{name}"), bytes.as_slice());
                             w.add(&format!("{TEXT_PIECES}{name}"), p);
                         }
-                        None => w.add(&format!("text/{name}"), &bytes),
+                        None => w.add(&format!("text/{name}"), bytes.as_slice()),
                     }
                 }
                 Some(ti)

@@ -13,8 +13,8 @@
 //! kept, as tantivy asks for it (one entry per term's postings or positions), in the handle's
 //! [`PostingsCache`], so a warm search reads it without a lookup per block or a copy.
 
+use super::open_reader;
 use super::schema::TextSchema;
-use super::{open_reader, IndexFiles};
 use crate::{Error, Result};
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -388,12 +388,15 @@ impl GenDirectory {
 /// For each cold file of a finished index's `files` (see [`is_cold_file`]), its pieces: what
 /// tantivy reads of it when it opens the index's segments and every text field's inverted
 /// index, recorded by opening them over the files. Returns `(name, pieces section)`.
-pub(crate) fn hot_pieces(ts: &TextSchema, files: &IndexFiles) -> Result<Vec<(String, Vec<u8>)>> {
+pub(crate) fn hot_pieces(
+    ts: &TextSchema,
+    files: &[(String, OwnedBytes)],
+) -> Result<Vec<(String, Vec<u8>)>> {
     let mut map: HashMap<PathBuf, Arc<dyn FileHandle>> = HashMap::new();
     let mut recorders = Vec::new();
     for (name, bytes) in files {
         let file = Arc::new(HeldFile {
-            bytes: OwnedBytes::new(bytes.clone()),
+            bytes: bytes.clone(),
             seen: is_cold_file(name).then(Mutex::default),
         });
         if is_cold_file(name) {
