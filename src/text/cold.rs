@@ -616,3 +616,34 @@ impl ColdText {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_round_trip_and_malformed_ones_are_refused() {
+        let file: Vec<u8> = (0..200u8).collect();
+        let ranges = [3..10, 50..51, 190..200];
+        let enc = Bytes::from(encode_pieces(&file, &ranges));
+        let dec = decode_pieces(&enc, 200).expect("pieces");
+        assert_eq!(dec.len(), 3);
+        for ((r, b), want) in dec.iter().zip(&ranges) {
+            assert_eq!(r.start as usize..r.end as usize, *want);
+            assert_eq!(b.as_slice(), &file[want.clone()]);
+        }
+        // Every shorter prefix, a file too short for them, a count far beyond the section.
+        for n in 0..enc.len() {
+            assert!(decode_pieces(&enc.slice(..n), 200).is_none(), "{n} bytes");
+        }
+        assert!(decode_pieces(&enc, 199).is_none());
+        let mut huge = enc.to_vec();
+        huge[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode_pieces(&Bytes::from(huge), 200).is_none());
+        // Overlapping or empty pieces.
+        let bad = Bytes::from(encode_pieces(&file, &[3..10, 9..12]));
+        assert!(decode_pieces(&bad, 200).is_none());
+        let empty = Bytes::from(encode_pieces(&file, std::slice::from_ref(&(3..3))));
+        assert!(decode_pieces(&empty, 200).is_none());
+    }
+}
