@@ -117,6 +117,10 @@ fn encode_pieces(file: &[u8], ranges: &[Range<usize>]) -> Vec<u8> {
 fn decode_pieces(bytes: &Bytes, len: u64) -> Option<Vec<(Range<u64>, OwnedBytes)>> {
     let count = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
     let head = count.checked_mul(12)?.checked_add(4)?;
+    // The count is the object's word: nothing is allocated for more entries than it holds.
+    if head > bytes.len() {
+        return None;
+    }
     let mut at = head;
     let mut prev_end = 0u64;
     let mut out = Vec::with_capacity(count);
