@@ -49,7 +49,7 @@ impl ReadOnlyIndex {
         // The newest manifest and the WAL's listing in one round.
         let (m, wal) = futures::try_join!(
             manifests.load_latest_for_reading(),
-            crate::wal::list_all(&loc.store, &paths)
+            crate::wal::list_from(&loc.store, &paths, 0)
         )?;
         let m = m.ok_or_else(|| Error::invalid(format!("no index at {}", loc.display)))?;
         let reader = Reader::new(&loc, &paths, m.schema.clone(), settings).await?;
@@ -90,9 +90,16 @@ impl ReadOnlyIndex {
             let (m, wal) = match listed.take() {
                 Some(l) => l,
                 None => {
+                    // The replay point only moves forward: the listing starts at the view's.
+                    let from = self
+                        .view
+                        .read()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .manifest
+                        .wal_replay_from;
                     let (m, wal) = futures::try_join!(
                         self.manifests.load_latest_for_reading(),
-                        crate::wal::list_all(&self.loc.store, &self.paths)
+                        crate::wal::list_from(&self.loc.store, &self.paths, from)
                     )?;
                     let m = m.ok_or_else(|| {
                         Error::invalid(format!("no index at {}", self.loc.display))

@@ -50,7 +50,7 @@ pub(crate) async fn replay(
 }
 
 /// The ids of the WAL objects from `from` on.
-async fn list_from(store: &Arc<dyn ObjectStore>, paths: &Paths, from: u64) -> Result<Vec<u64>> {
+pub(crate) async fn list_from(store: &Arc<dyn ObjectStore>, paths: &Paths, from: u64) -> Result<Vec<u64>> {
     let dir = paths.wal_dir();
     let offset = paths.wal(from.saturating_sub(1));
     Ok(store
@@ -63,12 +63,6 @@ async fn list_from(store: &Arc<dyn ObjectStore>, paths: &Paths, from: u64) -> Re
         .flatten()
         .filter(|id| *id >= from)
         .collect())
-}
-
-/// The ids of every WAL object: a listing made before the replay point is known (beside the
-/// manifest's read), for [`replay_listed`].
-pub(crate) async fn list_all(store: &Arc<dyn ObjectStore>, paths: &Paths) -> Result<Vec<u64>> {
-    list_from(store, paths, 0).await
 }
 
 /// [`replay`], starting from `listed` (ids of a listing made beside the manifest's read:
