@@ -251,6 +251,12 @@ async fn keep_the_latest_manifest_with_older_formats(loc: &Location) {
         .put(&mp, m.encode().expect("encode").into())
         .await
         .expect("put");
+    // LATEST carried the manifest as it was before this rewrite: it now says the version
+    // alone, as older builds wrote it (readers then read the manifest object).
+    store
+        .put(&paths.latest_hint(), m.version.to_string().into())
+        .await
+        .expect("put");
 }
 
 #[tokio::test]
