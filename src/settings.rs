@@ -97,7 +97,8 @@ pub struct Settings {
     /// searches read from generations' cold parts (version 4), one entry per term and
     /// generation as tantivy reads it: a warm search finds them there without a lookup per
     /// block or a copy. Beyond it, the least used leave (their blocks may still be in the
-    /// block cache). Default 64 MiB.
+    /// block cache); an entry above a quarter of one of its shards (an eighth of the budget
+    /// from 8 MiB) is not kept; 0 keeps nothing. Default 64 MiB.
     pub postings_cache_bytes: u64,
     /// Merge generations in the writer's background (see `docs/architecture.md`,
     /// "Compaction"). Off, generations accumulate until [`crate::Index::compact`] is called.

@@ -52,11 +52,17 @@ pub(crate) trait ColdRead: Send + Sync + std::fmt::Debug + 'static {
 /// foyer's in-memory cache (S3-FIFO), whose lookups cost a fraction of moka's: a warm
 /// search makes one per term and generation, twice (ahead of the search, and in it).
 #[derive(Clone)]
-pub(crate) struct PostingsCache(foyer::Cache<(u64, u64, u64), OwnedBytes>);
+pub(crate) struct PostingsCache {
+    /// `None` with a budget of 0: nothing is kept.
+    cache: Option<foyer::Cache<(u64, u64, u64), OwnedBytes>>,
+    /// The largest entry kept (a quarter of a shard: foyer would let a heavier one in and
+    /// empty its shard for it).
+    max_entry: usize,
+}
 
 impl std::fmt::Debug for PostingsCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PostingsCache({} bytes)", self.0.usage())
+        write!(f, "PostingsCache({} bytes)", self.bytes())
     }
 }
 
@@ -64,26 +70,41 @@ impl std::fmt::Debug for PostingsCache {
 const ENTRY_OVERHEAD: usize = 96;
 
 impl PostingsCache {
-    /// An empty cache of at most `bytes` bytes.
+    /// An empty cache of at most `bytes` bytes (0: none).
     pub(crate) fn new(bytes: u64) -> Self {
         let capacity = usize::try_from(bytes).unwrap_or(usize::MAX);
         // Shards split the budget evenly: each holds at least 1 MiB.
         let shards = (bytes >> 20).clamp(1, 8) as usize;
-        PostingsCache(
-            foyer::CacheBuilder::new(capacity)
-                .with_shards(shards)
-                .with_weighter(|_: &(u64, u64, u64), v: &OwnedBytes| v.len() + ENTRY_OVERHEAD)
-                .build(),
-        )
+        PostingsCache {
+            cache: (bytes > 0).then(|| {
+                foyer::CacheBuilder::new(capacity)
+                    .with_shards(shards)
+                    .with_weighter(|_: &(u64, u64, u64), v: &OwnedBytes| v.len() + ENTRY_OVERHEAD)
+                    .build()
+            }),
+            max_entry: capacity / shards / 4,
+        }
     }
 
     /// Bytes held.
     pub(crate) fn bytes(&self) -> u64 {
-        self.0.usage() as u64
+        self.cache.as_ref().map_or(0, |c| c.usage() as u64)
     }
 
     fn get(&self, key: &(u64, u64, u64)) -> Option<OwnedBytes> {
-        self.0.get(key).map(|e| e.value().clone())
+        self.cache.as_ref()?.get(key).map(|e| e.value().clone())
+    }
+
+    fn contains(&self, key: &(u64, u64, u64)) -> bool {
+        self.cache.as_ref().is_some_and(|c| c.contains(key))
+    }
+
+    fn insert(&self, key: (u64, u64, u64), value: OwnedBytes) {
+        if let Some(c) = &self.cache {
+            if value.len() + ENTRY_OVERHEAD <= self.max_entry {
+                c.insert(key, value);
+            }
+        }
     }
 }
 
@@ -200,13 +221,12 @@ impl ColdFile {
         let owned = OwnedBytes::new(bytes.to_vec());
         self.read
             .postings()
-            .0
             .insert((self.id, r.start, r.end), owned.clone());
         owned
     }
 
     fn is_kept(&self, r: &Range<u64>) -> bool {
-        self.read.postings().0.contains(&(self.id, r.start, r.end))
+        self.read.postings().contains(&(self.id, r.start, r.end))
     }
 }
 
@@ -649,5 +669,21 @@ mod tests {
         assert!(decode_pieces(&bad, 200).is_none());
         let empty = Bytes::from(encode_pieces(&file, std::slice::from_ref(&(3..3))));
         assert!(decode_pieces(&empty, 200).is_none());
+    }
+
+    #[test]
+    fn the_postings_cache_keeps_nothing_at_zero_and_no_entry_above_a_shard_quarter() {
+        let none = PostingsCache::new(0);
+        none.insert((1, 0, 4), OwnedBytes::new(vec![1u8; 4]));
+        assert!(!none.contains(&(1, 0, 4)) && none.bytes() == 0);
+        let some = PostingsCache::new(4 << 20);
+        some.insert((1, 0, 4), OwnedBytes::new(vec![1u8; 4]));
+        assert_eq!(some.get(&(1, 0, 4)).map(|b| b.len()), Some(4));
+        some.insert((1, 4, 2 << 20), OwnedBytes::new(vec![0u8; 2 << 20]));
+        assert!(
+            !some.contains(&(1, 4, 2 << 20)),
+            "bigger than a quarter of a shard"
+        );
+        assert!(some.bytes() < 1 << 20);
     }
 }

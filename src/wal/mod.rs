@@ -50,7 +50,11 @@ pub(crate) async fn replay(
 }
 
 /// The ids of the WAL objects from `from` on.
-pub(crate) async fn list_from(store: &Arc<dyn ObjectStore>, paths: &Paths, from: u64) -> Result<Vec<u64>> {
+pub(crate) async fn list_from(
+    store: &Arc<dyn ObjectStore>,
+    paths: &Paths,
+    from: u64,
+) -> Result<Vec<u64>> {
     let dir = paths.wal_dir();
     let offset = paths.wal(from.saturating_sub(1));
     Ok(store
