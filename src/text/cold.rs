@@ -49,8 +49,8 @@ pub(crate) trait ColdRead: Send + Sync + std::fmt::Debug + 'static {
 /// parts, one entry per range tantivy asks for (a term's postings, or its positions), within
 /// a byte budget ([`crate::Settings::postings_cache_bytes`]).
 ///
-/// foyer's in-memory cache (S3-FIFO), whose lookups cost a fraction of moka's: a warm
-/// search makes one per term and generation, twice (ahead of the search, and in it).
+/// foyer's in-memory cache with FIFO eviction, whose lookups cost a fraction of moka's: a
+/// warm search makes one per term and generation, twice (ahead of the search, and in it).
 #[derive(Clone)]
 pub(crate) struct PostingsCache {
     /// `None` with a budget of 0: nothing is kept.
@@ -77,8 +77,10 @@ impl PostingsCache {
         let shards = (bytes >> 20).clamp(1, 8) as usize;
         PostingsCache {
             cache: (bytes > 0).then(|| {
+                // FIFO eviction: a lookup changes no eviction state (no lock to take).
                 foyer::CacheBuilder::new(capacity)
                     .with_shards(shards)
+                    .with_eviction_config(foyer::FifoConfig::default())
                     .with_weighter(|_: &(u64, u64, u64), v: &OwnedBytes| v.len() + ENTRY_OVERHEAD)
                     .build()
             }),
@@ -474,7 +476,7 @@ pub(crate) struct ColdText {
     segments: Vec<HashMap<Field, FieldAt>>,
     /// The ranges of recently queried terms (a generation never changes, so neither do
     /// they), so that a warm query does not look its terms up twice; it starts over when full.
-    memo: Mutex<HashMap<(Term, bool), TermRanges>>,
+    memo: Mutex<HashMap<(Term, bool), TermRanges, xxhash_rust::xxh3::Xxh3Builder>>,
 }
 
 /// The ranges of cold files a search of one term reads.
