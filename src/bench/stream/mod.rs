@@ -25,7 +25,6 @@ pub use report::{rss_mib, Checkpoint, Interval, Latency, StreamReport};
 
 use super::corpus::{Corpus, Embedder};
 use crate::{Index, IndexSchema, Location, Result, ScanOptions};
-use arrow::array::RecordBatch;
 use checkpoint::{check, snapshot, Snapshot};
 use load::{reader, writer, Shared};
 use plot::plot_stream;
@@ -217,13 +216,12 @@ pub async fn run(o: &StreamOptions) -> Result<StreamReport> {
         r.map_err(|e| crate::Error::internal(format!("stream task: {e}")))??;
     }
     let acked = s.acked.load(Ordering::Relaxed);
-    let live_rows = s
-        .index
-        .scan(ScanOptions::default())
-        .await?
-        .iter()
-        .map(RecordBatch::num_rows)
-        .sum();
+    // Counted batch by batch: the rows are not held (a 10-minute stream writes millions).
+    let mut live_rows = 0;
+    let mut stream = s.index.scan_stream(ScanOptions::default()).await?;
+    while let Some(b) = futures::StreamExt::next(&mut stream).await {
+        live_rows += b?.num_rows();
+    }
     let mut checkpoints = Vec::new();
     for snap in &snapshots {
         checkpoints.push(check(snap, &schema)?);
