@@ -137,7 +137,7 @@ pub fn run(o: &MergeOptions) -> Result<MergeReport> {
 
     let t = Instant::now();
     let read = |g: &Arc<Generation>| futures::executor::block_on(g.all_rows());
-    let (rows, kept) = merge_rows(&inputs, read, true)?;
+    let (rows, kept) = merge_rows(&inputs, &[], read, true)?;
     let rows_s = t.elapsed().as_secs_f64();
 
     let t = Instant::now();

@@ -6,7 +6,7 @@
 //! a fenced writer's manifest PUT collides and it publishes nothing. A run a concurrent
 //! operation changed is given up, and its merged object deleted.
 
-use super::merge::{continue_largest, merge_rows};
+use super::merge::{continue_largest, merge_rows, superseded_share};
 use super::policy::{all, due};
 use super::urgency::{raise_if_due, Running};
 use super::CompactionReport;
@@ -39,6 +39,8 @@ pub(crate) enum Pick {
 struct Job {
     /// The generations merged, oldest first, adjacent in the list they were picked from.
     run: Vec<GenerationMeta>,
+    /// The generations after the run in that list: the versions they supersede are dead.
+    newer: Vec<GenerationMeta>,
     /// The run starts at the oldest generation: nothing older remains for a tombstone to hide.
     drop_tombstones: bool,
     /// At the foreground's priority on every core (see [`super::urgency`]).
@@ -66,10 +68,15 @@ pub(crate) async fn compact_once(
         let _publish = w.publisher.lock.lock().await;
         settle(w).await?;
     }
-    let Some(job) = pick(w, pick_by) else {
-        return Ok(None);
+    let job = match pick(w, pick_by) {
+        Some(job) => job,
+        None => match reclaim(w, pick_by).await {
+            Some(job) => job,
+            None => return Ok(None),
+        },
     };
     let inputs = w.reader.generations.get_all(&job.run).await?;
+    let newer = w.reader.generations.get_all(&job.newer).await?;
     // The merged generation's id.
     let id = w
         .publisher
@@ -79,7 +86,7 @@ pub(crate) async fn compact_once(
     // short of the cap (see `raise_if_due`): then at the foreground's, from where it is.
     let lower = (!job.urgent).then(|| Arc::new(Raisable::default()));
     let _running = Running::new(w, lower.clone());
-    let merged = match build(w, &job, id, &inputs, lower.clone()).await? {
+    let merged = match build(w, &job, id, &inputs, &newer, lower.clone()).await? {
         Some((_, bytes)) => {
             let bytes = bytes::Bytes::from(bytes);
             upload(w, id, bytes.clone()).await?;
@@ -120,10 +127,59 @@ fn pick(w: &Writer, pick_by: Pick) -> Option<Job> {
     );
     Some(Job {
         drop_tombstones: run.start == 0,
+        newer: metas[run.end..].to_vec(),
         run: metas[run].to_vec(),
         urgent,
         started,
     })
+}
+
+/// Rows of a full generation [`reclaim`] samples.
+const RECLAIM_SAMPLES: usize = 128;
+
+/// A full generation (at least half of `compaction_max_rows`, see [`super::policy::open`])
+/// most of whose rows newer generations supersede (at least half of a sample), to rewrite
+/// alone: it merges with no neighbour that would take it past the cap, so its dead rows would
+/// otherwise stay. Only generations this handle holds are sampled (no fetch), and with
+/// `Pick::All` only those present when `compact()` was called.
+async fn reclaim(w: &Writer, pick_by: Pick) -> Option<Job> {
+    let started = Instant::now();
+    let metas = w.read_state().manifest.generations.clone();
+    let max_rows = w.reader.settings.compaction_max_rows as u64;
+    let last = match pick_by {
+        Pick::All(last) => last,
+        Pick::Policy => u64::MAX,
+    };
+    for i in 0..metas.len().saturating_sub(1) {
+        let m = &metas[i];
+        if m.max_seq > last || m.rows.saturating_mul(2) < max_rows {
+            continue;
+        }
+        let newer = &metas[i + 1..];
+        let (Some(g), Some(later)) = (
+            w.reader.generations.cached(std::slice::from_ref(m)).await,
+            w.reader.generations.cached(newer).await,
+        ) else {
+            continue;
+        };
+        let share = superseded_share(&g[0], &later, RECLAIM_SAMPLES);
+        if share >= 0.5 {
+            tracing::debug!(
+                "rewriting full generation {} ({} rows, about {:.0}% superseded)",
+                m.id,
+                m.rows,
+                share * 100.0
+            );
+            return Some(Job {
+                run: vec![m.clone()],
+                newer: newer.to_vec(),
+                drop_tombstones: i == 0,
+                urgent: matches!(pick_by, Pick::All(_)),
+                started,
+            });
+        }
+    }
+    None
 }
 
 /// Build the merged generation and its object on a background thread at `lower`'s priority;
@@ -133,6 +189,7 @@ async fn build(
     job: &Job,
     id: u64,
     inputs: &[Arc<Generation>],
+    newer: &[Arc<Generation>],
     lower: Option<Arc<Raisable>>,
 ) -> Result<Option<(Generation, Vec<u8>)>> {
     let settings = &w.reader.settings;
@@ -154,13 +211,14 @@ async fn build(
             (col, metric, params)
         });
     let inputs = inputs.to_vec();
+    let newer = newer.to_vec();
     let drop_tombstones = job.drop_tombstones;
     let continue_graph = settings.compaction_continue_graph;
     in_background_thread("lsmsearch-compact", lower, move || {
         // Each input's rows, read in full (their cold parts from the store) and decoded here,
         // at the compaction's priority, not on the runtime's threads: one input at a time.
         let read = |g: &Arc<Generation>| g.block_on(g.all_rows());
-        let (rows, kept) = merge_rows(&inputs, read, drop_tombstones)?;
+        let (rows, kept) = merge_rows(&inputs, &newer, read, drop_tombstones)?;
         if rows.num_rows() == 0 {
             return Ok(None);
         }

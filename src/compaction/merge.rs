@@ -1,6 +1,7 @@
 //! The merge: the newest version of each key among the inputs, in sequence order (older inputs
-//! first); a tombstone is kept unless the run starts at the oldest generation, when nothing
-//! older remains for it to hide. The merged generation's vector graph continues the graph of
+//! first), but for versions a generation newer than the run supersedes (a newer version of a
+//! key hides every older one for good, so they are dead); a tombstone is kept unless the run
+//! starts at the oldest generation, when nothing older remains for it to hide. The merged generation's vector graph continues the graph of
 //! its largest input when it can ([`crate::Settings::compaction_continue_graph`]).
 
 use crate::generation::{Generation, HashIsKey};
@@ -16,12 +17,13 @@ use std::sync::Arc;
 
 /// The rows of the generation merging `inputs` (adjacent generations, oldest first): the newest
 /// version of each key among them, in sequence order; tombstones left out when
-/// `drop_tombstones` (nothing older remains for them to hide). What to keep is decided from
-/// the keys every generation holds ([`kept_rows`]); then each input's rows are read (`read`)
-/// and filtered one input at a time, so that a merge holds the merged rows and one input's,
-/// not every input's.
+/// `drop_tombstones` (nothing older remains for them to hide), and versions `newer` (the
+/// generations after the run) supersede left out. What to keep is decided from the keys every
+/// generation holds ([`kept_rows`]); then each input's rows are read (`read`) and filtered one
+/// input at a time, so that a merge holds the merged rows and one input's, not every input's.
 pub(crate) fn merge_rows(
     inputs: &[Arc<Generation>],
+    newer: &[Arc<Generation>],
     read: impl Fn(&Arc<Generation>) -> Result<RecordBatch>,
     drop_tombstones: bool,
 ) -> Result<(RecordBatch, Vec<Vec<bool>>)> {
@@ -29,7 +31,7 @@ pub(crate) fn merge_rows(
         Some(g) => g.schema().clone(),
         None => return Err(Error::internal("a compaction of no generations")),
     };
-    let keep = kept_rows(inputs, drop_tombstones);
+    let keep = kept_rows(inputs, newer, drop_tombstones);
     let mut parts = Vec::with_capacity(inputs.len());
     for (g, k) in inputs.iter().zip(&keep) {
         if !k.iter().any(|x| *x) {
@@ -45,8 +47,12 @@ pub(crate) fn merge_rows(
 }
 
 /// Per input, which of its rows the merge keeps: the newest version of each key among the
-/// inputs, tombstones left out when `drop_tombstones`.
-fn kept_rows(inputs: &[Arc<Generation>], drop_tombstones: bool) -> Vec<Vec<bool>> {
+/// inputs unless one of `newer` holds the key, tombstones left out when `drop_tombstones`.
+fn kept_rows(
+    inputs: &[Arc<Generation>],
+    newer: &[Arc<Generation>],
+    drop_tombstones: bool,
+) -> Vec<Vec<bool>> {
     // Key hash → (input, row) of the newest version seen, newest input first; a hit is confirmed
     // on the exact key, and a true hash collision falls back to asking every newer input.
     let mut seen: HashMap<u64, (usize, usize), BuildHasherDefault<HashIsKey>> =
@@ -72,12 +78,40 @@ fn kept_rows(inputs: &[Arc<Generation>], drop_tombstones: bool) -> Vec<Vec<bool>
             if superseded {
                 continue;
             }
+            if newer
+                .iter()
+                .any(|n| n.row_of_key(*h, || g.key_at(r)).is_some())
+            {
+                continue;
+            }
             seen.entry(*h).or_insert((i, r));
             mine[r] = !(drop_tombstones && deleted.value(r));
         }
         keep[i] = mine;
     }
     keep
+}
+
+/// The share of `g`'s rows that `newer` (the generations after it) supersede, estimated
+/// from at most `samples` rows spread over it.
+pub(crate) fn superseded_share(g: &Generation, newer: &[Arc<Generation>], samples: usize) -> f64 {
+    let rows = g.num_rows();
+    if rows == 0 || newer.is_empty() {
+        return 0.0;
+    }
+    let step = rows.div_ceil(samples.max(1)).max(1);
+    let hashes = g.row_hashes();
+    let (mut seen, mut dead) = (0usize, 0usize);
+    for r in (0..rows).step_by(step) {
+        seen += 1;
+        if newer
+            .iter()
+            .any(|n| n.row_of_key(hashes[r], || g.key_at(r)).is_some())
+        {
+            dead += 1;
+        }
+    }
+    dead as f64 / seen.max(1) as f64
 }
 
 /// The merged generation's graph, continuing the graph of the input with the most rows (its
