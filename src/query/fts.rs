@@ -253,25 +253,8 @@ pub(crate) fn plan(
     query.query_terms(&mut |t, _| terms.push(t.clone()));
     terms.sort();
     terms.dedup();
-    // What each generation's search of the terms will read of its cold part (postings, and
-    // positions for phrases), found beside its statistics.
-    let mut needs: Vec<(Term, bool)> = Vec::new();
-    query.query_terms(&mut |t, positions| needs.push((t.clone(), positions)));
-    let per_source: Vec<(TextIndex, usize, SourceStats, Vec<ColdPiece>)> = pool.install(|| {
-        use rayon::prelude::*;
-        sources
-            .par_iter()
-            .zip(live.par_iter())
-            .map(|(source, live)| {
-                let ti = source
-                    .text_index()?
-                    .ok_or_else(|| Error::internal("a source without a text index"))?;
-                let stats = source_stats(ts, dead_rows, source, &ti, live, &terms)?;
-                let pieces = ti.cold_pieces(&needs)?;
-                Ok((ti, live.count(), stats, pieces))
-            })
-            .collect::<Result<_>>()
-    })?;
+    let per_source =
+        pool.install(|| shares(ts, query.as_ref(), dead_rows, &sources, &live, &terms))?;
     let t_stats = started.elapsed();
     let stats = GlobalStats::sum(ts, &terms, per_source.iter().map(|(_, n, s, _)| (*n, s)));
     let mut pieces_of = Vec::with_capacity(sources.len());
@@ -339,6 +322,38 @@ pub(crate) fn plan(
         out_schema,
         out_ordering,
     )))
+}
+
+/// A source's text index, its live rows, its share of the statistics and what its search
+/// reads of its cold part.
+type Share = (TextIndex, usize, SourceStats, Vec<ColdPiece>);
+
+/// Each source's text index, live rows, share of the statistics of `terms` and what its
+/// search of `query` will read of its cold part (postings, and positions for phrases),
+/// concurrently across sources (on the query pool this runs in).
+fn shares(
+    ts: &TextSchema,
+    query: &dyn Query,
+    dead_rows: &DeadRowCache,
+    sources: &[Source],
+    live: &[LiveRows],
+    terms: &[Term],
+) -> Result<Vec<Share>> {
+    use rayon::prelude::*;
+    let mut needs: Vec<(Term, bool)> = Vec::new();
+    query.query_terms(&mut |t, positions| needs.push((t.clone(), positions)));
+    sources
+        .par_iter()
+        .zip(live.par_iter())
+        .map(|(source, live)| {
+            let ti = source
+                .text_index()?
+                .ok_or_else(|| Error::internal("a source without a text index"))?;
+            let stats = source_stats(ts, dead_rows, source, &ti, live, terms)?;
+            let pieces = ti.cold_pieces(&needs)?;
+            Ok((ti, live.count(), stats, pieces))
+        })
+        .collect()
 }
 
 /// Fetch the postings (and positions, where the query needs them) of the query's terms that
