@@ -39,7 +39,8 @@ pub(crate) enum Pick {
 struct Job {
     /// The generations merged, oldest first, adjacent in the list they were picked from.
     run: Vec<GenerationMeta>,
-    /// The generations after the run in that list: the versions they supersede are dead.
+    /// The generations after the run in that list (with `compact()`, those present when it
+    /// was called): the versions they supersede are dead.
     newer: Vec<GenerationMeta>,
     /// The run starts at the oldest generation: nothing older remains for a tombstone to hide.
     drop_tombstones: bool,
@@ -76,7 +77,9 @@ pub(crate) async fn compact_once(
         },
     };
     let inputs = w.reader.generations.get_all(&job.run).await?;
-    let newer = w.reader.generations.get_all(&job.newer).await?;
+    // Only the newer generations this handle holds: one it would have to fetch only costs a
+    // few superseded versions kept.
+    let newer = w.reader.generations.held(&job.newer).await;
     // The merged generation's id.
     let id = w
         .publisher
@@ -125,9 +128,17 @@ fn pick(w: &Writer, pick_by: Pick) -> Option<Job> {
         run,
         metas.len()
     );
+    let last = match pick_by {
+        Pick::All(last) => last,
+        Pick::Policy => u64::MAX,
+    };
     Some(Job {
         drop_tombstones: run.start == 0,
-        newer: metas[run.end..].to_vec(),
+        newer: metas[run.end..]
+            .iter()
+            .filter(|m| m.max_seq <= last)
+            .cloned()
+            .collect(),
         run: metas[run].to_vec(),
         urgent,
         started,
@@ -141,10 +152,18 @@ const RECLAIM_SAMPLES: usize = 128;
 /// most of whose rows newer generations supersede (at least half of a sample), to rewrite
 /// alone: it merges with no neighbour that would take it past the cap, so its dead rows would
 /// otherwise stay. Only generations this handle holds are sampled (no fetch), and with
-/// `Pick::All` only those present when `compact()` was called.
+/// `Pick::All` only those present when `compact()` was called; a list sampled without result
+/// is not sampled again.
 async fn reclaim(w: &Writer, pick_by: Pick) -> Option<Job> {
+    use std::sync::atomic::Ordering::Relaxed;
     let started = Instant::now();
-    let metas = w.read_state().manifest.generations.clone();
+    let (metas, version) = {
+        let st = w.read_state();
+        (st.manifest.generations.clone(), st.manifest.version)
+    };
+    if w.compaction.reclaim_checked.load(Relaxed) == version {
+        return None;
+    }
     let max_rows = w.reader.settings.compaction_max_rows as u64;
     let last = match pick_by {
         Pick::All(last) => last,
@@ -155,10 +174,14 @@ async fn reclaim(w: &Writer, pick_by: Pick) -> Option<Job> {
         if m.max_seq > last || m.rows.saturating_mul(2) < max_rows {
             continue;
         }
-        let newer = &metas[i + 1..];
-        let (Some(g), Some(later)) = (
+        let newer: Vec<GenerationMeta> = metas[i + 1..]
+            .iter()
+            .filter(|m| m.max_seq <= last)
+            .cloned()
+            .collect();
+        let (Some(g), later) = (
             w.reader.generations.cached(std::slice::from_ref(m)).await,
-            w.reader.generations.cached(newer).await,
+            w.reader.generations.held(&newer).await,
         ) else {
             continue;
         };
@@ -172,13 +195,14 @@ async fn reclaim(w: &Writer, pick_by: Pick) -> Option<Job> {
             );
             return Some(Job {
                 run: vec![m.clone()],
-                newer: newer.to_vec(),
+                newer,
                 drop_tombstones: i == 0,
                 urgent: matches!(pick_by, Pick::All(_)),
                 started,
             });
         }
     }
+    w.compaction.reclaim_checked.store(version, Relaxed);
     None
 }
 

@@ -203,6 +203,17 @@ impl GenerationCache {
             .contains(&key)
     }
 
+    /// Those of the generations `metas` describes that the cache holds (nothing is fetched).
+    pub(crate) async fn held(&self, metas: &[GenerationMeta]) -> Vec<Arc<Generation>> {
+        let mut out = Vec::with_capacity(metas.len());
+        for m in metas {
+            if let Some(g) = self.inner.cache.get(&(m.id, m.epoch)).await {
+                out.push(g);
+            }
+        }
+        out
+    }
+
     /// The generations `metas` describes when the cache holds every one of them (nothing is
     /// fetched).
     pub(crate) async fn cached(&self, metas: &[GenerationMeta]) -> Option<Vec<Arc<Generation>>> {

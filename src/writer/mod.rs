@@ -136,6 +136,9 @@ pub(crate) struct Compaction {
     telemetry: Mutex<Telemetry>,
     /// Generations compactions replaced, awaiting deletion.
     pub replaced: ReplacedGenerations,
+    /// The manifest version whose full generations were last sampled for a rewrite and held
+    /// none (see `compaction::job::reclaim`): they are not sampled again until it changes.
+    pub reclaim_checked: std::sync::atomic::AtomicU64,
 }
 
 /// What the compactions of this handle did.
