@@ -438,3 +438,37 @@ async fn a_new_handle_answers_its_first_query_in_four_round_trips() {
         assert!(all.round_trips <= 4, "{what}: {all:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_searches_the_postings_it_just_flushed_without_a_request() {
+    let store = LatencyStore::new(
+        Arc::new(object_store::memory::InMemory::new()),
+        LatencyConfig::default(),
+    );
+    let s = schema();
+    let index = Index::create(
+        Location::from_store(store.clone(), "idx"),
+        s.clone(),
+        Settings {
+            memtable_max_rows: 20_000,
+            ..Settings::default()
+        },
+    )
+    .await
+    .unwrap();
+    for from in (0..5_000).step_by(1_000) {
+        index.append(&batch(&s, from, from + 1_000)).await.unwrap();
+    }
+    index.flush().await.unwrap();
+    store.reset();
+    let hits = index
+        .search_fts("shock nozzle", &SearchOptions::with_k(1))
+        .await
+        .unwrap();
+    assert_eq!(keys(&hits).len(), 1);
+    // The page of the row returned, and nothing for the postings: the flush left them in
+    // the block cache's memory as it wrote them.
+    let c = store.counters();
+    assert!(c.round_trips <= 1, "{c:?}");
+    index.close().await.unwrap();
+}

@@ -230,12 +230,29 @@ impl GenerationCache {
     pub(crate) async fn insert_built(&self, object: Bytes) -> Result<Arc<Generation>> {
         let whole = Bundle::open(object.clone(), &"a generation just built")?;
         let meta = whole.stats().clone();
+        // Its postings and positions (version 4), which the first searches of it will read.
+        let text: Vec<std::ops::Range<u64>> = whole
+            .section_names()
+            .filter(|n| n.starts_with("text/") && whole.is_cold(n))
+            .filter_map(|n| whole.cold_range(n).ok())
+            .collect();
         drop(whole);
         let p = self.inner.paths.generation(meta.id, meta.epoch);
         let g = match meta.hot_offset {
-            Some(_) => self.inner.open_whole(object, &p).await?,
-            None => self.inner.decode_whole(object, &p).await?,
+            Some(_) => self.inner.open_whole(object.clone(), &p).await?,
+            None => self.inner.decode_whole(object.clone(), &p).await?,
         };
+        // Its postings go to the block cache's memory, as written: a search of rows just
+        // appended reads them without a request. Not when they would take more than a
+        // quarter of its budget (a large merge's).
+        if let Some(cold) = g.cold_object() {
+            let bytes: u64 = text.iter().map(|r| r.end - r.start).sum();
+            if bytes <= cold.cache_budget() / 4 {
+                for r in text {
+                    cold.seed(&object, r);
+                }
+            }
+        }
         let g = Arc::new(g);
         self.insert(g.clone()).await;
         Ok(g)

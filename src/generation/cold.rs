@@ -143,6 +143,18 @@ impl ColdObject {
         self.runtime.block_on(read)
     }
 
+    /// Put the blocks of `object` (this whole object, just written by this handle) covering
+    /// `range` in the memory tier of the block cache.
+    pub(crate) fn seed(&self, object: &Bytes, range: Range<u64>) {
+        self.cache
+            .seed(&self.store_name, &self.path, object, range, &self.verify);
+    }
+
+    /// The block cache's memory budget.
+    pub(crate) fn cache_budget(&self) -> u64 {
+        self.cache.memory_budget()
+    }
+
     /// How many reads of whole ranges a reader issues at once.
     pub(crate) fn concurrency(&self) -> usize {
         self.concurrency

@@ -983,6 +983,12 @@ impl Generation {
         Ok(())
     }
 
+    /// Where its cold part is read from (a version-3 or later generation opened from its hot
+    /// part).
+    pub(crate) fn cold_object(&self) -> Option<&ColdObject> {
+        self.cold.as_ref().map(|c| c.object())
+    }
+
     /// Whether its rows are read by range (a version-3 generation opened from its hot part).
     pub(crate) fn reads_by_range(&self) -> bool {
         self.cold.is_some()

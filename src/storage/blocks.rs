@@ -384,6 +384,39 @@ impl BlockCache {
             .map_err(|e| fetch_error(&name, e))
     }
 
+    /// Put the blocks of `object` (the whole object, `len` bytes, at hand: one this handle
+    /// has just written) that cover `range` in the memory tier, each checked by `verify` as
+    /// a fetched one would be (a block failing it is left out).
+    pub(crate) fn seed(
+        &self,
+        store_name: &str,
+        path: &Path,
+        object: &Bytes,
+        range: Range<u64>,
+        verify: &Verify,
+    ) {
+        let len = object.len() as u64;
+        if range.is_empty() || range.end > len {
+            return;
+        }
+        let name = xxhash_rust::xxh3::xxh3_64(format!("{store_name}/{path}@{len}").as_bytes());
+        for b in range.start / self.block..=(range.end - 1) / self.block {
+            let start = b * self.block;
+            let end = start.saturating_add(self.block).min(len);
+            // A copy: the block must not keep the whole object alive.
+            let bytes = Bytes::copy_from_slice(&object[start as usize..end as usize]);
+            if verify(b, &bytes).is_ok() {
+                self.cache.insert(
+                    block_key(name, b),
+                    Block {
+                        bytes,
+                        checked: true.into(),
+                    },
+                );
+            }
+        }
+    }
+
     /// What the cache served since it was opened.
     pub(crate) fn stats(&self) -> BlockCacheStats {
         let c = &self.counters;
@@ -393,6 +426,11 @@ impl BlockCache {
             fetched_bytes: c.fetched_bytes.load(Ordering::Relaxed),
             disk_hits: c.disk_hits.load(Ordering::Relaxed),
         }
+    }
+
+    /// The memory tier's budget in bytes.
+    pub(crate) fn memory_budget(&self) -> u64 {
+        self.cache.memory().capacity() as u64
     }
 
     /// Bytes the memory tier holds.
