@@ -11,6 +11,7 @@
 //! beside the index's bytes on disk.
 
 use super::corpus::{Corpus, Embedder};
+use super::stream::peak_rss_mib;
 use crate::{
     Error, Index, LatencyConfig, ReadOnlyIndex, Result, SearchOptions, Settings, StoreCounters,
     VectorSearchOptions,
@@ -110,19 +111,6 @@ pub struct ReaderReport {
     pub peak_rss_mib: f64,
     /// The peak as a share of the index's bytes.
     pub peak_rss_share_of_index: f64,
-}
-
-/// Peak resident memory of this process, MiB (0 where /proc is unavailable).
-fn peak_rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<f64>().ok())
-        })
-        .map_or(0.0, |kb| kb / 1024.0)
 }
 
 enum Query {

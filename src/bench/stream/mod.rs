@@ -21,7 +21,7 @@ mod plot;
 mod report;
 
 pub use options::StreamOptions;
-pub use report::{rss_mib, Checkpoint, Interval, Latency, StreamReport};
+pub use report::{peak_rss_mib, rss_mib, Checkpoint, Interval, Latency, StreamReport};
 
 use super::corpus::{Corpus, Embedder};
 use crate::{Index, IndexSchema, Location, Result, ScanOptions};

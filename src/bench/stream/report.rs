@@ -121,11 +121,22 @@ pub struct StreamReport {
 
 /// Resident memory of this process, MiB (0 where /proc is unavailable).
 pub fn rss_mib() -> f64 {
+    status_mib("VmRSS:")
+}
+
+/// Peak resident memory of this process, MiB (0 where /proc is unavailable).
+pub fn peak_rss_mib() -> f64 {
+    status_mib("VmHWM:")
+}
+
+/// A field of `/proc/self/status` given in kB (`field` with its colon), in MiB; 0 where it
+/// cannot be read.
+fn status_mib(field: &str) -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|kb| kb.parse::<f64>().ok())
         })
