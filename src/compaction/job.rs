@@ -34,6 +34,18 @@ pub(crate) enum Pick {
     All(u64),
 }
 
+impl Pick {
+    /// The generations of `metas` (a list, oldest first) this pick may merge or count as
+    /// newer: with `All`, those present when `compact()` was called (sequence numbers grow
+    /// along the list, and a merge keeps its inputs' place and numbers); all with `Policy`.
+    fn present(self, metas: &[GenerationMeta]) -> &[GenerationMeta] {
+        match self {
+            Pick::All(last) => &metas[..metas.partition_point(|m| m.max_seq <= last)],
+            Pick::Policy => metas,
+        }
+    }
+}
+
 /// A compaction picked: its run and how its merge is built.
 #[derive(Debug)]
 struct Job {
@@ -128,17 +140,9 @@ fn pick(w: &Writer, pick_by: Pick) -> Option<Job> {
         run,
         metas.len()
     );
-    let last = match pick_by {
-        Pick::All(last) => last,
-        Pick::Policy => u64::MAX,
-    };
     Some(Job {
         drop_tombstones: run.start == 0,
-        newer: metas[run.end..]
-            .iter()
-            .filter(|m| m.max_seq <= last)
-            .cloned()
-            .collect(),
+        newer: pick_by.present(&metas)[run.end..].to_vec(),
         run: metas[run].to_vec(),
         urgent,
         started,
@@ -165,20 +169,13 @@ async fn reclaim(w: &Writer, pick_by: Pick) -> Option<Job> {
         return None;
     }
     let max_rows = w.reader.settings.compaction_max_rows as u64;
-    let last = match pick_by {
-        Pick::All(last) => last,
-        Pick::Policy => u64::MAX,
-    };
-    for i in 0..metas.len().saturating_sub(1) {
-        let m = &metas[i];
-        if m.max_seq > last || m.rows.saturating_mul(2) < max_rows {
+    let present = pick_by.present(&metas);
+    for i in 0..present.len().saturating_sub(1) {
+        let m = &present[i];
+        if m.rows.saturating_mul(2) < max_rows {
             continue;
         }
-        let newer: Vec<GenerationMeta> = metas[i + 1..]
-            .iter()
-            .filter(|m| m.max_seq <= last)
-            .cloned()
-            .collect();
+        let newer = present[i + 1..].to_vec();
         let (Some(g), later) = (
             w.reader.generations.cached(std::slice::from_ref(m)).await,
             w.reader.generations.held(&newer).await,
