@@ -249,12 +249,14 @@ pub(crate) fn plan(
     let caches = snapshot.caches.clone();
     let sources = snapshot.sources;
     let dead_rows = &snapshot.caches.dead;
-    let mut terms: Vec<Term> = Vec::new();
-    query.query_terms(&mut |t, _| terms.push(t.clone()));
-    terms.sort();
+    // The query's terms, each with whether its search reads positions (a phrase's).
+    let mut needs: Vec<(Term, bool)> = Vec::new();
+    query.query_terms(&mut |t, positions| needs.push((t.clone(), positions)));
+    needs.sort();
+    needs.dedup();
+    let mut terms: Vec<Term> = needs.iter().map(|(t, _)| t.clone()).collect();
     terms.dedup();
-    let per_source =
-        pool.install(|| shares(ts, query.as_ref(), dead_rows, &sources, &live, &terms))?;
+    let per_source = pool.install(|| shares(ts, dead_rows, &sources, &live, &terms, &needs))?;
     let t_stats = started.elapsed();
     let stats = GlobalStats::sum(ts, &terms, per_source.iter().map(|(_, n, s, _)| (*n, s)));
     let mut pieces_of = Vec::with_capacity(sources.len());
@@ -329,19 +331,17 @@ pub(crate) fn plan(
 type Share = (TextIndex, usize, SourceStats, Vec<ColdPiece>);
 
 /// Each source's text index, live rows, share of the statistics of `terms` and what its
-/// search of `query` will read of its cold part (postings, and positions for phrases),
-/// concurrently across sources (on the query pool this runs in).
+/// search of `needs` (the terms, each with whether positions are read) will read of its cold
+/// part, concurrently across sources (on the query pool this runs in).
 fn shares(
     ts: &TextSchema,
-    query: &dyn Query,
     dead_rows: &DeadRowCache,
     sources: &[Source],
     live: &[LiveRows],
     terms: &[Term],
+    needs: &[(Term, bool)],
 ) -> Result<Vec<Share>> {
     use rayon::prelude::*;
-    let mut needs: Vec<(Term, bool)> = Vec::new();
-    query.query_terms(&mut |t, positions| needs.push((t.clone(), positions)));
     sources
         .par_iter()
         .zip(live.par_iter())
@@ -350,7 +350,7 @@ fn shares(
                 .text_index()?
                 .ok_or_else(|| Error::internal("a source without a text index"))?;
             let stats = source_stats(ts, dead_rows, source, &ti, live, terms)?;
-            let pieces = ti.cold_pieces(&needs)?;
+            let pieces = ti.cold_pieces(needs)?;
             Ok((ti, live.count(), stats, pieces))
         })
         .collect()
