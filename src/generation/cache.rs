@@ -231,9 +231,7 @@ impl GenerationCache {
         let whole = Bundle::open(object.clone(), &"a generation just built")?;
         let meta = whole.stats().clone();
         // Its postings and positions (version 4), which the first searches of it will read.
-        let text: Vec<std::ops::Range<u64>> = whole
-            .section_names()
-            .filter(|n| n.starts_with("text/") && whole.is_cold(n))
+        let text: Vec<std::ops::Range<u64>> = Generation::cold_text(&whole)
             .filter_map(|n| whole.cold_range(n).ok())
             .collect();
         drop(whole);

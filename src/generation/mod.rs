@@ -1045,18 +1045,24 @@ impl Generation {
         }
     }
 
+    /// The names of `bundle`'s text sections in its cold part (postings and positions, from
+    /// version 4).
+    pub(crate) fn cold_text(bundle: &Bundle) -> impl Iterator<Item = &str> {
+        bundle
+            .section_names()
+            .filter(|n| n.starts_with("text/") && bundle.is_cold(n))
+    }
+
     /// What a small generation read whole keeps of its cold part (the whole object at hand):
     /// its vectors, which exact scans read, and its postings and positions (version 4), copied
     /// so that the object is not held.
     pub(crate) fn held_parts(bundle: &Bundle) -> Result<Held> {
         let mut text = HashMap::new();
-        for name in bundle.section_names().filter(|n| n.starts_with("text/")) {
-            if bundle.is_cold(name) {
-                text.insert(
-                    name.to_string(),
-                    Bytes::copy_from_slice(&bundle.section(name)?),
-                );
-            }
+        for name in Self::cold_text(bundle) {
+            text.insert(
+                name.to_string(),
+                Bytes::copy_from_slice(&bundle.section(name)?),
+            );
         }
         Ok(Held {
             vectors: bundle
