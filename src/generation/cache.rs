@@ -354,6 +354,19 @@ impl Loader {
     /// A generation of version 1 or 2 decoded from its whole object, every row held, on a
     /// blocking thread.
     async fn decode_whole(&self, object: Bytes, p: &Path) -> Result<Generation> {
+        self.on_blocking_thread(p, move |schema, spec, p| {
+            Generation::decode(object, schema, spec, p)
+        })
+        .await
+    }
+
+    /// Run `make` (a decode or an open of the generation at `p`) with the index's schema and
+    /// index specification on a blocking thread.
+    async fn on_blocking_thread(
+        &self,
+        p: &Path,
+        make: impl FnOnce(&SchemaRef, IndexSpec<'_>, &Path) -> Result<Generation> + Send + 'static,
+    ) -> Result<Generation> {
         let (schema, text, vector, p) = (
             self.schema.clone(),
             self.text.clone(),
@@ -365,7 +378,7 @@ impl Loader {
                 text: text.as_deref(),
                 vector,
             };
-            Generation::decode(object, &schema, spec, &p)
+            make(&schema, spec, &p)
         })
         .await?
     }
@@ -430,20 +443,10 @@ impl Loader {
             bundle.hot_offset(),
             bundle.block_crcs().into(),
         );
-        let (schema, text, vector, p2) = (
-            self.schema.clone(),
-            self.text.clone(),
-            self.vector,
-            p.clone(),
-        );
-        tokio::task::spawn_blocking(move || {
-            let spec = IndexSpec {
-                text: text.as_deref(),
-                vector,
-            };
-            Generation::open(&bundle, cold, held, &schema, spec, &p2)
+        self.on_blocking_thread(p, move |schema, spec, p| {
+            Generation::open(&bundle, cold, held, schema, spec, p)
         })
-        .await?
+        .await
     }
 }
 
