@@ -234,11 +234,14 @@ impl GenerationCache {
         let text: Vec<std::ops::Range<u64>> = Generation::cold_text(&whole)
             .filter_map(|n| whole.cold_range(n).ok())
             .collect();
-        drop(whole);
         let p = self.inner.paths.generation(meta.id, meta.epoch);
         let g = match meta.hot_offset {
-            Some(_) => self.inner.open_whole(object.clone(), &p).await?,
-            None => self.inner.decode_whole(object.clone(), &p).await?,
+            // Checked above, block by block: opened from that check.
+            Some(_) => self.inner.open_checked(whole, &object, &p).await?,
+            None => {
+                drop(whole);
+                self.inner.decode_whole(object.clone(), &p).await?
+            }
         };
         // Its postings go to the block cache's memory, as written: a search of rows just
         // appended reads them without a request. Not when they would take more than a
@@ -419,6 +422,11 @@ impl Loader {
     /// the object is not held), and its vectors when it keeps them.
     async fn open_whole(&self, object: Bytes, p: &Path) -> Result<Generation> {
         let whole = Bundle::open(object.clone(), p)?;
+        self.open_checked(whole, &object, p).await
+    }
+
+    /// [`Loader::open_whole`] of `object` once [`Bundle::open`] has checked it (`whole`).
+    async fn open_checked(&self, whole: Bundle, object: &Bytes, p: &Path) -> Result<Generation> {
         let meta = whole.stats().clone();
         let Some(hot) = meta.hot_offset else {
             return Err(Error::data(p, "generation has no hot part"));
