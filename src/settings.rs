@@ -67,9 +67,11 @@ pub struct Settings {
     /// graph costs background CPU: raise it (or set `usize::MAX`) for ingest-bound workloads.
     pub memtable_graph_above: usize,
     /// A walk over a generation whose vectors stay in its object (format version 3) ranks
-    /// its candidate list by 8-bit codes of the vectors; this many of the best (at least `k`)
-    /// are re-ranked from their exact vectors, read by range. More finds more of the true
-    /// nearest rows at the cost of reading more vectors (512 bytes each at 128-d). Default 100.
+    /// its candidate list by 8-bit codes of the vectors; of the candidates of every such
+    /// generation together, this many of the best by their codes (at least `k`) are
+    /// re-ranked from their exact vectors, read by range in one round. More finds more of the
+    /// true nearest rows at the cost of reading more vectors (512 bytes each at 128-d), whatever
+    /// the number of generations. Default 100.
     pub vector_rerank: usize,
     /// Budget, in bytes, of the memory tier of a handle's block cache: the blocks of
     /// generation objects that queries read by range (the rows they return, the columns their

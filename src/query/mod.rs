@@ -5,6 +5,7 @@
 pub(crate) mod exec;
 pub(crate) mod fts;
 pub(crate) mod reader;
+pub(crate) mod rerank;
 pub(crate) mod vector;
 
 pub use vector::VectorSearchOptions;

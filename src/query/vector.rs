@@ -3,6 +3,7 @@
 
 use super::exec::{ranked, ranked_schema, ArmExec, ArmRows, ArmSpec, ArmWork, TakeExec};
 use super::fts::sort_ordering;
+use super::rerank::{RerankRound, Ticket};
 use super::DISTANCE_COLUMN;
 use crate::generation::Generation;
 use crate::key::Key;
@@ -156,6 +157,14 @@ pub(crate) fn plan(
         .collect();
     let mut arms: Vec<ArmSpec> = Vec::with_capacity(sources.len());
     let all_sources = sources.clone();
+    // The arms whose vectors are read by range choose what they re-rank together.
+    let reads_vectors =
+        |s: &Source| matches!(s, Source::Generation(g) if g.vector_values().is_none());
+    let round = RerankRound::new(
+        sources.iter().filter(|s| reads_vectors(s)).count(),
+        settings.vector_rerank.max(opts.k),
+    );
+    let mut tickets = 0;
     for (src, ((source, live), fm)) in sources.into_iter().zip(live).zip(filter_rows).enumerate() {
         let live_rows = live.count();
         let eligible = match fm {
@@ -190,6 +199,10 @@ pub(crate) fn plan(
             source.rows(),
             opts.k
         );
+        let ticket = reads_vectors(&source).then(|| {
+            tickets += 1;
+            round.ticket(tickets - 1)
+        });
         let work = arm_work(ArmParts {
             source,
             eligible,
@@ -202,7 +215,7 @@ pub(crate) fn plan(
             candidates,
             src,
             ranked: ranked_schema.clone(),
-            rerank: settings.vector_rerank.max(arm_k),
+            ticket,
         });
         arms.push(ArmSpec { description, work });
     }
@@ -266,8 +279,8 @@ struct ArmParts {
     src: usize,
     /// The schema of the rows it returns ([`ranked_schema`]).
     ranked: SchemaRef,
-    /// How many of a walk's candidates are re-ranked from vectors read by range.
-    rerank: usize,
+    /// The arm's place in the query's re-ranking round, when its vectors are read by range.
+    ticket: Option<Ticket>,
 }
 
 /// The work of one arm: its top k from its graph (or a scan), ranked exactly, the rows of a
@@ -282,14 +295,22 @@ fn arm_work(p: ArmParts) -> ArmWork {
             query: &p.query,
             k: p.k,
         };
-        match &p.source {
+        match (&p.source, &p.ticket) {
             // Its vectors are in the object: what the walk (or the scan) proposes is
-            // re-ranked from vectors read by range after the arm, with every arm's reads.
-            Source::Generation(g) if g.vector_values().is_none() => {
-                let rows = arm.candidate_rows(&p.graph, p.ef, p.candidates, p.rerank);
+            // re-ranked from vectors read by range after the arm, with every arm's reads,
+            // once the round has chosen among every such arm's candidates.
+            (Source::Generation(g), Some(ticket)) => {
+                let rows = arm.candidate_rows(&p.graph, p.ef, p.candidates);
+                let chosen: futures::future::BoxFuture<'static, Vec<usize>> = match rows {
+                    Candidates::Keyed(keyed) => ticket.propose(keyed),
+                    Candidates::All(rows) => {
+                        ticket.abstain();
+                        Box::pin(std::future::ready(rows))
+                    }
+                };
                 Ok(rerank_later(
                     g.clone(),
-                    rows,
+                    chosen,
                     p.query.clone(),
                     p.metric,
                     p.k,
@@ -310,7 +331,7 @@ fn arm_work(p: ArmParts) -> ArmWork {
 /// distance then key.
 fn rerank_later(
     g: Arc<Generation>,
-    rows: Vec<usize>,
+    rows: futures::future::BoxFuture<'static, Vec<usize>>,
     query: Arc<Vec<f32>>,
     metric: Metric,
     k: usize,
@@ -318,6 +339,7 @@ fn rerank_later(
     ranked_schema: SchemaRef,
 ) -> ArmRows {
     ArmRows::Later(Box::pin(async move {
+        let rows = rows.await;
         let vectors = g.read_vectors(&rows).await?;
         let list = vectors.as_fixed_size_list();
         let dim = query.len();
@@ -357,6 +379,14 @@ fn rerank_later(
             &ranked_schema,
         )
     }))
+}
+
+/// What an arm whose vectors are read by range re-ranks.
+enum Candidates {
+    /// Its walk's candidates with their codes' keys, for the query's round to choose from.
+    Keyed(Vec<(f32, usize)>),
+    /// These rows, all of them.
+    All(Vec<usize>),
 }
 
 /// The graph an arm walks, if any.
@@ -410,24 +440,19 @@ impl Arm<'_> {
     }
 
     /// The rows to rank exactly for an arm whose vectors are read by range (a generation's):
-    /// the best `rerank` of the walk's candidate list by the codes, or every admitted row
-    /// without a graph or when the walk comes back short.
-    fn candidate_rows(
-        &self,
-        graph: &ArmGraph,
-        ef: usize,
-        candidates: usize,
-        rerank: usize,
-    ) -> Vec<usize> {
+    /// the walk's candidate list with the codes' keys (the query's round chooses among
+    /// them), or every admitted row without a graph over codes or when the walk comes back
+    /// short.
+    fn candidate_rows(&self, graph: &ArmGraph, ef: usize, candidates: usize) -> Candidates {
         let admit = |r: usize| self.eligible.admits(r);
         if let ArmGraph::Generation(g) = graph {
-            let mut rows = g.candidates(self.query, self.k, ef, &admit);
-            if rows.len() >= self.k.min(candidates) {
-                rows.truncate(rerank);
-                return rows;
+            if let Some(keyed) = g.keyed_candidates(self.query, self.k, ef, &admit) {
+                if keyed.len() >= self.k.min(candidates) {
+                    return Candidates::Keyed(keyed);
+                }
             }
         }
-        self.eligible.rows().collect()
+        Candidates::All(self.eligible.rows().collect())
     }
 
     /// Exact distances to the given rows (admitted ones only); the top k, nearest first.

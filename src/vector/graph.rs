@@ -295,6 +295,11 @@ pub(crate) struct FlatGraph {
 }
 
 impl FlatGraph {
+    /// Whether walks read 8-bit codes (the caller re-ranks what they find).
+    pub(crate) fn has_codes(&self) -> bool {
+        self.codes.is_some()
+    }
+
     /// The graph's layers.
     pub(crate) fn adjacency(&self) -> &Adjacency {
         &self.adjacency
@@ -406,6 +411,22 @@ impl FlatGraph {
         ef: usize,
         admit: &dyn Fn(usize) -> bool,
     ) -> Vec<usize> {
+        self.search_keyed(query, k, ef, admit)
+            .into_iter()
+            .map(|s| s.1 as usize)
+            .collect()
+    }
+
+    /// [`FlatGraph::search`] with each row's walk key: over codes, the keys the codes give
+    /// (comparable between generations: they estimate the same function of the query and
+    /// the row); otherwise the exact search key.
+    pub(crate) fn search_keyed(
+        &self,
+        query: &[f32],
+        k: usize,
+        ef: usize,
+        admit: &dyn Fn(usize) -> bool,
+    ) -> Vec<Scored> {
         let Some(mut entry) = self.adjacency.entry else {
             return Vec::new();
         };
@@ -475,11 +496,7 @@ impl FlatGraph {
         }
         if self.codes.is_some() {
             // The whole list, by the codes' keys: the caller re-ranks it exactly.
-            return found
-                .into_sorted_vec()
-                .into_iter()
-                .map(|s| s.1 as usize)
-                .collect();
+            return found.into_sorted_vec();
         }
         let mut out: Vec<Scored> = if self.halves.is_empty() {
             found.into_sorted_vec()
@@ -493,7 +510,7 @@ impl FlatGraph {
             exact
         };
         out.truncate(k);
-        out.into_iter().map(|s| s.1 as usize).collect()
+        out
     }
 }
 

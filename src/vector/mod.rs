@@ -478,6 +478,25 @@ impl VectorIndex {
             .as_ref()
             .map_or_else(Vec::new, |g| g.search(query, k, ef, admit))
     }
+
+    /// [`VectorIndex::candidates`] of a graph walked over codes, with each row's key by the
+    /// codes (smaller is nearer; comparable between generations); `None` for a graph walked
+    /// over the vectors themselves.
+    pub(crate) fn keyed_candidates(
+        &self,
+        query: &[f32],
+        k: usize,
+        ef: usize,
+        admit: &dyn Fn(usize) -> bool,
+    ) -> Option<Vec<(f32, usize)>> {
+        let g = self.graph.as_ref().filter(|g| g.has_codes())?;
+        Some(
+            g.search_keyed(query, k, ef, admit)
+                .into_iter()
+                .map(|s| (s.0, s.1 as usize))
+                .collect(),
+        )
+    }
 }
 
 /// What a memtable needs to keep a vector graph: where the vector is, its dimension and

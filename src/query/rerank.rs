@@ -1,0 +1,188 @@
+//! One re-ranking round of a vector search over generations whose vectors stay in their
+//! objects: every such arm proposes the candidate list its walk found, keyed by the 8-bit
+//! codes, and the query reads the exact vectors of the best [`crate::Settings::vector_rerank`]
+//! candidates of all arms together, not that many per arm. The codes' keys estimate the same
+//! function of the query and a row in every generation (`-q·x` over unit rows for `cosine`,
+//! `|x|² - 2 q·x` for `l2`, `-q·x` for `dot`), so candidates of different generations compare.
+//!
+//! A cold query over 14 generations of a 2,000,000-row index read 1,400 vectors (1,567
+//! requests, 25.7 MB through 16 KiB blocks) with 100 per arm; with 100 over all arms it reads
+//! about a tenth of that, and the distances it returns stay exact.
+//!
+//! The round waits for every arm: an arm that fails, or re-ranks every admitted row instead
+//! (no graph, a walk that came back short), abstains, and an arm whose work is dropped before
+//! it proposes abstains when its [`Ticket`] drops.
+
+use futures::future::BoxFuture;
+use std::sync::{Arc, Mutex};
+use tokio::sync::watch;
+
+/// A candidate in the round: its codes' key, its arm, its row (ordered by key, ties by arm
+/// and row, so the choice does not depend on which arm proposed first).
+type Candidate = (f32, u32, u32);
+
+fn order(a: &Candidate, b: &Candidate) -> std::cmp::Ordering {
+    a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2))
+}
+
+/// What the round chose: every candidate, or those ordered at or before the last chosen one.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Choice {
+    All,
+    UpTo(Candidate),
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Per arm, whether it has proposed or abstained.
+    arrived: Vec<bool>,
+    waiting: usize,
+    proposed: Vec<Candidate>,
+}
+
+/// The candidates of one vector search's arms, chosen together.
+#[derive(Debug)]
+pub(crate) struct RerankRound {
+    budget: usize,
+    state: Mutex<State>,
+    choice: watch::Sender<Option<Choice>>,
+}
+
+impl RerankRound {
+    /// A round of `arms` arms that re-ranks `budget` candidates in all.
+    pub(crate) fn new(arms: usize, budget: usize) -> Arc<RerankRound> {
+        let round = RerankRound {
+            budget: budget.max(1),
+            state: Mutex::new(State {
+                arrived: vec![false; arms],
+                waiting: arms,
+                proposed: Vec::new(),
+            }),
+            choice: watch::channel(None).0,
+        };
+        if arms == 0 {
+            round.choice.send_replace(Some(Choice::All));
+        }
+        Arc::new(round)
+    }
+
+    /// Arm `arm`'s place in the round, which abstains for it when dropped unused.
+    pub(crate) fn ticket(self: &Arc<Self>, arm: usize) -> Ticket {
+        Ticket {
+            round: self.clone(),
+            arm,
+        }
+    }
+
+    /// Arm `arm` proposes `keyed` (`(key, row)`); the last arm to arrive makes the choice. An
+    /// arm arrives once: what it proposes again (a plan executed twice) is ignored.
+    fn arrive(&self, arm: usize, keyed: &[(f32, usize)]) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        match s.arrived.get(arm) {
+            Some(false) => s.arrived[arm] = true,
+            _ => return,
+        }
+        s.proposed.extend(
+            keyed
+                .iter()
+                .map(|(key, row)| (*key, arm as u32, *row as u32)),
+        );
+        s.waiting -= 1;
+        if s.waiting > 0 {
+            return;
+        }
+        let mut all = std::mem::take(&mut s.proposed);
+        let choice = if all.len() <= self.budget {
+            Choice::All
+        } else {
+            let (_, last, _) = all.select_nth_unstable_by(self.budget - 1, order);
+            Choice::UpTo(*last)
+        };
+        drop(s);
+        self.choice.send_replace(Some(choice));
+    }
+
+    /// Once every arm has arrived: the rows of `keyed` (what arm `arm` proposed) the round
+    /// chose, in their order.
+    async fn chosen(&self, arm: usize, keyed: Vec<(f32, usize)>) -> Vec<usize> {
+        let mut rx = self.choice.subscribe();
+        // The sender lives as long as the round: waiting cannot fail.
+        let choice = match rx.wait_for(Option::is_some).await {
+            Ok(c) => (*c).unwrap_or(Choice::All),
+            Err(_) => Choice::All,
+        };
+        keyed
+            .into_iter()
+            .filter(|(key, row)| match choice {
+                Choice::All => true,
+                Choice::UpTo(last) => order(&(*key, arm as u32, *row as u32), &last).is_le(),
+            })
+            .map(|(_, row)| row)
+            .collect()
+    }
+}
+
+/// An arm's place in a [`RerankRound`].
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    round: Arc<RerankRound>,
+    arm: usize,
+}
+
+impl Ticket {
+    /// Propose `keyed` (`(key, row)`, the arm's candidates) now; the future waits for the
+    /// round: the rows of `keyed` chosen for exact re-ranking.
+    pub(crate) fn propose(&self, keyed: Vec<(f32, usize)>) -> BoxFuture<'static, Vec<usize>> {
+        self.round.arrive(self.arm, &keyed);
+        let (round, arm) = (self.round.clone(), self.arm);
+        Box::pin(async move { round.chosen(arm, keyed).await })
+    }
+
+    /// Take no part in the round (the arm re-ranks rows of its own choosing, or failed).
+    pub(crate) fn abstain(&self) {
+        self.round.arrive(self.arm, &[]);
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.abstain();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_best_candidates_of_all_arms_are_chosen() {
+        let round = RerankRound::new(3, 4);
+        let (a, b, c) = (round.ticket(0), round.ticket(1), round.ticket(2));
+        let pa = tokio::spawn(a.propose(vec![(0.1, 7), (0.5, 8), (0.9, 9)]));
+        let pb = tokio::spawn(b.propose(vec![(0.2, 1), (0.3, 2), (0.4, 3)]));
+        tokio::task::yield_now().await;
+        assert!(
+            !pa.is_finished() && !pb.is_finished(),
+            "they wait for arm 2"
+        );
+        // Arm 2 abstains by dropping its ticket.
+        drop(c);
+        assert_eq!(pa.await.unwrap(), vec![7]);
+        assert_eq!(pb.await.unwrap(), vec![1, 2, 3]);
+    }
+
+    #[tokio::test]
+    async fn ties_are_broken_by_arm_then_row_and_a_small_round_keeps_all() {
+        let round = RerankRound::new(2, 2);
+        let (a, b) = (round.ticket(0), round.ticket(1));
+        let pb = tokio::spawn(b.propose(vec![(0.5, 1), (0.5, 2)]));
+        let got = a.propose(vec![(0.5, 9)]).await;
+        assert_eq!(got, vec![9]);
+        assert_eq!(pb.await.unwrap(), vec![1]);
+        let round = RerankRound::new(1, 10);
+        let t = round.ticket(0);
+        assert_eq!(t.propose(vec![(3.0, 1), (1.0, 2)]).await, vec![1, 2]);
+        // Proposing again changes nothing.
+        assert_eq!(t.propose(vec![(3.0, 1), (1.0, 2)]).await, vec![1, 2]);
+    }
+}
