@@ -8,13 +8,14 @@
 //! `--queries` mixed full-text and vector queries (the corpus's queries and their
 //! embeddings), and the benchmark reports their latency, what the handle holds in memory by
 //! kind (per row of the index), its block cache, and the process's peak resident memory
-//! beside the index's bytes on disk.
+//! beside the index's bytes on disk. Last (after the peak is taken), `--recall-queries`
+//! vector queries measure recall@10 against exact search, on a handle without added latency.
 
 use super::corpus::{Corpus, Embedder};
 use super::stream::peak_rss_mib;
 use crate::{
-    Error, Index, LatencyConfig, ReadOnlyIndex, Result, SearchOptions, Settings, StoreCounters,
-    VectorSearchOptions,
+    Error, Index, Key, LatencyConfig, ReadOnlyIndex, Result, SearchOptions, Settings,
+    StoreCounters, VectorSearchOptions,
 };
 use serde::Serialize;
 use std::path::PathBuf;
@@ -48,6 +49,10 @@ pub struct ReaderOptions {
     /// carries).
     #[arg(long)]
     pub data: Option<PathBuf>,
+    /// Vector queries whose top 10 is compared with exact search's (each exact search reads
+    /// every vector of the index).
+    #[arg(long, default_value_t = 20)]
+    pub recall_queries: usize,
     /// Print a table as it goes.
     #[arg(skip = true)]
     pub print: bool,
@@ -111,6 +116,10 @@ pub struct ReaderReport {
     pub peak_rss_mib: f64,
     /// The peak as a share of the index's bytes.
     pub peak_rss_share_of_index: f64,
+    /// Vector queries compared with exact search.
+    pub recall_queries: usize,
+    /// Recall@10 of the default vector search against exact search over them.
+    pub recall_at_10: Option<f64>,
 }
 
 enum Query {
@@ -130,6 +139,21 @@ impl Query {
         };
         Ok(batches.iter().map(|b| b.num_rows()).sum())
     }
+}
+
+/// The keys of a search's rows, as text.
+fn keys(batches: &[arrow::array::RecordBatch]) -> Vec<String> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            (0..b.num_rows())
+                .map(|r| {
+                    Key::from_array(b.column(0).as_ref(), r)
+                        .map_or(String::new(), |k| k.to_string())
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
 fn requests(c: &StoreCounters) -> u64 {
@@ -281,8 +305,30 @@ pub async fn run(o: &ReaderOptions) -> Result<ReaderReport> {
         column_bytes: cache.column_bytes,
         peak_rss_mib: peak,
         peak_rss_share_of_index: peak * (1 << 20) as f64 / index_bytes.max(1) as f64,
+        recall_queries: o.recall_queries,
+        recall_at_10: None,
     };
     ro.close().await?;
+    let mut report = report;
+    if o.recall_queries > 0 {
+        let ro = Index::open_read_only(base.clone(), setup.settings.clone()).await?;
+        let mut found = 0;
+        for i in 0..o.recall_queries {
+            let v = embedder.embed(&texts[(i * 7 + 3) % texts.len()], 0, 0.0);
+            let ann = keys(
+                &ro.search_vector(&v, &VectorSearchOptions::with_k(10))
+                    .await?,
+            );
+            let exact = VectorSearchOptions {
+                exact: true,
+                ..VectorSearchOptions::with_k(10)
+            };
+            let want = keys(&ro.search_vector(&v, &exact).await?);
+            found += ann.iter().filter(|k| want.contains(k)).count();
+        }
+        report.recall_at_10 = Some(found as f64 / (10 * o.recall_queries) as f64);
+        ro.close().await?;
+    }
     if o.print {
         print!("{}", report.table());
     }
@@ -360,6 +406,13 @@ impl ReaderReport {
             self.peak_rss_mib,
             self.peak_rss_share_of_index * 100.0
         );
+        if let Some(r) = self.recall_at_10 {
+            let _ = writeln!(
+                out,
+                "recall@10 against exact search: {r:.4} over {} vector queries",
+                self.recall_queries
+            );
+        }
         out
     }
 }
