@@ -326,6 +326,10 @@ fn arm_work(p: ArmParts) -> ArmWork {
     })
 }
 
+/// Bytes of vectors an arm re-ranks at once (an exact search over a generation whose vectors
+/// are read by range re-ranks all of them, a chunk at a time).
+const RERANK_CHUNK_BYTES: usize = 8 << 20;
+
 /// The arm's rows of a generation whose vectors are read by range: `rows` (the candidates
 /// its arm proposes, all admitted) re-ranked from their exact vectors, the best `k` by
 /// distance then key.
@@ -340,30 +344,35 @@ fn rerank_later(
 ) -> ArmRows {
     ArmRows::Later(Box::pin(async move {
         let rows = rows.await;
-        let vectors = g.read_vectors(&rows).await?;
-        let list = vectors.as_fixed_size_list();
         let dim = query.len();
-        let values = list.values().as_primitive::<Float32Type>().values();
         let mut heap: BinaryHeap<Hit> = BinaryHeap::with_capacity(k + 1);
-        for (i, ord) in rows.iter().enumerate() {
-            if list.is_null(i) {
-                continue;
-            }
-            let start = list.value_offset(i) as usize;
-            let d = distance(metric, &query, &values[start..start + dim]);
-            if heap.len() == k {
-                let worst = heap.peek().expect("k > 0");
-                if d.total_cmp(&worst.distance) == Ordering::Greater {
+        // An exact search re-ranks every admitted row: read in chunks, so what it holds at
+        // once is bounded whatever the generation's size.
+        let chunk = (RERANK_CHUNK_BYTES / (dim.max(1) * 4)).max(1);
+        for part in rows.chunks(chunk) {
+            let vectors = g.read_vectors(part).await?;
+            let list = vectors.as_fixed_size_list();
+            let values = list.values().as_primitive::<Float32Type>().values();
+            for (i, ord) in part.iter().enumerate() {
+                if list.is_null(i) {
                     continue;
                 }
-            }
-            heap.push(Hit {
-                distance: d,
-                key: g.key_at(*ord),
-                ord: *ord,
-            });
-            if heap.len() > k {
-                heap.pop();
+                let start = list.value_offset(i) as usize;
+                let d = distance(metric, &query, &values[start..start + dim]);
+                if heap.len() == k {
+                    let worst = heap.peek().expect("k > 0");
+                    if d.total_cmp(&worst.distance) == Ordering::Greater {
+                        continue;
+                    }
+                }
+                heap.push(Hit {
+                    distance: d,
+                    key: g.key_at(*ord),
+                    ord: *ord,
+                });
+                if heap.len() > k {
+                    heap.pop();
+                }
             }
         }
         let hits = heap.into_sorted_vec();
