@@ -73,11 +73,14 @@ pub struct Settings {
     /// true nearest rows at the cost of reading more vectors (512 bytes each at 128-d), whatever
     /// the number of generations. Default 100.
     pub vector_rerank: usize,
-    /// Budget, in bytes, of the memory tier of a handle's block cache: the blocks of
-    /// generation objects that queries read by range (the rows they return, the columns their
-    /// filters read). Within it, warm queries do no object-store I/O; beyond it, the least
-    /// used blocks leave memory (for the disk tier, when there is one). At least 34 KiB.
-    /// Default 256 MiB.
+    /// Budget, in bytes, of the memory a handle keeps of what queries read by range from
+    /// generation objects: the memory tier of its block cache (the blocks of the rows
+    /// queries return, the columns their filters read, the postings their terms need), and
+    /// the postings and decoded columns kept for reuse, whose budgets
+    /// ([`Settings::postings_cache_bytes`], [`Settings::column_cache_bytes`], each at most a
+    /// quarter of this) come out of it. Within it, warm queries do no object-store I/O; beyond
+    /// it, the least used blocks leave memory (for the disk tier, when there is one). At least
+    /// 68 KiB. Default 256 MiB: 128 MiB of blocks, 64 MiB of postings, 64 MiB of columns.
     pub cache_bytes: u64,
     /// Budget, in bytes, of the disk tier of the block cache, in [`Settings::cache_dir`]; 0
     /// (the default) or no directory: no disk tier. A process that opens the same directory
@@ -93,14 +96,16 @@ pub struct Settings {
     pub hot_cache_bytes: u64,
     /// Budget, in bytes, of the decoded columns a handle keeps for filters: a filter on a
     /// version-3 generation reads the columns it names by range and decodes them, and the
-    /// next filter on them finds them decoded. Default 64 MiB.
+    /// next filter on them finds them decoded. Part of [`Settings::cache_bytes`] (at most a
+    /// quarter of it). Default 64 MiB.
     pub column_cache_bytes: u64,
     /// Budget, in bytes, of a handle's cache of the postings and positions full-text
     /// searches read from generations' cold parts (version 4), one entry per term and
     /// generation as tantivy reads it: a warm search finds them there without a lookup per
     /// block or a copy. Beyond it, the least used leave (their blocks may still be in the
     /// block cache); an entry above a quarter of one of its shards (an eighth of the budget
-    /// from 8 MiB) is not kept; 0 keeps nothing. Default 64 MiB.
+    /// from 8 MiB) is not kept; 0 keeps nothing. Part of [`Settings::cache_bytes`] (at most a
+    /// quarter of it). Default 64 MiB.
     pub postings_cache_bytes: u64,
     /// Merge generations in the writer's background (see `docs/architecture.md`,
     /// "Compaction"). Off, generations accumulate until [`crate::Index::compact`] is called.
@@ -222,6 +227,14 @@ impl Settings {
         Duration::from_millis(self.wal_buffer_interval_ms.max(1))
     }
 
+    /// How [`Settings::cache_bytes`] is shared: `(blocks, postings, columns)`, the postings and
+    /// columns each at most a quarter, the blocks' memory tier the rest.
+    pub(crate) fn cache_budgets(&self) -> (u64, u64, u64) {
+        let postings = self.postings_cache_bytes.min(self.cache_bytes / 4);
+        let columns = self.column_cache_bytes.min(self.cache_bytes / 4);
+        (self.cache_bytes - postings - columns, postings, columns)
+    }
+
     pub(crate) fn validate(&self) -> crate::error::Result<()> {
         let check = |ok: bool, name: &str| {
             if ok {
@@ -241,7 +254,7 @@ impl Settings {
         check(self.hnsw_m > 1, "hnsw_m")?;
         check(self.hnsw_ef_construction > 0, "hnsw_ef_construction")?;
         check(self.hnsw_ef_search > 0, "hnsw_ef_search")?;
-        check(self.cache_bytes >= MIN_CACHE_BYTES, "cache_bytes")?;
+        check(self.cache_bytes >= 2 * MIN_CACHE_BYTES, "cache_bytes")?;
         check(self.hot_cache_bytes > 0, "hot_cache_bytes")?;
         check(self.compaction_fanout >= 2, "compaction_fanout")?;
         check(self.compaction_max_rows > 0, "compaction_max_rows")?;
@@ -297,5 +310,38 @@ impl WriteOptions {
     /// Options with the given durability.
     pub fn with_durability(durability: Durability) -> Self {
         WriteOptions { durability }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_bytes_holds_the_postings_and_columns_budgets() {
+        let s = Settings::default();
+        assert_eq!(s.cache_budgets(), (128 << 20, 64 << 20, 64 << 20));
+        // Each at most a quarter of the whole; the blocks take the rest.
+        let small = Settings {
+            cache_bytes: 64 << 20,
+            ..Settings::default()
+        };
+        assert_eq!(small.cache_budgets(), (32 << 20, 16 << 20, 16 << 20));
+        let none = Settings {
+            postings_cache_bytes: 0,
+            ..Settings::default()
+        };
+        assert_eq!(none.cache_budgets(), (192 << 20, 0, 64 << 20));
+        let least = Settings {
+            cache_bytes: 2 * MIN_CACHE_BYTES,
+            ..Settings::default()
+        };
+        least.validate().unwrap();
+        assert!(least.cache_budgets().0 >= MIN_CACHE_BYTES);
+        let fewer = Settings {
+            cache_bytes: 2 * MIN_CACHE_BYTES - 1,
+            ..Settings::default()
+        };
+        assert!(fewer.validate().is_err());
     }
 }

@@ -140,7 +140,7 @@ impl GenerationCache {
                     cache: blocks,
                     runtime: tokio::runtime::Handle::current(),
                     concurrency,
-                    postings: PostingsCache::new(settings.postings_cache_bytes),
+                    postings: PostingsCache::new(settings.cache_budgets().1),
                 },
                 small_rows,
                 cache,

@@ -49,9 +49,9 @@ impl Reader {
     ) -> Result<Self> {
         let stored_schema = schema.stored_schema();
         let text_schema = TextSchema::new(&schema);
-        let column_budget = settings.column_cache_bytes;
+        let (block_budget, _, column_budget) = settings.cache_budgets();
         let blocks = BlockCache::open(&BlockCacheConfig {
-            memory_bytes: settings.cache_bytes,
+            memory_bytes: block_budget,
             disk_bytes: settings.cache_disk_bytes,
             disk_dir: settings.cache_dir.clone(),
             block_bytes: BLOCK_BYTES,
