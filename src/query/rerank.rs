@@ -9,9 +9,11 @@
 //! requests, 25.7 MB through 16 KiB blocks) with 100 per arm; with 100 over all arms it reads
 //! about a tenth of that, and the distances it returns stay exact.
 //!
-//! The round waits for every arm: an arm that fails, or re-ranks every admitted row instead
-//! (no graph, a walk that came back short), abstains, and an arm whose work is dropped before
-//! it proposes abstains when its [`Ticket`] drops.
+//! The round waits for every arm given a ticket before the plan sealed it: an arm that
+//! re-ranks every admitted row instead (no graph, a walk that came back short) abstains, and
+//! an arm that never proposes (its work failed or never ran) abstains when its [`Ticket`]
+//! drops with the plan. DataFusion's merge starts every arm of the plan it runs at once, so
+//! no arm waits for one that has not started.
 
 use futures::future::BoxFuture;
 use std::sync::{Arc, Mutex};
@@ -34,9 +36,12 @@ enum Choice {
 
 #[derive(Debug, Default)]
 struct State {
-    /// Per arm, whether it has proposed or abstained.
+    /// Per arm given a ticket, whether it has proposed or abstained.
     arrived: Vec<bool>,
+    /// Arms that have not arrived.
     waiting: usize,
+    /// No more tickets are given: the round chooses once every arm has arrived.
+    sealed: bool,
     proposed: Vec<Candidate>,
 }
 
@@ -49,29 +54,36 @@ pub(crate) struct RerankRound {
 }
 
 impl RerankRound {
-    /// A round of `arms` arms that re-ranks `budget` candidates in all.
-    pub(crate) fn new(arms: usize, budget: usize) -> Arc<RerankRound> {
-        let round = RerankRound {
+    /// A round that re-ranks `budget` candidates in all, of the arms given a
+    /// [`RerankRound::ticket`] before it is [sealed](RerankRound::seal).
+    pub(crate) fn new(budget: usize) -> Arc<RerankRound> {
+        Arc::new(RerankRound {
             budget: budget.max(1),
-            state: Mutex::new(State {
-                arrived: vec![false; arms],
-                waiting: arms,
-                proposed: Vec::new(),
-            }),
+            state: Mutex::new(State::default()),
             choice: watch::channel(None).0,
-        };
-        if arms == 0 {
-            round.choice.send_replace(Some(Choice::All));
-        }
-        Arc::new(round)
+        })
     }
 
-    /// Arm `arm`'s place in the round, which abstains for it when dropped unused.
-    pub(crate) fn ticket(self: &Arc<Self>, arm: usize) -> Ticket {
+    /// A place in the round for one more arm, which abstains for it when dropped unused.
+    pub(crate) fn ticket(self: &Arc<Self>) -> Ticket {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let arm = s.arrived.len();
+        if !s.sealed {
+            s.arrived.push(false);
+            s.waiting += 1;
+        }
         Ticket {
             round: self.clone(),
             arm,
         }
+    }
+
+    /// No more arms: the round chooses once those with a ticket have arrived (at once if
+    /// they all have).
+    pub(crate) fn seal(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.sealed = true;
+        self.choose_if_done(s);
     }
 
     /// Arm `arm` proposes `keyed` (`(key, row)`); the last arm to arrive makes the choice. An
@@ -88,7 +100,12 @@ impl RerankRound {
                 .map(|(key, row)| (*key, arm as u32, *row as u32)),
         );
         s.waiting -= 1;
-        if s.waiting > 0 {
+        self.choose_if_done(s);
+    }
+
+    /// Make the choice once the round is sealed and every arm has arrived.
+    fn choose_if_done(&self, mut s: std::sync::MutexGuard<'_, State>) {
+        if !s.sealed || s.waiting > 0 || self.choice.borrow().is_some() {
             return;
         }
         let mut all = std::mem::take(&mut s.proposed);
@@ -156,8 +173,9 @@ mod tests {
 
     #[tokio::test]
     async fn the_best_candidates_of_all_arms_are_chosen() {
-        let round = RerankRound::new(3, 4);
-        let (a, b, c) = (round.ticket(0), round.ticket(1), round.ticket(2));
+        let round = RerankRound::new(4);
+        let (a, b, c) = (round.ticket(), round.ticket(), round.ticket());
+        round.seal();
         let pa = tokio::spawn(a.propose(vec![(0.1, 7), (0.5, 8), (0.9, 9)]));
         let pb = tokio::spawn(b.propose(vec![(0.2, 1), (0.3, 2), (0.4, 3)]));
         tokio::task::yield_now().await;
@@ -173,16 +191,37 @@ mod tests {
 
     #[tokio::test]
     async fn ties_are_broken_by_arm_then_row_and_a_small_round_keeps_all() {
-        let round = RerankRound::new(2, 2);
-        let (a, b) = (round.ticket(0), round.ticket(1));
+        let round = RerankRound::new(2);
+        let (a, b) = (round.ticket(), round.ticket());
+        round.seal();
         let pb = tokio::spawn(b.propose(vec![(0.5, 1), (0.5, 2)]));
         let got = a.propose(vec![(0.5, 9)]).await;
         assert_eq!(got, vec![9]);
         assert_eq!(pb.await.unwrap(), vec![1]);
-        let round = RerankRound::new(1, 10);
-        let t = round.ticket(0);
+        let round = RerankRound::new(10);
+        let t = round.ticket();
+        round.seal();
         assert_eq!(t.propose(vec![(3.0, 1), (1.0, 2)]).await, vec![1, 2]);
         // Proposing again changes nothing.
         assert_eq!(t.propose(vec![(3.0, 1), (1.0, 2)]).await, vec![1, 2]);
+    }
+
+    #[tokio::test]
+    async fn the_round_waits_for_its_seal() {
+        let round = RerankRound::new(1);
+        let a = round.ticket();
+        let pa = tokio::spawn(a.propose(vec![(0.5, 1), (0.1, 2)]));
+        tokio::task::yield_now().await;
+        assert!(
+            !pa.is_finished(),
+            "more arms may come until the round is sealed"
+        );
+        let b = round.ticket();
+        round.seal();
+        let pb = tokio::spawn(b.propose(vec![(0.2, 3)]));
+        assert_eq!(pa.await.unwrap(), vec![2]);
+        assert_eq!(pb.await.unwrap(), Vec::<usize>::new());
+        // A round of no arm chooses when sealed.
+        RerankRound::new(1).seal();
     }
 }

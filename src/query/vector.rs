@@ -160,11 +160,7 @@ pub(crate) fn plan(
     // The arms whose vectors are read by range choose what they re-rank together.
     let reads_vectors =
         |s: &Source| matches!(s, Source::Generation(g) if g.vector_values().is_none());
-    let round = RerankRound::new(
-        sources.iter().filter(|s| reads_vectors(s)).count(),
-        settings.vector_rerank.max(opts.k),
-    );
-    let mut tickets = 0;
+    let round = RerankRound::new(settings.vector_rerank.max(opts.k));
     for (src, ((source, live), fm)) in sources.into_iter().zip(live).zip(filter_rows).enumerate() {
         let live_rows = live.count();
         let eligible = match fm {
@@ -199,10 +195,7 @@ pub(crate) fn plan(
             source.rows(),
             opts.k
         );
-        let ticket = reads_vectors(&source).then(|| {
-            tickets += 1;
-            round.ticket(tickets - 1)
-        });
+        let ticket = reads_vectors(&source).then(|| round.ticket());
         let work = arm_work(ArmParts {
             source,
             eligible,
@@ -219,6 +212,7 @@ pub(crate) fn plan(
         });
         arms.push(ArmSpec { description, work });
     }
+    round.seal();
     let leaf = Arc::new(ArmExec::new(
         "VectorArmExec",
         ranked_schema,
