@@ -25,6 +25,10 @@ pub(crate) struct Codes {
     codes: Vec<u8>,
     /// `l2`: the squared norm of each row's decoded vector; empty otherwise.
     sqnorms: Vec<f32>,
+    /// `l2`: how much a decoded row's squared norm exceeds the row's on average, the
+    /// rounding's noise `Σ step²/12`, which keys take out so that keys of generations with
+    /// different ranges compare.
+    bias: f32,
 }
 
 /// A query prepared for [`Codes::dot`].
@@ -81,6 +85,7 @@ impl Codes {
         }
         let mut out = Codes {
             dim,
+            bias: noise(&step),
             min,
             step,
             codes,
@@ -128,7 +133,7 @@ impl Codes {
     pub(crate) fn key(&self, metric: Metric, q: &CodeQuery, row: usize) -> f32 {
         let dot = self.dot(q, row);
         match metric {
-            Metric::L2 => self.sqnorms[row] - 2.0 * dot,
+            Metric::L2 => self.sqnorms[row] - self.bias - 2.0 * dot,
             Metric::Cosine | Metric::Dot => -dot,
         }
     }
@@ -205,6 +210,7 @@ impl Codes {
         }
         Ok(Codes {
             dim,
+            bias: noise(&step),
             min,
             step,
             codes: bytes[codes_at..norms_at].to_vec(),
@@ -215,6 +221,11 @@ impl Codes {
             },
         })
     }
+}
+
+/// The mean squared error of rounding to the nearest of steps `step`: `Σ step²/12`.
+fn noise(step: &[f32]) -> f32 {
+    step.iter().map(|s| s * s / 12.0).sum()
 }
 
 /// `Σ w[d] c[d]`, in eight lanes so the compiler vectorizes the widening and the sums.
