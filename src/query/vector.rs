@@ -16,6 +16,7 @@ use arrow::array::{Array, ArrayRef, AsArray, Float32Array};
 use arrow::datatypes::{DataType, Field, Float32Type, Schema, SchemaRef};
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::ExecutionPlan;
+use futures::StreamExt;
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use std::sync::Arc;
@@ -321,7 +322,8 @@ fn arm_work(p: ArmParts) -> ArmWork {
 }
 
 /// Bytes of vectors an arm re-ranks at once (an exact search over a generation whose vectors
-/// are read by range re-ranks all of them, a chunk at a time).
+/// are read by range re-ranks all of them, a chunk at a time, reading the next one while it
+/// ranks one: two chunks in memory at most).
 const RERANK_CHUNK_BYTES: usize = 8 << 20;
 
 /// The arm's rows of a generation whose vectors are read by range: `rows` (the candidates
@@ -343,8 +345,20 @@ fn rerank_later(
         // An exact search re-ranks every admitted row: read in chunks, so what it holds at
         // once is bounded whatever the generation's size.
         let chunk = (RERANK_CHUNK_BYTES / (dim.max(1) * 4)).max(1);
-        for part in rows.chunks(chunk) {
-            let vectors = g.read_vectors(part).await?;
+        // The next chunk is read while one is ranked.
+        let parts: Vec<Vec<usize>> = rows.chunks(chunk).map(<[usize]>::to_vec).collect();
+        let reader = g.clone();
+        let mut reads = futures::stream::iter(parts)
+            .map(move |part| {
+                let g = reader.clone();
+                async move {
+                    let read = g.read_vectors(&part).await;
+                    (part, read)
+                }
+            })
+            .buffered(2);
+        while let Some((part, vectors)) = reads.next().await {
+            let vectors = vectors?;
             let list = vectors.as_fixed_size_list();
             let values = list.values().as_primitive::<Float32Type>().values();
             for (i, ord) in part.iter().enumerate() {
