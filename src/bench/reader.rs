@@ -312,7 +312,7 @@ pub async fn run(o: &ReaderOptions) -> Result<ReaderReport> {
     let mut report = report;
     if o.recall_queries > 0 {
         let ro = Index::open_read_only(base.clone(), setup.settings.clone()).await?;
-        let mut found = 0;
+        let (mut found, mut wanted) = (0, 0);
         for i in 0..o.recall_queries {
             let v = embedder.embed(&texts[(i * 7 + 3) % texts.len()], 0, 0.0);
             let ann = keys(
@@ -325,8 +325,9 @@ pub async fn run(o: &ReaderOptions) -> Result<ReaderReport> {
             };
             let want = keys(&ro.search_vector(&v, &exact).await?);
             found += ann.iter().filter(|k| want.contains(k)).count();
+            wanted += want.len();
         }
-        report.recall_at_10 = Some(found as f64 / (10 * o.recall_queries) as f64);
+        report.recall_at_10 = Some(found as f64 / wanted.max(1) as f64);
         ro.close().await?;
     }
     if o.print {
