@@ -16,7 +16,9 @@ mod demo;
 /// The command line's allocator. glibc's per-thread arenas keep what the query, I/O and
 /// compaction threads free: a new process answering 200 mixed queries over a 2,000,000-row
 /// index peaked at 1,837 MiB with it and at 1,246 MiB with jemalloc, which returns freed pages
-/// to the system. A program embedding the library chooses its own.
+/// to the system. A program embedding the library chooses its own. Unix only: jemalloc is
+/// built with make and a POSIX shell.
+#[cfg(unix)]
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
