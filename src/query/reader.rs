@@ -49,7 +49,15 @@ impl Reader {
     ) -> Result<Self> {
         let stored_schema = schema.stored_schema();
         let text_schema = TextSchema::new(&schema);
-        let (block_budget, _, column_budget) = settings.cache_budgets();
+        let (block_budget, postings_budget, column_budget) = settings.cache_budgets();
+        if postings_budget < settings.postings_cache_bytes
+            || column_budget < settings.column_cache_bytes
+        {
+            tracing::warn!(
+                "postings_cache_bytes and column_cache_bytes are each capped at a quarter of cache_bytes ({}): {postings_budget} and {column_budget} bytes",
+                settings.cache_bytes
+            );
+        }
         let blocks = BlockCache::open(&BlockCacheConfig {
             memory_bytes: block_budget,
             disk_bytes: settings.cache_disk_bytes,
