@@ -333,6 +333,18 @@ mod tests {
     }
 
     #[test]
+    fn keys_stay_finite_over_the_widest_ranges() {
+        // Steps near f32::MAX / 255: their squares overflow f32.
+        let v = [f32::MAX, -f32::MAX, 1.0, 0.0, 0.0, -1.0];
+        let codes = Codes::build(Metric::L2, 2, &v, &|_| true);
+        let q = codes.query(&[0.0, 1.0]);
+        for r in 0..3 {
+            let key = codes.key(Metric::L2, &q, r);
+            assert!(!key.is_nan() && key != f32::NEG_INFINITY, "row {r}: {key}");
+        }
+    }
+
+    #[test]
     fn damaged_sections_are_refused() {
         let (rows, dim) = (10, 4);
         let bytes = Codes::build(Metric::L2, dim, &vectors(rows, dim), &|_| true).encode();
