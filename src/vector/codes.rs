@@ -223,9 +223,14 @@ impl Codes {
     }
 }
 
-/// The mean squared error of rounding to the nearest of steps `step`: `Σ step²/12`.
+/// The mean squared error of rounding to the nearest of steps `step`: `Σ step²/12`, summed in
+/// f64; 0 when it is beyond f32 (ranges near f32::MAX, where keys are infinite anyway).
 fn noise(step: &[f32]) -> f32 {
-    step.iter().map(|s| s * s / 12.0).sum()
+    let sum: f64 = step.iter().map(|s| f64::from(*s).powi(2) / 12.0).sum();
+    match sum <= f64::from(f32::MAX) {
+        true => sum as f32,
+        false => 0.0,
+    }
 }
 
 /// `Σ w[d] c[d]`, in eight lanes so the compiler vectorizes the widening and the sums.
