@@ -50,8 +50,12 @@ impl Reader {
         let stored_schema = schema.stored_schema();
         let text_schema = TextSchema::new(&schema);
         let (block_budget, postings_budget, column_budget) = settings.cache_budgets();
-        if postings_budget < settings.postings_cache_bytes
-            || column_budget < settings.column_cache_bytes
+        // Only budgets a user set: the defaults are capped quietly under a small cache_bytes.
+        let defaults = Settings::default();
+        if (postings_budget < settings.postings_cache_bytes
+            && settings.postings_cache_bytes != defaults.postings_cache_bytes)
+            || (column_budget < settings.column_cache_bytes
+                && settings.column_cache_bytes != defaults.column_cache_bytes)
         {
             tracing::warn!(
                 "postings_cache_bytes and column_cache_bytes are each capped at a quarter of cache_bytes ({}): {postings_budget} and {column_budget} bytes",
