@@ -322,8 +322,8 @@ fn arm_work(p: ArmParts) -> ArmWork {
 }
 
 /// Bytes of vectors an arm re-ranks at once (an exact search over a generation whose vectors
-/// are read by range re-ranks all of them, a chunk at a time, reading the next one while it
-/// ranks one: two chunks in memory at most).
+/// are read by range re-ranks all of them, a chunk at a time, with the next chunk's read under
+/// way while it ranks one: two chunks in memory at most).
 const RERANK_CHUNK_BYTES: usize = 8 << 20;
 
 /// The arm's rows of a generation whose vectors are read by range: `rows` (the candidates
@@ -346,18 +346,20 @@ fn rerank_later(
         // once is bounded whatever the generation's size.
         let chunk = (RERANK_CHUNK_BYTES / (dim.max(1) * 4)).max(1);
         // The next chunk is read while one is ranked.
-        let parts: Vec<Vec<usize>> = rows.chunks(chunk).map(<[usize]>::to_vec).collect();
-        let reader = g.clone();
-        let mut reads = futures::stream::iter(parts)
-            .map(move |part| {
-                let g = reader.clone();
+        let rows: Arc<[usize]> = rows.into();
+        let (reader, all) = (g.clone(), rows.clone());
+        let mut reads = futures::stream::iter((0..rows.len()).step_by(chunk))
+            .map(move |from| {
+                let (g, rows) = (reader.clone(), all.clone());
                 async move {
-                    let read = g.read_vectors(&part).await;
-                    (part, read)
+                    let at = from..(from + chunk).min(rows.len());
+                    let read = g.read_vectors(&rows[at.clone()]).await;
+                    (at, read)
                 }
             })
             .buffered(2);
-        while let Some((part, vectors)) = reads.next().await {
+        while let Some((at, vectors)) = reads.next().await {
+            let part = &rows[at];
             let vectors = vectors?;
             let list = vectors.as_fixed_size_list();
             let values = list.values().as_primitive::<Float32Type>().values();
