@@ -33,7 +33,7 @@ pub struct ReaderOptions {
     /// Latency added to every GET, HEAD and LIST, in milliseconds.
     #[arg(long = "get-latency-ms", default_value = "10", value_parser = super::options::millis)]
     pub get_latency: Duration,
-    /// Memory budget of the block cache (`cache_bytes`).
+    /// Memory budget of what queries read (`cache_bytes`: blocks, postings and columns).
     #[arg(long, default_value_t = 256 << 20)]
     pub cache_bytes: u64,
     /// Disk budget of the block cache (`cache_disk_bytes`), in `--out`/cache.
@@ -327,7 +327,8 @@ pub async fn run(o: &ReaderOptions) -> Result<ReaderReport> {
             found += ann.iter().filter(|k| want.contains(k)).count();
             wanted += want.len();
         }
-        report.recall_at_10 = Some(found as f64 / wanted.max(1) as f64);
+        // An index without a vector to find has no recall to report.
+        report.recall_at_10 = (wanted > 0).then(|| found as f64 / wanted as f64);
         ro.close().await?;
     }
     if o.print {
