@@ -80,7 +80,7 @@ pub struct Settings {
     /// ([`Settings::postings_cache_bytes`], [`Settings::column_cache_bytes`], each at most a
     /// quarter of this) come out of it. Within it, warm queries do no object-store I/O; beyond
     /// it, the least used blocks leave memory (for the disk tier, when there is one). At least
-    /// 68 KiB. Default 256 MiB: 128 MiB of blocks, 64 MiB of postings, 64 MiB of columns.
+    /// 68 KiB. Default 384 MiB: 256 MiB of blocks, 64 MiB of postings, 64 MiB of columns.
     pub cache_bytes: u64,
     /// Budget, in bytes, of the disk tier of the block cache, in [`Settings::cache_dir`]; 0
     /// (the default) or no directory: no disk tier. A process that opens the same directory
@@ -183,7 +183,7 @@ impl Default for Settings {
             vector_exact_below: 2048,
             memtable_graph_above: 2048,
             vector_rerank: 100,
-            cache_bytes: 256 << 20,
+            cache_bytes: 384 << 20,
             cache_disk_bytes: 0,
             cache_dir: None,
             hot_cache_bytes: 4 << 30,
@@ -320,7 +320,7 @@ mod tests {
     #[test]
     fn cache_bytes_holds_the_postings_and_columns_budgets() {
         let s = Settings::default();
-        assert_eq!(s.cache_budgets(), (128 << 20, 64 << 20, 64 << 20));
+        assert_eq!(s.cache_budgets(), (256 << 20, 64 << 20, 64 << 20));
         // Each at most a quarter of the whole; the blocks take the rest.
         let small = Settings {
             cache_bytes: 64 << 20,
@@ -331,7 +331,7 @@ mod tests {
             postings_cache_bytes: 0,
             ..Settings::default()
         };
-        assert_eq!(none.cache_budgets(), (192 << 20, 0, 64 << 20));
+        assert_eq!(none.cache_budgets(), (320 << 20, 0, 64 << 20));
         let least = Settings {
             cache_bytes: 2 * MIN_CACHE_BYTES,
             ..Settings::default()
