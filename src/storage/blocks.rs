@@ -572,12 +572,14 @@ mod tests {
             0,
             "memory hits are not checked again"
         );
-        // Out of the object: an error, not a short read.
+        // Out of the object (a directory that disagrees with the object's length): a data
+        // error naming the object, not a short read.
         let e = cache
             .read(&dyn_store, "mem", &path, len, 9_000..10_001, &accept())
             .await
             .unwrap_err();
-        assert_eq!(e.kind(), crate::ErrorKind::Internal, "{e}");
+        assert_eq!(e.kind(), crate::ErrorKind::Data, "{e}");
+        assert!(e.to_string().contains(path.as_ref()), "{e}");
     }
 
     #[tokio::test]
