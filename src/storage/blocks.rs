@@ -231,9 +231,10 @@ impl BlockCache {
         verify: &Verify,
     ) -> Result<Vec<Bytes>> {
         if let Some(r) = ranges.iter().find(|r| r.start > r.end || r.end > len) {
-            return Err(Error::internal(format!(
-                "range {r:?} of object '{path}' of {len} bytes"
-            )));
+            return Err(Error::data(
+                path,
+                format!("a read of bytes {r:?} past the object's {len} bytes"),
+            ));
         }
         let mut wanted: Vec<u64> = ranges
             .iter()
