@@ -84,6 +84,13 @@ async fn one_generation(rows: usize) -> Arc<dyn object_store::ObjectStore> {
     inner
 }
 
+/// A read-only handle, at default settings, on the index at `idx` of `store`.
+async fn read_only(store: Arc<dyn object_store::ObjectStore>) -> ReadOnlyIndex {
+    Index::open_read_only(Location::from_store(store, "idx"), Settings::default())
+        .await
+        .unwrap()
+}
+
 fn keys(batches: &[RecordBatch]) -> Vec<String> {
     batches
         .iter()
@@ -100,12 +107,7 @@ fn keys(batches: &[RecordBatch]) -> Vec<String> {
 async fn a_query_reads_the_blocks_of_the_rows_it_returns_not_the_generation() {
     let inner = one_generation(20_000).await;
     let store = LatencyStore::new(inner, LatencyConfig::default());
-    let ro = Index::open_read_only(
-        Location::from_store(store.clone(), "idx"),
-        Settings::default(),
-    )
-    .await
-    .unwrap();
+    let ro = read_only(store.clone()).await;
     let object = ro.stats().generations[0].bytes;
     let opened = store.counters();
     // The open read the hot part: without the rows' text and notes.
@@ -182,12 +184,7 @@ async fn a_query_reads_the_blocks_of_the_rows_it_returns_not_the_generation() {
 async fn a_filter_reads_only_the_columns_it_names() {
     let inner = one_generation(20_000).await;
     let store = LatencyStore::new(inner, LatencyConfig::default());
-    let ro = Index::open_read_only(
-        Location::from_store(store.clone(), "idx"),
-        Settings::default(),
-    )
-    .await
-    .unwrap();
+    let ro = read_only(store.clone()).await;
     let object = ro.stats().generations[0].bytes;
     store.reset();
     let opts = SearchOptions {
@@ -262,12 +259,7 @@ async fn a_restarted_handle_finds_its_disk_cache() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_cold_block_is_a_data_error_naming_the_object() {
     let inner = one_generation(5_000).await;
-    let ro = Index::open_read_only(
-        Location::from_store(inner.clone(), "idx"),
-        Settings::default(),
-    )
-    .await
-    .unwrap();
+    let ro = read_only(inner.clone()).await;
     let meta = ro.stats().generations[0].clone();
     drop(ro);
     let path = object_store::path::Path::from(format!(
@@ -321,12 +313,7 @@ fn valued(batches: &[RecordBatch], column: &str) -> Vec<(String, f32)> {
 async fn a_full_text_query_reads_the_postings_of_its_terms_not_the_index() {
     let inner = one_generation(20_000).await;
     let store = LatencyStore::new(inner, LatencyConfig::default());
-    let ro = Index::open_read_only(
-        Location::from_store(store.clone(), "idx"),
-        Settings::default(),
-    )
-    .await
-    .unwrap();
+    let ro = read_only(store.clone()).await;
     let object = ro.stats().generations[0].bytes;
     // Postings and positions stay in the cold part: what the text index holds is its term
     // dictionary, fieldnorms, row table and token counts (4 bytes a row), about 12 bytes a
@@ -365,9 +352,7 @@ async fn a_full_text_query_reads_the_postings_of_its_terms_not_the_index() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_kind_of_query_scores_cold_postings_as_held_ones() {
     let inner = one_generation(20_000).await;
-    let cold = Index::open_read_only(Location::from_store(inner, "idx"), Settings::default())
-        .await
-        .unwrap();
+    let cold = read_only(inner).await;
     // The same rows in a writer's memtable, whose index is held in memory.
     let s = schema();
     let held = Index::create(
@@ -420,12 +405,7 @@ async fn a_new_handle_answers_its_first_query_in_four_round_trips() {
     let store = LatencyStore::new(inner, LatencyConfig::default());
     for (what, query) in [("full-text", "shock nozzle"), ("filtered", "wave")] {
         store.reset();
-        let ro = Index::open_read_only(
-            Location::from_store(store.clone(), "idx"),
-            Settings::default(),
-        )
-        .await
-        .unwrap();
+        let ro = read_only(store.clone()).await;
         // The manifest (carried by LATEST) with the listings, then the hot part with the WAL.
         let open = store.counters();
         assert_eq!(open.round_trips, 2, "{what}: the open: {open:?}");
@@ -543,12 +523,7 @@ async fn vector_generations(gens: usize, rows: usize) -> Arc<dyn object_store::O
 async fn a_cold_vector_query_reranks_the_best_candidates_of_all_generations_at_once() {
     let inner = vector_generations(4, 5_000).await;
     let store = LatencyStore::new(inner, LatencyConfig::default());
-    let ro = Index::open_read_only(
-        Location::from_store(store.clone(), "idx"),
-        Settings::default(),
-    )
-    .await
-    .unwrap();
+    let ro = read_only(store.clone()).await;
     let query: Vec<f32> = (0..128).map(|i| ((i * 37) % 11) as f32 - 5.0).collect();
     let exact = ro
         .search_vector(
@@ -561,12 +536,7 @@ async fn a_cold_vector_query_reranks_the_best_candidates_of_all_generations_at_o
         .await
         .unwrap();
     let exact = valued(&exact, "_distance");
-    let ro = Index::open_read_only(
-        Location::from_store(store.clone(), "idx"),
-        Settings::default(),
-    )
-    .await
-    .unwrap();
+    let ro = read_only(store.clone()).await;
     store.reset();
     let hits = valued(
         &ro.search_vector(&query, &lsmsearch::VectorSearchOptions::with_k(10))
