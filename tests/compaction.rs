@@ -78,18 +78,22 @@ fn settings(compaction: bool) -> Settings {
     }
 }
 
+/// Append `rows` to `index` and record them in `model`.
+async fn append(index: &Index, rows: Vec<Row>, model: &mut Model) {
+    index.append(&batch(&schema(), &rows)).await.unwrap();
+    for r in rows {
+        model.insert(r.id.clone(), r);
+    }
+}
+
 /// Six generations with overlapping keys (updates) and deletes, flushed one by one.
 async fn six_generations(index: &Index) -> Model {
-    let s = schema();
     let mut model = Model::new();
     for g in 0..6i64 {
         let rows: Vec<Row> = (g * 20..g * 20 + 30)
             .map(|i| Row::new(format!("k{i}"), g))
             .collect();
-        index.append(&batch(&s, &rows)).await.unwrap();
-        for r in rows {
-            model.insert(r.id.clone(), r);
-        }
+        append(index, rows, &mut model).await;
         let gone = format!("k{}", g * 7);
         index.delete(&[Key::from(gone.as_str())]).await.unwrap();
         model.remove(&gone);
@@ -223,7 +227,6 @@ async fn background_compaction_bounds_the_generations_of_a_stream() {
     let store: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
     let loc = Location::from_store(store.clone(), "idx");
     let index = Index::create(loc, schema(), settings(true)).await.unwrap();
-    let s = schema();
     let mut model = Model::new();
     let flushes = 64u32;
     let mut most = 0;
@@ -235,10 +238,7 @@ async fn background_compaction_bounds_the_generations_of_a_stream() {
         if f > 0 {
             rows.extend((0..4).map(|i| Row::new(format!("f{}-{i}", f / 2), i64::from(f))));
         }
-        index.append(&batch(&s, &rows)).await.unwrap();
-        for r in rows {
-            model.insert(r.id.clone(), r);
-        }
+        append(&index, rows, &mut model).await;
         let gone = format!("f{}-39", f / 3);
         index.delete(&[Key::from(gone.as_str())]).await.unwrap();
         model.remove(&gone);
@@ -596,17 +596,13 @@ async fn superseded_rows_of_a_full_generation_are_reclaimed() {
         ..settings(false)
     };
     let index = Index::create(memory(), schema(), capped).await.unwrap();
-    let s = schema();
     let mut model = Model::new();
     for version in 1..=2i64 {
         for half in 0..2 {
             let rows: Vec<Row> = (half * 30..half * 30 + 30)
                 .map(|i| Row::new(format!("k{i}"), version))
                 .collect();
-            index.append(&batch(&s, &rows)).await.unwrap();
-            for r in rows {
-                model.insert(r.id.clone(), r);
-            }
+            append(&index, rows, &mut model).await;
             index.flush().await.unwrap();
         }
         while index.compact().await.unwrap().is_some() {}
