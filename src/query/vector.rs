@@ -159,8 +159,6 @@ pub(crate) fn plan(
     let mut arms: Vec<ArmSpec> = Vec::with_capacity(sources.len());
     let all_sources = sources.clone();
     // The arms whose vectors are read by range choose what they re-rank together.
-    let reads_vectors =
-        |s: &Source| matches!(s, Source::Generation(g) if g.vector_values().is_none());
     let round = RerankRound::new(settings.vector_rerank.max(opts.k));
     for (src, ((source, live), fm)) in sources.into_iter().zip(live).zip(filter_rows).enumerate() {
         let live_rows = live.count();
@@ -196,7 +194,8 @@ pub(crate) fn plan(
             source.rows(),
             opts.k
         );
-        let ticket = reads_vectors(&source).then(|| round.ticket());
+        let reads_vectors = matches!(&source, Source::Generation(g) if g.vector_values().is_none());
+        let ticket = reads_vectors.then(|| round.ticket());
         let work = arm_work(ArmParts {
             source,
             eligible,
