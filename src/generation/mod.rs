@@ -12,6 +12,7 @@
 //! range when a query returns, filters or re-ranks rows ([`cold`], [`rows`]). A generation of
 //! an older version, or one decoded from a whole object, holds every row.
 
+pub(crate) mod by_hash;
 pub(crate) mod cache;
 pub(crate) mod cold;
 pub(crate) mod rows;
@@ -29,12 +30,12 @@ use crate::{Error, Result};
 use arrow::array::{Array, ArrayRef, AsArray, FixedSizeListArray, Float32Array, RecordBatch};
 use arrow::buffer::NullBuffer;
 use arrow::datatypes::{DataType, Float32Type, SchemaRef, UInt64Type};
+use by_hash::HashIndex;
 use bytes::Bytes;
 use cold::ColdObject;
 use rows::ColdRows;
 use std::collections::HashMap;
 use std::fmt::Display;
-use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
 /// The search indexes a generation carries, as the schema and settings ask.
@@ -62,6 +63,9 @@ const TEXT_PIECES: &str = "text_pieces/";
 /// The first version whose postings and positions are in the cold part.
 const COLD_TEXT_VERSION: u32 = 4;
 
+/// Bytes a row of the key hashes in row order (8) and their [`HashIndex`] (about 5) hold.
+const HASH_BYTES_PER_ROW: u64 = 13;
+
 /// A generation opened for reading.
 #[derive(Debug)]
 pub(crate) struct Generation {
@@ -79,8 +83,10 @@ pub(crate) struct Generation {
     row_hashes: Vec<u64>,
     text: Option<TextIndex>,
     vector: Option<Arc<VectorIndex>>,
-    /// Key hash → row, built at first use.
-    row_of_hash: std::sync::OnceLock<HashMap<u64, u32, BuildHasherDefault<HashIsKey>>>,
+    /// The distinct key hashes, ascending (the `pk_hashes` section).
+    pk_hashes: Bytes,
+    /// Rows by key hash, built at first use.
+    by_hash: std::sync::OnceLock<HashIndex>,
     /// Bytes of the hot part it was opened from (0: decoded whole).
     hot_bytes: u64,
     /// What it holds in memory, by kind (see [`Resident`]).
@@ -103,7 +109,7 @@ pub(crate) struct Held {
 /// sections and arrays they were made from).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Resident {
-    /// Keys, `_seq` and `_deleted` (version 3), key hashes and their lookup table (32 bytes a
+    /// Keys, `_seq` and `_deleted` (version 3), key hashes and their lookup table (13 bytes a
     /// row).
     pub keys: u64,
     /// Full-text indexes (tantivy files) and token counts.
@@ -276,6 +282,7 @@ impl Generation {
         w.add(KEYS_SECTION, &ipc_encode(&hot.schema(), &[hot])?);
         let hashes: Vec<u8> = pk_hashes.iter().flat_map(|h| h.to_le_bytes()).collect();
         w.add("pk_hashes", &hashes);
+        let pk_hashes = Bytes::from(hashes);
         let vector = match spec.vector {
             Some((col, metric, params)) => {
                 let list = rows
@@ -349,7 +356,8 @@ impl Generation {
                 row_hashes,
                 text,
                 vector,
-                row_of_hash: Default::default(),
+                pk_hashes,
+                by_hash: Default::default(),
                 hot_bytes: 0,
                 resident_bytes: Resident::default(),
                 vector_col: vcol,
@@ -542,7 +550,8 @@ impl Generation {
             .map(len)
             .sum();
         let graph = len(GRAPH_SECTION) + len(CODES_SECTION);
-        let keys = self.resident.get_array_memory_size() as u64 + 32 * self.meta.rows;
+        let keys =
+            self.resident.get_array_memory_size() as u64 + HASH_BYTES_PER_ROW * self.meta.rows;
         let held = self
             .vectors
             .as_ref()
@@ -717,7 +726,9 @@ impl Generation {
             row_hashes,
             text,
             vector,
-            row_of_hash: Default::default(),
+            // A copy, so the bundle's bytes are not kept alive by it.
+            pk_hashes: Bytes::copy_from_slice(&h),
+            by_hash: Default::default(),
             hot_bytes,
             resident_bytes: Resident::default(),
             vector_col: spec.vector.map(|v| v.0),
@@ -731,7 +742,7 @@ impl Generation {
 
     /// Approximate bytes it holds in memory, as the cache counts them. Opened from its hot
     /// part: the hot part (keys, key hashes, text index, graph, codes, Parquet metadata) and
-    /// 32 bytes per row of key hashes (8) and their lookup table. Decoded whole: the object's
+    /// [`HASH_BYTES_PER_ROW`] bytes per row of key hashes and their lookup table. Decoded whole: the object's
     /// size instead of the hot part, and what its graph keeps besides (a half-precision copy
     /// of cosine vectors, norms).
     pub(crate) fn weight(&self) -> u64 {
@@ -745,7 +756,7 @@ impl Generation {
             }
             None => self.meta.bytes,
         };
-        held + 32 * self.meta.rows + graph
+        held + HASH_BYTES_PER_ROW * self.meta.rows + graph
     }
 
     /// Rows stored: live and tombstones.
@@ -1107,26 +1118,21 @@ impl Generation {
     /// The row holding `key` (whose hash is `hash`), if this generation has one; `key` is only
     /// computed on a hash hit, and a hit is confirmed on the exact key.
     pub(crate) fn row_of_key(&self, hash: u64, key: impl FnOnce() -> Option<Key>) -> Option<usize> {
-        let first = *self.row_of_hash().get(&hash)? as usize;
+        let index = self.by_hash();
+        let mut rows = index.rows(index.find(hash)?, &self.row_hashes);
+        let first = rows.next()?;
         let key = key();
         if self.key_at(first) == key {
             return Some(first);
         }
-        // Two keys of this generation share the hash (the map keeps the first): look further.
-        (first + 1..self.row_hashes.len())
-            .find(|r| self.row_hashes[*r] == hash && self.key_at(*r) == key)
+        // Two keys of this generation share the hash: look further.
+        rows.find(|r| self.key_at(*r) == key)
     }
 
-    /// Key hash → the first row with it, built at first use.
-    pub(crate) fn row_of_hash(&self) -> &HashMap<u64, u32, BuildHasherDefault<HashIsKey>> {
-        self.row_of_hash.get_or_init(|| {
-            let mut m =
-                HashMap::with_capacity_and_hasher(self.row_hashes.len(), Default::default());
-            for (r, h) in self.row_hashes.iter().enumerate() {
-                m.entry(*h).or_insert(r as u32);
-            }
-            m
-        })
+    /// Its rows by key hash, built at first use.
+    pub(crate) fn by_hash(&self) -> &HashIndex {
+        self.by_hash
+            .get_or_init(|| HashIndex::new(self.pk_hashes.clone(), &self.row_hashes))
     }
 }
 

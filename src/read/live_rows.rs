@@ -6,9 +6,10 @@
 //!
 //! - A memtable flags its rows as it applies them (see [`crate::memtable`]).
 //! - What newer generations supersede of a generation only changes when the list of
-//!   generations does: it is computed for a whole list in one pass from the newest generation
-//!   to the oldest with a growing map of the keys seen (O(rows), whatever the number of
-//!   generations), and extended in O(new rows) when a flush adds a generation on top.
+//!   generations does: it is computed for a whole list in one merge of the generations'
+//!   sorted key hashes (O(rows × log generations), holding nothing as large as the rows), and
+//!   extended when a flush adds a generation on top by searching each older generation's
+//!   sorted hashes for the new rows' (O(new rows × generations × log)).
 //! - What a memtable's rows supersede of an older source (a generation, or an older frozen
 //!   memtable) only grows as rows are appended: each memtable row is looked up in each older
 //!   source once.
@@ -18,6 +19,7 @@
 
 use super::source::{key_of, MemtableSource, Source, SourceKey};
 use crate::flags::RowFlags;
+use crate::generation::by_hash::{self, HashIndex};
 use crate::generation::{Generation, HashIsKey};
 use crate::key::Key;
 use crate::memtable::MemtableView;
@@ -153,15 +155,12 @@ impl LiveRows {
     }
 }
 
-/// What newer generations supersede of every generation of one list, from one pass over their
-/// rows.
+/// What newer generations supersede of every generation of one list, from one merge of their
+/// sorted key hashes.
 #[derive(Debug)]
 struct ListLiveRows {
     /// `(id, epoch)` of the generations, oldest first.
     ids: Vec<(u64, u64)>,
-    /// Key hash → `(generation position, row)` of the newest version in the list, kept only
-    /// by the lists most recently computed (see [`KEPT_MAPS`]): what extending a list needs.
-    newest: Option<HashMap<u64, (u32, u32), BuildHasherDefault<HashIsKey>>>,
     /// Per generation, oldest first: per row, neither a tombstone nor superseded by a newer
     /// generation.
     live: Vec<RowFlags>,
@@ -173,93 +172,83 @@ struct ListLiveRows {
 /// change between them.
 const KEPT_LISTS: usize = 4;
 
-/// Lists among the kept ones that also keep their key map (as large as their rows), so that a
-/// list they are the start of is computed in O(its new rows): the two most recently computed
-/// (the list queries see and the one about to replace it, or a compaction's list and a
-/// flush's that raced with it).
-const KEPT_MAPS: usize = 2;
+/// Per row of `g`: not a tombstone.
+fn not_deleted(g: &Generation) -> Vec<bool> {
+    let deleted = g.deleted();
+    (0..g.num_rows()).map(|r| !deleted.value(r)).collect()
+}
+
+/// Clears, in `older` (whose flags are `flags`), the rows holding hash `i` of `older`'s
+/// hashes whose key a row of `newer` holding hash `j` of its hashes has.
+fn clear_same_keys(
+    newer: &Generation,
+    j: usize,
+    older: &Generation,
+    i: usize,
+    mut clear: impl FnMut(usize),
+) {
+    let newer_keys: Vec<Option<Key>> = newer
+        .by_hash()
+        .rows(j, newer.row_hashes())
+        .map(|r| newer.key_at(r))
+        .collect();
+    for r in older.by_hash().rows(i, older.row_hashes()) {
+        if newer_keys.contains(&older.key_at(r)) {
+            clear(r);
+        }
+    }
+}
 
 impl ListLiveRows {
-    /// The live rows of `gens` (oldest first), newest to oldest with a growing map of the keys
-    /// seen: O(rows) whatever the number of generations.
+    /// The live rows of `gens` (oldest first), from one merge of their sorted key hashes:
+    /// O(rows × log generations), holding nothing as large as the rows.
     fn build(gens: &[&Arc<Generation>]) -> ListLiveRows {
-        let mut newest: HashMap<u64, (u32, u32), BuildHasherDefault<HashIsKey>> =
-            HashMap::with_capacity_and_hasher(
-                gens.iter().map(|g| g.num_rows()).sum(),
-                Default::default(),
-            );
-        let mut live: Vec<RowFlags> = (0..gens.len()).map(|_| RowFlags::default()).collect();
-        for pos in (0..gens.len()).rev() {
-            let g = gens[pos];
-            let deleted = g.deleted();
-            let mut flags: Vec<bool> = (0..g.num_rows()).map(|r| !deleted.value(r)).collect();
-            for (r, h) in g.row_hashes().iter().enumerate() {
-                match newest.get(h) {
-                    None => {
-                        newest.insert(*h, (pos as u32, r as u32));
-                    }
-                    Some(&(np, nr)) => {
-                        let key = g.key_at(r);
-                        let newer = gens[np as usize].key_at(nr as usize) == key
-                            || gens[pos + 1..]
-                                .iter()
-                                .any(|n| n.row_of_key(*h, || key.clone()).is_some());
-                        if newer {
-                            flags[r] = false;
-                        }
+        let mut live: Vec<Vec<bool>> = gens.iter().map(|g| not_deleted(g)).collect();
+        let indexes: Vec<&HashIndex> = gens.iter().map(|g| g.by_hash()).collect();
+        let mut seen: Vec<Option<Key>> = Vec::new();
+        by_hash::merge(&indexes, |group| {
+            // Holders oldest first: a row is superseded when a newer holder has its key.
+            seen.clear();
+            for &(pos, i) in group.iter().rev() {
+                let g = gens[pos];
+                for r in g.by_hash().rows(i, g.row_hashes()) {
+                    let key = g.key_at(r);
+                    match seen.contains(&key) {
+                        true => live[pos][r] = false,
+                        false => seen.push(key),
                     }
                 }
             }
-            live[pos] = RowFlags::from_vec(flags);
-        }
+        });
         ListLiveRows {
             ids: gens.iter().map(|g| key_of(g)).collect(),
-            newest: Some(newest),
-            live,
+            live: live.into_iter().map(RowFlags::from_vec).collect(),
         }
     }
 
     /// The list extended with `added` generations (newer than every generation of this list,
-    /// oldest first, `all` being the whole new list): each of their rows supersedes the version the
-    /// list held, if any. O(their rows). The key map moves to the new list; this one keeps its
-    /// live rows (flag chunks the new rows leave alone are shared).
-    fn extend(&mut self, all: &[&Arc<Generation>], added: usize) -> Option<ListLiveRows> {
-        let mut newest = self.newest.take()?;
+    /// oldest first, `all` being the whole new list): each of their rows supersedes the
+    /// versions older generations hold, found by searching their sorted key hashes: O(new rows
+    /// × generations × log). Flag chunks the new rows leave alone are shared with this list.
+    fn extend(&self, all: &[&Arc<Generation>], added: usize) -> ListLiveRows {
         let mut live = self.live.clone();
         let first = all.len() - added;
         for pos in first..all.len() {
             let g = all[pos];
-            let deleted = g.deleted();
-            live.push(RowFlags::from_vec(
-                (0..g.num_rows()).map(|r| !deleted.value(r)).collect(),
-            ));
-            for (r, h) in g.row_hashes().iter().enumerate() {
-                let key = || g.key_at(r);
-                match newest.get(h).copied() {
-                    Some((np, nr)) if all[np as usize].key_at(nr as usize) == key() => {
-                        live[np as usize].clear(nr as usize);
-                        newest.insert(*h, (pos as u32, r as u32));
-                    }
-                    Some(_) => {
-                        // A hash collision: look the key up in every older generation.
-                        let k = key();
-                        for (o, older) in all[..pos].iter().enumerate() {
-                            if let Some(x) = older.row_of_key(*h, || k.clone()) {
-                                live[o].clear(x);
-                            }
-                        }
-                    }
-                    None => {
-                        newest.insert(*h, (pos as u32, r as u32));
-                    }
-                }
+            live.push(RowFlags::from_vec(not_deleted(g)));
+            for (o, older) in all[..pos].iter().enumerate() {
+                let flags = &mut live[o];
+                by_hash::for_each_common(g.by_hash(), older.by_hash(), |j, i| {
+                    clear_same_keys(g, j, older, i, |r| {
+                        flags.clear(r);
+                    })
+                });
             }
         }
-        Some(ListLiveRows {
+        ListLiveRows {
             ids: all.iter().map(|g| key_of(g)).collect(),
-            newest: Some(newest),
             live,
-        })
+        }
     }
 }
 
@@ -420,7 +409,7 @@ impl LiveRowCache {
     ) -> Vec<RowFlags> {
         let own = self.generation_live_rows(gens, background);
         for g in gens {
-            g.row_of_hash();
+            g.by_hash();
         }
         own
     }
@@ -446,37 +435,28 @@ impl LiveRowCache {
     /// building the list from scratch.
     fn generation_live_rows(&self, gens: &[&Arc<Generation>], background: bool) -> Vec<RowFlags> {
         let ids: Vec<(u64, u64)> = gens.iter().map(|g| key_of(g)).collect();
-        let extends = |l: &ListLiveRows| {
-            l.newest.is_some() && ids.len() > l.ids.len() && ids[..l.ids.len()] == l.ids[..]
-        };
+        let extends = |l: &ListLiveRows| ids.len() > l.ids.len() && ids[..l.ids.len()] == l.ids[..];
         let mut lists = lock(&self.lists);
         if let Some(l) = lists.iter().find(|l| l.ids == ids) {
             return l.live.clone();
         }
-        // The longest kept list with a key map that this list extends.
+        // The longest kept list that this list extends.
         let start = lists
-            .iter_mut()
+            .iter()
             .filter(|l| extends(l))
             .max_by_key(|l| l.ids.len());
         let computed = match start {
-            Some(l) if !background => {
-                let added = ids.len() - l.ids.len();
-                l.extend(gens, added)
-            }
+            Some(l) if !background => Some(l.extend(gens, ids.len() - l.ids.len())),
             Some(l) => {
-                // Its map moves out (as extending always moved it to the new list); its live rows
-                // stay.
-                let mut l = ListLiveRows {
+                let l = ListLiveRows {
                     ids: l.ids.clone(),
-                    newest: l.newest.take(),
                     live: l.live.clone(),
                 };
                 drop(lists);
                 self.computing_here();
-                let added = ids.len() - l.ids.len();
-                let extended = l.extend(gens, added);
+                let extended = l.extend(gens, ids.len() - l.ids.len());
                 lists = lock(&self.lists);
-                extended
+                Some(extended)
             }
             None => None,
         };
@@ -500,9 +480,6 @@ impl LiveRowCache {
         let own = computed.live.clone();
         lists.insert(0, computed);
         lists.truncate(KEPT_LISTS);
-        for l in lists.iter_mut().skip(KEPT_MAPS) {
-            l.newest = None;
-        }
         own
     }
 }
