@@ -549,7 +549,7 @@ impl Generation {
             .filter(|n| n.starts_with("text"))
             .map(len)
             .sum();
-        let graph = len(GRAPH_SECTION) + len(CODES_SECTION);
+        let graph = self.vector().map_or(0, |v| v.graph_bytes() as u64) + len(CODES_SECTION);
         let keys =
             self.resident.get_array_memory_size() as u64 + HASH_BYTES_PER_ROW * self.meta.rows;
         let held = self
@@ -558,7 +558,8 @@ impl Generation {
             .and_then(|v| v.held.as_ref())
             .map_or(0, |h| h.get_array_memory_size() as u64);
         let vectors = held + self.vector().map_or(0, |v| v.extra_bytes() as u64);
-        let accounted = text + graph + len(KEYS_SECTION) + len("pk_hashes");
+        let sections = len(GRAPH_SECTION) + len(CODES_SECTION);
+        let accounted = text + sections + len(KEYS_SECTION) + len("pk_hashes");
         let parquet = self.cold.as_ref().map_or(0, |c| c.resident_bytes() as u64);
         Resident {
             keys,

@@ -46,13 +46,73 @@ impl Upper {
     }
 }
 
+/// Row numbers below `2^bits`, packed in `bits` bits each: layer 0's neighbour lists, the bulk
+/// of a graph (a generation of 150,000 rows needs 18 bits a neighbour, not 32).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct PackedIds {
+    bits: u32,
+    len: usize,
+    /// Little-endian bit order; one word more than the values need, so a read of two words
+    /// never goes past the end.
+    words: Vec<u64>,
+}
+
+impl PackedIds {
+    /// `ids`, each below `2^bits` (`bits` in `1..=32`).
+    fn new(ids: &[u32], bits: u32) -> PackedIds {
+        let b = bits as usize;
+        let mut words = vec![0u64; (ids.len() * b).div_ceil(64) + 1];
+        for (i, id) in ids.iter().enumerate() {
+            debug_assert!(u64::from(*id) >> b == 0, "{id} needs more than {b} bits");
+            let (w, off) = (i * b / 64, i * b % 64);
+            let v = u64::from(*id);
+            words[w] |= v << off;
+            if off + b > 64 {
+                words[w + 1] |= v >> (64 - off);
+            }
+        }
+        PackedIds {
+            bits,
+            len: ids.len(),
+            words,
+        }
+    }
+
+    /// Bits a row number of a generation of `rows` rows needs.
+    fn bits_for(rows: usize) -> u32 {
+        (usize::BITS - rows.saturating_sub(1).leading_zeros()).max(1)
+    }
+
+    #[inline]
+    fn get(&self, i: usize) -> u32 {
+        let b = self.bits as usize;
+        let (w, off) = (i * b / 64, i * b % 64);
+        let lo = self.words[w] >> off;
+        let hi = match off {
+            0 => 0,
+            _ => self.words[w + 1] << (64 - off),
+        };
+        ((lo | hi) & ((1u64 << b) - 1)) as u32
+    }
+
+    /// Values `range`.
+    fn range(&self, range: std::ops::Range<usize>) -> impl Iterator<Item = u32> + '_ {
+        range.map(move |i| self.get(i))
+    }
+
+    fn to_vec(&self) -> Vec<u32> {
+        self.range(0..self.len).collect()
+    }
+}
+
 /// The structure of an HNSW graph: per layer, each node's neighbours (row numbers).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Adjacency {
     rows: u32,
     entry: Option<u32>,
     offsets: Vec<u32>,
-    neighbours: Vec<u32>,
+    /// Layer 0's lists, node after node (`offsets` says where each starts).
+    neighbours: PackedIds,
     upper: Vec<Upper>,
 }
 
@@ -97,8 +157,8 @@ impl Adjacency {
         Adjacency {
             rows: rows as u32,
             entry: (!nodes.is_empty()).then_some(entry),
+            neighbours: PackedIds::new(&neighbours, PackedIds::bits_for(rows)),
             offsets: degree0,
-            neighbours,
             upper,
         }
     }
@@ -109,7 +169,9 @@ impl Adjacency {
         let mut out = Vec::new();
         if r + 1 < self.offsets.len() {
             out.push(
-                self.neighbours[self.offsets[r] as usize..self.offsets[r + 1] as usize].to_vec(),
+                self.neighbours
+                    .range(self.offsets[r] as usize..self.offsets[r + 1] as usize)
+                    .collect(),
             );
         }
         for u in &self.upper {
@@ -136,7 +198,7 @@ impl Adjacency {
             self.upper.len() as u32,
         ];
         out.extend_from_slice(&self.offsets);
-        out.extend_from_slice(&self.neighbours);
+        out.extend(self.neighbours.to_vec());
         for u in &self.upper {
             out.push(u.nodes.len() as u32);
             out.extend_from_slice(&u.nodes);
@@ -233,7 +295,7 @@ impl Adjacency {
             rows: rows as u32,
             entry,
             offsets,
-            neighbours,
+            neighbours: PackedIds::new(&neighbours, PackedIds::bits_for(rows)),
             upper,
         })
     }
@@ -246,9 +308,20 @@ impl Adjacency {
             .count()
     }
 
-    fn layer0(&self, node: u32) -> &[u32] {
+    /// Bytes its lists hold in memory.
+    pub(crate) fn memory_bytes(&self) -> usize {
+        let upper: usize = self
+            .upper
+            .iter()
+            .map(|u| (u.nodes.len() + u.offsets.len() + u.neighbours.len()) * 4)
+            .sum();
+        self.offsets.len() * 4 + self.neighbours.words.len() * 8 + upper
+    }
+
+    fn layer0(&self, node: u32) -> impl Iterator<Item = u32> + '_ {
         let n = node as usize;
-        &self.neighbours[self.offsets[n] as usize..self.offsets[n + 1] as usize]
+        self.neighbours
+            .range(self.offsets[n] as usize..self.offsets[n + 1] as usize)
     }
 }
 
@@ -473,7 +546,7 @@ impl FlatGraph {
             if found.len() >= ef && found.peek().is_some_and(|w| d > w.0) {
                 break;
             }
-            for &n in self.adjacency.layer0(node) {
+            for n in self.adjacency.layer0(node) {
                 if seen(n) {
                     continue;
                 }
@@ -538,6 +611,28 @@ fn unit_halves(dim: usize, vectors: &[f32], inverse_norms: &[f32]) -> Vec<half::
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn packed_ids_read_back_what_was_packed() {
+        for rows in [0usize, 1, 2, 3, 17, 150_000, 1 << 20, u32::MAX as usize + 1] {
+            let bits = PackedIds::bits_for(rows);
+            assert!(
+                rows <= 1 || (rows - 1) >> bits == 0,
+                "{rows} rows in {bits} bits"
+            );
+            let top = rows.saturating_sub(1) as u32;
+            let ids: Vec<u32> = (0..200u32)
+                .map(|i| match i % 3 {
+                    0 => top,
+                    1 => 0,
+                    _ => i.wrapping_mul(2_654_435_761) % (top.max(1)),
+                })
+                .collect();
+            let p = PackedIds::new(&ids, bits);
+            assert_eq!(p.to_vec(), ids, "{rows} rows");
+            assert_eq!(p.range(5..9).collect::<Vec<_>>(), ids[5..9]);
+        }
+    }
 
     #[test]
     fn cosine_from_kept_norms_equals_the_distance_kernel_bit_for_bit() {

@@ -91,6 +91,13 @@ impl VectorIndex {
     pub(crate) fn extra_bytes(&self) -> usize {
         self.graph.as_ref().map_or(0, FlatGraph::extra_bytes)
     }
+
+    /// Bytes its graph's neighbour lists hold in memory.
+    pub(crate) fn graph_bytes(&self) -> usize {
+        self.graph
+            .as_ref()
+            .map_or(0, |g| g.adjacency().memory_bytes())
+    }
 }
 
 /// The space a graph of `metric` is built in: unit vectors for `cosine`, Euclidean for `l2`
