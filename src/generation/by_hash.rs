@@ -28,8 +28,9 @@ pub(crate) struct HashIndex {
     /// than buckets.
     starts: Vec<u32>,
     bits: u32,
-    /// Some rows share a key hash (distinct keys, a 64-bit collision).
-    shared: bool,
+    /// `(position, row)` of every row holding a hash that is not the first to hold it
+    /// (distinct keys of one hash, a 64-bit collision), ascending: almost always empty.
+    others: Vec<(u32, u32)>,
 }
 
 impl HashIndex {
@@ -54,13 +55,17 @@ impl HashIndex {
             first: vec![u32::MAX; n],
             starts,
             bits,
-            shared: row_hashes.len() > n,
+            others: Vec::new(),
         };
         for (r, h) in row_hashes.iter().enumerate() {
             if let Some(i) = index.find(*h) {
-                index.first[i] = index.first[i].min(r as u32);
+                match index.first[i] {
+                    u32::MAX => index.first[i] = r as u32,
+                    _ => index.others.push((i as u32, r as u32)),
+                }
             }
         }
+        index.others.sort_unstable();
         index
     }
 
@@ -101,19 +106,15 @@ impl HashIndex {
         None
     }
 
-    /// The rows holding the `i`-th distinct hash (`row_hashes` being each row's), ascending:
-    /// one, unless keys of the generation share a hash.
-    pub(crate) fn rows<'a>(
-        &self,
-        i: usize,
-        row_hashes: &'a [u64],
-    ) -> impl Iterator<Item = usize> + 'a {
-        let first = self.first[i] as usize;
-        let (hash, shared) = (self.hash(i), self.shared);
-        std::iter::once(first).chain(
-            (first + 1..if shared { row_hashes.len() } else { first + 1 })
-                .filter(move |r| row_hashes[*r] == hash),
-        )
+    /// The rows holding the `i`-th distinct hash, ascending: one, unless keys of the
+    /// generation share a hash.
+    pub(crate) fn rows(&self, i: usize) -> impl Iterator<Item = usize> + '_ {
+        let from = self.others.partition_point(|(p, _)| (*p as usize) < i);
+        let others = self.others[from..]
+            .iter()
+            .take_while(move |(p, _)| *p as usize == i)
+            .map(|(_, r)| *r as usize);
+        std::iter::once(self.first[i] as usize).chain(others)
     }
 
     /// The first position at or after `from` whose hash is at least `hash` (galloping).
@@ -222,7 +223,7 @@ mod tests {
             assert_eq!(x.len(), n);
             for (r, v) in h.iter().enumerate() {
                 let i = x.find(*v).expect("held");
-                assert_eq!(x.rows(i, &h).collect::<Vec<_>>(), vec![r]);
+                assert_eq!(x.rows(i).collect::<Vec<_>>(), vec![r]);
             }
             for v in hashes(50, 99_999) {
                 assert_eq!(x.find(v), None);
@@ -237,12 +238,9 @@ mod tests {
         let h = vec![5, 9, 5, u64::MAX, 0, 5, 0];
         let x = HashIndex::of(&h);
         assert_eq!(x.len(), 4);
-        assert_eq!(
-            x.rows(x.find(5).unwrap(), &h).collect::<Vec<_>>(),
-            [0, 2, 5]
-        );
-        assert_eq!(x.rows(x.find(0).unwrap(), &h).collect::<Vec<_>>(), [4, 6]);
-        assert_eq!(x.rows(x.find(9).unwrap(), &h).collect::<Vec<_>>(), [1]);
+        assert_eq!(x.rows(x.find(5).unwrap()).collect::<Vec<_>>(), [0, 2, 5]);
+        assert_eq!(x.rows(x.find(0).unwrap()).collect::<Vec<_>>(), [4, 6]);
+        assert_eq!(x.rows(x.find(9).unwrap()).collect::<Vec<_>>(), [1]);
         assert_eq!(x.find(6), None);
     }
 

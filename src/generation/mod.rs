@@ -1120,7 +1120,7 @@ impl Generation {
     /// computed on a hash hit, and a hit is confirmed on the exact key.
     pub(crate) fn row_of_key(&self, hash: u64, key: impl FnOnce() -> Option<Key>) -> Option<usize> {
         let index = self.by_hash();
-        let mut rows = index.rows(index.find(hash)?, &self.row_hashes);
+        let mut rows = index.rows(index.find(hash)?);
         let first = rows.next()?;
         let key = key();
         if self.key_at(first) == key {

@@ -187,12 +187,8 @@ fn clear_same_keys(
     i: usize,
     mut clear: impl FnMut(usize),
 ) {
-    let newer_keys: Vec<Option<Key>> = newer
-        .by_hash()
-        .rows(j, newer.row_hashes())
-        .map(|r| newer.key_at(r))
-        .collect();
-    for r in older.by_hash().rows(i, older.row_hashes()) {
+    let newer_keys: Vec<Option<Key>> = newer.by_hash().rows(j).map(|r| newer.key_at(r)).collect();
+    for r in older.by_hash().rows(i) {
         if newer_keys.contains(&older.key_at(r)) {
             clear(r);
         }
@@ -211,7 +207,7 @@ impl ListLiveRows {
             seen.clear();
             for &(pos, i) in group.iter().rev() {
                 let g = gens[pos];
-                for r in g.by_hash().rows(i, g.row_hashes()) {
+                for r in g.by_hash().rows(i) {
                     let key = g.key_at(r);
                     match seen.contains(&key) {
                         true => live[pos][r] = false,
