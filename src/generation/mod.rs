@@ -109,8 +109,8 @@ pub(crate) struct Held {
 /// sections and arrays they were made from).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Resident {
-    /// Keys, `_seq` and `_deleted` (version 3), key hashes and their lookup table (13 bytes a
-    /// row).
+    /// Keys, `_seq` and `_deleted` (version 3), key hashes in row order and sorted, and their
+    /// lookup table (21 bytes a row).
     pub keys: u64,
     /// Full-text indexes (tantivy files) and token counts.
     pub text: u64,
@@ -551,7 +551,9 @@ impl Generation {
             .sum();
         let graph = self.vector().map_or(0, |v| v.graph_bytes() as u64) + len(CODES_SECTION);
         let keys =
-            self.resident.get_array_memory_size() as u64 + HASH_BYTES_PER_ROW * self.meta.rows;
+            self.resident.get_array_memory_size() as u64
+            + HASH_BYTES_PER_ROW * self.meta.rows
+            + self.pk_hashes.len() as u64;
         let held = self
             .vectors
             .as_ref()
