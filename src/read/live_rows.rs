@@ -348,8 +348,7 @@ impl LiveRowCache {
         lock(&self.memtables).retain(|id, _| mems.contains(id));
         // The live rows of generation lists are not dropped here: a list no snapshot names yet
         // may be the one a flush or a compaction is about to make visible (see
-        // `compute_ahead`). They go as newer lists are computed, and at most two keep a key
-        // map.
+        // `compute_ahead`). They go as newer lists are computed.
         let keys: HashSet<SourceKey> = sources.iter().map(SourceKey::of).collect();
         lock(&self.keys).retain(|(k, _), _| keys.contains(k));
     }
@@ -420,13 +419,14 @@ impl LiveRowCache {
     }
 
     /// Per generation of `gens` (oldest first): the rows neither tombstones nor superseded by
-    /// a newer generation of the list. Computed once per list in O(rows), and in O(new rows)
-    /// from a kept list it starts with (a flush adds generations on top).
+    /// a newer generation of the list. Computed once per list in O(rows × log generations),
+    /// and from a kept list it starts with (a flush adds generations on top) in O(new rows ×
+    /// generations × log).
     ///
     /// In the `background` (a compaction's list, computed ahead at the background's
     /// priority), a list is extended without holding the lock, so no search waits for that
-    /// thread; a search or a flush that wants to extend the same kept list meanwhile builds
-    /// its own. Otherwise it is extended under the lock: queries asking for the same new list
+    /// thread; a search or a flush that wants the same new list meanwhile extends the kept
+    /// list too. Otherwise it is extended under the lock: queries asking for the same new list
     /// at once (after a read-only handle's refresh) wait for one extension instead of each
     /// building the list from scratch.
     fn generation_live_rows(&self, gens: &[&Arc<Generation>], background: bool) -> Vec<RowFlags> {
