@@ -550,8 +550,7 @@ impl Generation {
             .map(len)
             .sum();
         let graph = self.vector().map_or(0, |v| v.graph_bytes() as u64) + len(CODES_SECTION);
-        let keys =
-            self.resident.get_array_memory_size() as u64
+        let keys = self.resident.get_array_memory_size() as u64
             + HASH_BYTES_PER_ROW * self.meta.rows
             + self.pk_hashes.len() as u64;
         let held = self
