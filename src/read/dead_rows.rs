@@ -22,6 +22,7 @@ use crate::schema::DELETED_COLUMN;
 use crate::text::{in_postings, DocRows, TextIndex, TextSchema};
 use crate::Result;
 use arrow::array::{Array, AsArray, RecordBatch};
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::Arc;
@@ -46,7 +47,7 @@ pub(crate) struct DeadRowStats {
     /// Per row: [`NOT_COUNTED`], [`COUNTED`] or [`TOMBSTONE`].
     state: Vec<u8>,
     /// Counted rows holding each term.
-    doc_freq: HashMap<Term, u64>,
+    doc_freq: HashMap<Term, u64, foldhash::fast::RandomState>,
     /// Tokens of the counted rows, per text field.
     tokens: Vec<u64>,
     /// The stored batches (and their first rows) of the longest view seen: they hold the text
@@ -102,7 +103,6 @@ impl DeadRowStats {
             self.tokens.resize(ts.fields().len(), 0);
         }
         let mut analyzers: Option<Vec<TextAnalyzer>> = None;
-        let mut changed = false;
         let changes = self.changes(visit, end, covered, live);
         // A generation's changed rows are read a bounded number at a time.
         for part in changes.chunks(READ_ROWS) {
@@ -143,7 +143,8 @@ impl DeadRowStats {
                     if col.is_null(row) {
                         continue;
                     }
-                    let mut distinct = HashSet::new();
+                    let mut distinct: HashSet<String, foldhash::fast::RandomState> =
+                        HashSet::default();
                     let mut n = 0u64;
                     let mut stream = analyzers[pos].token_stream(col.value(row));
                     while stream.advance() {
@@ -158,19 +159,23 @@ impl DeadRowStats {
                     }
                     self.tokens[pos] = apply(self.tokens[pos], n, change);
                     for t in distinct {
-                        let e = self
-                            .doc_freq
-                            .entry(Term::from_field_text(*field, &t))
-                            .or_default();
-                        *e = apply(*e, 1, change);
+                        // A term no counted row holds leaves the map.
+                        match self.doc_freq.entry(Term::from_field_text(*field, &t)) {
+                            Entry::Occupied(mut e) => match apply(*e.get(), 1, change) {
+                                0 => {
+                                    e.remove();
+                                }
+                                n => *e.get_mut() = n,
+                            },
+                            Entry::Vacant(e) if change > 0 => {
+                                e.insert(1);
+                            }
+                            Entry::Vacant(_) => {}
+                        }
                     }
                 }
                 self.state[r] = if change > 0 { COUNTED } else { NOT_COUNTED };
-                changed = true;
             }
-        }
-        if changed {
-            self.doc_freq.retain(|_, n| *n > 0);
         }
         self.last = Some((live.clone(), covered));
         Ok(())
@@ -185,14 +190,23 @@ impl DeadRowStats {
         covered: usize,
         live: &LiveRows,
     ) -> Vec<(usize, i64)> {
-        // The ranges to visit may overlap: each row once.
-        let mut rows: Vec<usize> = visit
+        // The ranges to visit may overlap: merged, so that each row is visited once, in order.
+        let mut visit: Vec<Range<usize>> = visit
             .into_iter()
-            .flat_map(|v| v.start.min(end)..v.end.min(end))
+            .map(|v| v.start.min(end)..v.end.min(end))
+            .filter(|v| !v.is_empty())
             .collect();
-        rows.sort_unstable();
-        rows.dedup();
-        rows.into_iter()
+        visit.sort_unstable_by_key(|v| v.start);
+        let mut merged: Vec<Range<usize>> = Vec::with_capacity(visit.len());
+        for v in visit {
+            match merged.last_mut() {
+                Some(m) if v.start <= m.end => m.end = m.end.max(v.end),
+                _ => merged.push(v),
+            }
+        }
+        merged
+            .into_iter()
+            .flatten()
             .filter_map(|r| {
                 let dead = r < covered && !live.admits(r);
                 match (self.state[r], dead) {
