@@ -60,22 +60,23 @@ struct PackedIds {
 impl PackedIds {
     /// `ids`, each below `2^bits` (`bits` in `1..=32`).
     fn new(ids: &[u32], bits: u32) -> PackedIds {
+        PackedIds::collect(ids.len(), bits, ids.iter().copied())
+    }
+
+    /// The `len` values of `ids`, each below `2^bits` (`bits` in `1..=32`).
+    fn collect(len: usize, bits: u32, ids: impl Iterator<Item = u32>) -> PackedIds {
         let b = bits as usize;
-        let mut words = vec![0u64; (ids.len() * b).div_ceil(64) + 1];
-        for (i, id) in ids.iter().enumerate() {
-            debug_assert!(u64::from(*id) >> b == 0, "{id} needs more than {b} bits");
+        let mut words = vec![0u64; (len * b).div_ceil(64) + 1];
+        for (i, id) in ids.take(len).enumerate() {
+            debug_assert!(u64::from(id) >> b == 0, "{id} needs more than {b} bits");
             let (w, off) = (i * b / 64, i * b % 64);
-            let v = u64::from(*id);
+            let v = u64::from(id);
             words[w] |= v << off;
             if off + b > 64 {
                 words[w + 1] |= v >> (64 - off);
             }
         }
-        PackedIds {
-            bits,
-            len: ids.len(),
-            words,
-        }
+        PackedIds { bits, len, words }
     }
 
     /// Bits a row number of a generation of `rows` rows needs.
@@ -217,19 +218,25 @@ impl Adjacency {
                 bytes.len()
             ));
         }
-        let words: Vec<u32> = bytes
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes(c.try_into().expect("4")))
-            .collect();
+        // Read straight from the bytes: a graph is decoded beside every other generation's
+        // when a handle opens, so no copy of the section is made on the way.
+        let words = bytes.len() / 4;
+        let word = |i: usize| u32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().expect("4"));
         let mut at = 0usize;
-        let mut take = |n: usize| -> std::result::Result<&[u32], String> {
-            let s = words
-                .get(at..at.checked_add(n).ok_or("is truncated")?)
-                .ok_or_else(|| "is truncated".to_string())?;
-            at += n;
-            Ok(s)
+        let take_range =
+            |at: &mut usize, n: usize| -> std::result::Result<std::ops::Range<usize>, String> {
+                let end = at
+                    .checked_add(n)
+                    .filter(|e| *e <= words)
+                    .ok_or("is truncated")?;
+                let r = *at..end;
+                *at = end;
+                Ok(r)
+            };
+        let take = |at: &mut usize, n: usize| -> std::result::Result<Vec<u32>, String> {
+            Ok(take_range(at, n)?.map(word).collect())
         };
-        let head = take(4)?.to_vec();
+        let head = take(&mut at, 4)?;
         if !(ObjectKind::GraphSection.oldest_read()..=GRAPH_SECTION_VERSION).contains(&head[0]) {
             return Err(format!(
                 "has version {}; this build reads version {GRAPH_SECTION_VERSION}",
@@ -254,21 +261,24 @@ impl Adjacency {
                 None => Ok(()),
             }
         };
-        let offsets = take(rows + 1)?.to_vec();
+        let offsets = take(&mut at, rows + 1)?;
         let n = check_offsets(&offsets)?;
-        let neighbours = take(n)?.to_vec();
-        check_ids(&neighbours)?;
+        let layer0 = take_range(&mut at, n)?;
+        if let Some(r) = layer0.clone().map(word).find(|r| *r as usize >= rows) {
+            return Err(format!("names row {r} of {rows}"));
+        }
+        let neighbours = PackedIds::collect(n, PackedIds::bits_for(rows), layer0.map(word));
         let mut upper = Vec::new();
         for _ in 0..head[3] {
-            let n = take(1)?[0] as usize;
-            let nodes = take(n)?.to_vec();
+            let n = take(&mut at, 1)?[0] as usize;
+            let nodes = take(&mut at, n)?;
             check_ids(&nodes)?;
             if nodes.windows(2).any(|w| w[0] >= w[1]) {
                 return Err("has upper-layer nodes that are not ascending".into());
             }
-            let offsets = take(n + 1)?.to_vec();
+            let offsets = take(&mut at, n + 1)?;
             let m = check_offsets(&offsets)?;
-            let neighbours = take(m)?.to_vec();
+            let neighbours = take(&mut at, m)?;
             check_ids(&neighbours)?;
             upper.push(Upper {
                 nodes,
@@ -276,8 +286,8 @@ impl Adjacency {
                 neighbours,
             });
         }
-        if at != words.len() {
-            return Err(format!("has {} trailing bytes", (words.len() - at) * 4));
+        if at != words {
+            return Err(format!("has {} trailing bytes", (words - at) * 4));
         }
         let entry = (head[2] != u32::MAX).then_some(head[2]);
         match entry {
@@ -295,7 +305,7 @@ impl Adjacency {
             rows: rows as u32,
             entry,
             offsets,
-            neighbours: PackedIds::new(&neighbours, PackedIds::bits_for(rows)),
+            neighbours,
             upper,
         })
     }
