@@ -12,7 +12,7 @@
 //! vector queries measure recall@10 against exact search, on a handle without added latency.
 
 use super::corpus::{Corpus, Embedder};
-use super::stream::peak_rss_mib;
+use super::stream::{peak_rss_mib, rss_mib};
 use crate::{
     Error, Index, Key, LatencyConfig, ReadOnlyIndex, Result, SearchOptions, Settings,
     StoreCounters, VectorSearchOptions,
@@ -112,8 +112,12 @@ pub struct ReaderReport {
     pub blocks_fetched: u64,
     /// Decoded columns kept for filters and payload.
     pub column_bytes: u64,
-    /// Peak resident memory of the process, MiB.
+    /// Peak resident memory of the process, MiB: the highest of the opens (each a new handle
+    /// decoding its hot parts) and the queries.
     pub peak_rss_mib: f64,
+    /// Resident memory once the mixed queries are answered (the handle and its filled
+    /// caches), MiB.
+    pub rss_after_queries_mib: f64,
     /// The peak as a share of the index's bytes.
     pub peak_rss_share_of_index: f64,
     /// Vector queries compared with exact search.
@@ -284,6 +288,7 @@ pub async fn run(o: &ReaderOptions) -> Result<ReaderReport> {
     let r = cache.resident;
     let held = r.keys + r.text + r.graph + r.vectors + r.other + r.whole;
     let peak = peak_rss_mib();
+    let after = rss_mib();
     let index_bytes = setup.index_bytes;
     let report = ReaderReport {
         rows,
@@ -304,6 +309,7 @@ pub async fn run(o: &ReaderOptions) -> Result<ReaderReport> {
         blocks_fetched: cache.blocks_fetched,
         column_bytes: cache.column_bytes,
         peak_rss_mib: peak,
+        rss_after_queries_mib: after,
         peak_rss_share_of_index: peak * (1 << 20) as f64 / index_bytes.max(1) as f64,
         recall_queries: o.recall_queries,
         recall_at_10: None,
@@ -404,9 +410,10 @@ impl ReaderReport {
         );
         let _ = writeln!(
             out,
-            "peak RSS {:.0} MiB ({:.1}% of the index's bytes on disk)",
+            "peak RSS {:.0} MiB ({:.1}% of the index's bytes on disk); {:.0} MiB after the queries",
             self.peak_rss_mib,
-            self.peak_rss_share_of_index * 100.0
+            self.peak_rss_share_of_index * 100.0,
+            self.rss_after_queries_mib
         );
         if let Some(r) = self.recall_at_10 {
             let _ = writeln!(
