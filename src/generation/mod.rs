@@ -73,7 +73,7 @@ pub(crate) struct Generation {
     /// The stored schema.
     schema: SchemaRef,
     /// Every stored row ([`Generation::decode`], and versions 1 and 2); in a version-3
-    /// generation opened from its hot part, the key, `_seq` and `_deleted` columns only.
+    /// generation opened from its hot part, the key and `_deleted` columns only.
     resident: RecordBatch,
     /// Version 3, opened from its hot part: the other columns, read by range.
     cold: Option<ColdRows>,
@@ -109,8 +109,8 @@ pub(crate) struct Held {
 /// sections and arrays they were made from).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Resident {
-    /// Keys, `_seq` and `_deleted` (version 3), key hashes in row order and sorted, and their
-    /// lookup table (21 bytes a row).
+    /// Keys and `_deleted` (version 3), key hashes in row order and sorted, and their lookup
+    /// table (21 bytes a row).
     pub keys: u64,
     /// Full-text indexes (tantivy files) and token counts.
     pub text: u64,
@@ -171,6 +171,14 @@ fn row_hashes(rows: &RecordBatch) -> std::result::Result<Vec<u64>, &'static str>
 
 /// The stored columns a version-3 generation keeps in its hot part: the key, `_seq` and
 /// `_deleted` (the last two columns of the stored schema).
+/// A copy of `a` in buffers of its own (not slices of larger ones).
+fn owned(a: &ArrayRef) -> Result<ArrayRef> {
+    let data = a.to_data();
+    let mut copy = arrow::array::MutableArrayData::new(vec![&data], false, data.len());
+    copy.try_extend(0, 0, data.len())?;
+    Ok(arrow::array::make_array(copy.freeze()))
+}
+
 fn hot_columns(schema: &SchemaRef) -> Vec<usize> {
     let n = schema.fields().len();
     vec![0, n - 2, n - 1]
@@ -466,10 +474,16 @@ impl Generation {
         object: &dyn Display,
     ) -> Result<Self> {
         let hot_schema = Arc::new(schema.project(&hot_columns(schema))?);
-        // A copy, so the hot part's bytes are not kept alive by the columns decoded from it.
-        let keys = Bytes::copy_from_slice(&bundle.section(KEYS_SECTION)?);
-        let batches = ipc_decode(keys, &hot_schema, object)?;
-        let resident = arrow::compute::concat_batches(&hot_schema, &batches)?;
+        let batches = ipc_decode(bundle.section(KEYS_SECTION)?, &hot_schema, object)?;
+        let keys = arrow::compute::concat_batches(&hot_schema, &batches)?;
+        drop(batches);
+        // The key and `_deleted` stay, in buffers of their own (the hot part they were decoded
+        // from is not kept alive by them); `_seq` is read by range with the other columns.
+        let resident = RecordBatch::try_new(
+            Arc::new(hot_schema.project(&[0, 2])?),
+            vec![owned(keys.column(0))?, owned(keys.column(2))?],
+        )?;
+        drop(keys);
         let rows = resident.num_rows();
         let vcol = spec.vector.map(|v| v.0);
         let Held {
@@ -1035,7 +1049,7 @@ impl Generation {
     }
 
     /// Stored column `c` when it is held in memory: every column of a generation decoded
-    /// whole; the key, `_seq` and `_deleted` of one opened from its hot part.
+    /// whole; the key and `_deleted` of one opened from its hot part.
     fn held_column(&self, c: usize) -> Option<&ArrayRef> {
         if self.cold.is_none() {
             return Some(self.resident.column(c));
@@ -1043,8 +1057,7 @@ impl Generation {
         let n = self.schema.fields().len();
         match c {
             0 => Some(self.resident.column(0)),
-            c if c == n - 2 => Some(self.resident.column(1)),
-            c if c == n - 1 => Some(self.resident.column(2)),
+            c if c == n - 1 => Some(self.resident.column(1)),
             _ => None,
         }
     }
