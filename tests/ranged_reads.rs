@@ -151,7 +151,8 @@ async fn a_query_reads_the_blocks_of_the_rows_it_returns_not_the_generation() {
     // What the generation holds, by kind: no rows whole, and the hot part's parts.
     let r = c.resident;
     assert_eq!(r.whole, 0, "{r:?}");
-    assert!(r.keys >= 20_000 * 32 && r.text > 0, "{r:?}");
+    // Keys: the sorted key hashes (8 bytes a row) and their lookup table (about 5) at least.
+    assert!(r.keys >= 20_000 * 13 && r.text > 0, "{r:?}");
     let held = r.keys + r.text + r.graph + r.vectors + r.other;
     assert!(held < object / 2, "{held} of {object} bytes held: {r:?}");
     // Every row, every column, by range, as written.

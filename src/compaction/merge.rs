@@ -64,7 +64,8 @@ fn kept_rows(
     for (i, g) in inputs.iter().enumerate().rev() {
         let deleted = g.deleted();
         let mut mine = vec![false; g.num_rows()];
-        for (r, h) in g.row_hashes().iter().enumerate() {
+        for (r, keep) in mine.iter_mut().enumerate() {
+            let h = &g.row_hash(r);
             let superseded = match seen.get(h) {
                 None => false,
                 Some(&(gi, gr)) => {
@@ -85,7 +86,7 @@ fn kept_rows(
                 continue;
             }
             seen.entry(*h).or_insert((i, r));
-            mine[r] = !(drop_tombstones && deleted.value(r));
+            *keep = !(drop_tombstones && deleted.value(r));
         }
         keep[i] = mine;
     }
@@ -100,13 +101,12 @@ pub(crate) fn superseded_share(g: &Generation, newer: &[Arc<Generation>], sample
         return 0.0;
     }
     let step = rows.div_ceil(samples.max(1)).max(1);
-    let hashes = g.row_hashes();
     let (mut seen, mut dead) = (0usize, 0usize);
     for r in (0..rows).step_by(step) {
         seen += 1;
         if newer
             .iter()
-            .any(|n| n.row_of_key(hashes[r], || g.key_at(r)).is_some())
+            .any(|n| n.row_of_key(g.row_hash(r), || g.key_at(r)).is_some())
         {
             dead += 1;
         }

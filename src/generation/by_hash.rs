@@ -34,10 +34,10 @@ pub(crate) struct HashIndex {
 }
 
 impl HashIndex {
-    /// The index of rows whose key hashes are `row_hashes`, with `hashes` their distinct
-    /// values ascending (8 bytes little-endian each, as the `pk_hashes` section stores them).
-    /// The caller checked that `hashes` is that set.
-    pub(crate) fn new(hashes: Bytes, row_hashes: &[u64]) -> HashIndex {
+    /// The index of rows whose key hashes are `row_hashes` (row after row), with `hashes`
+    /// their distinct values ascending (8 bytes little-endian each, as the `pk_hashes` section
+    /// stores them). The caller checked that `hashes` is that set.
+    pub(crate) fn new(hashes: Bytes, row_hashes: impl Iterator<Item = u64>) -> HashIndex {
         let n = hashes.len() / 8;
         let buckets = (n / PER_BUCKET).max(1).next_power_of_two();
         let bits = buckets.trailing_zeros();
@@ -57,8 +57,8 @@ impl HashIndex {
             bits,
             others: Vec::new(),
         };
-        for (r, h) in row_hashes.iter().enumerate() {
-            if let Some(i) = index.find(*h) {
+        for (r, h) in row_hashes.enumerate() {
+            if let Some(i) = index.find(h) {
                 match index.first[i] {
                     u32::MAX => index.first[i] = r as u32,
                     _ => index.others.push((i as u32, r as u32)),
@@ -76,7 +76,7 @@ impl HashIndex {
         sorted.sort_unstable();
         sorted.dedup();
         let bytes: Vec<u8> = sorted.iter().flat_map(|h| h.to_le_bytes()).collect();
-        HashIndex::new(Bytes::from(bytes), row_hashes)
+        HashIndex::new(Bytes::from(bytes), row_hashes.iter().copied())
     }
 
     /// Distinct hashes.

@@ -63,8 +63,8 @@ const TEXT_PIECES: &str = "text_pieces/";
 /// The first version whose postings and positions are in the cold part.
 const COLD_TEXT_VERSION: u32 = 4;
 
-/// Bytes a row of the key hashes in row order (8) and their [`HashIndex`] (about 5) hold.
-const HASH_BYTES_PER_ROW: u64 = 13;
+/// Bytes a row of a generation's [`HashIndex`] holds, about (besides its sorted hashes).
+const HASH_BYTES_PER_ROW: u64 = 5;
 
 /// A generation opened for reading.
 #[derive(Debug)]
@@ -79,8 +79,6 @@ pub(crate) struct Generation {
     cold: Option<ColdRows>,
     /// Version 3, opened from its hot part: where its vectors are (read by range).
     vectors: Option<ColdVectors>,
-    /// The key hash of each row.
-    row_hashes: Vec<u64>,
     text: Option<TextIndex>,
     vector: Option<Arc<VectorIndex>>,
     /// The distinct key hashes, ascending (the `pk_hashes` section).
@@ -109,8 +107,8 @@ pub(crate) struct Held {
 /// sections and arrays they were made from).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Resident {
-    /// Keys and `_deleted` (version 3), key hashes in row order and sorted, and their lookup
-    /// table (21 bytes a row).
+    /// Keys and `_deleted` (version 3), the sorted key hashes and their lookup table (13 bytes
+    /// a row).
     pub keys: u64,
     /// Full-text indexes (tantivy files) and token counts.
     pub text: u64,
@@ -361,7 +359,6 @@ impl Generation {
                 resident: rows,
                 cold: None,
                 vectors: None,
-                row_hashes,
                 text,
                 vector,
                 pk_hashes,
@@ -739,7 +736,6 @@ impl Generation {
             resident,
             cold,
             vectors,
-            row_hashes,
             text,
             vector,
             // A copy, so the bundle's bytes are not kept alive by it.
@@ -758,9 +754,9 @@ impl Generation {
 
     /// Approximate bytes it holds in memory, as the cache counts them. Opened from its hot
     /// part: the hot part (keys, key hashes, text index, graph, codes, Parquet metadata) and
-    /// [`HASH_BYTES_PER_ROW`] bytes per row of key hashes and their lookup table. Decoded whole: the object's
-    /// size instead of the hot part, and what its graph keeps besides (a half-precision copy
-    /// of cosine vectors, norms).
+    /// [`HASH_BYTES_PER_ROW`] bytes per row of the key hashes' lookup table. Decoded whole:
+    /// the object's size instead of the hot part, and what its graph keeps besides (a
+    /// half-precision copy of cosine vectors, norms).
     pub(crate) fn weight(&self) -> u64 {
         let graph = self.vector().map_or(0, |v| v.extra_bytes() as u64);
         let held = match &self.cold {
@@ -1100,9 +1096,10 @@ impl Generation {
         })
     }
 
-    /// The key hash of each row.
-    pub(crate) fn row_hashes(&self) -> &[u64] {
-        &self.row_hashes
+    /// The key hash of row `row`, computed from its key (generations do not hold them in row
+    /// order).
+    pub(crate) fn row_hash(&self, row: usize) -> u64 {
+        self.key_at(row).map_or(0, |k| k.hash64())
     }
 
     /// The vector graph, when the schema has a vector column.
@@ -1146,8 +1143,10 @@ impl Generation {
 
     /// Its rows by key hash, built at first use.
     pub(crate) fn by_hash(&self) -> &HashIndex {
-        self.by_hash
-            .get_or_init(|| HashIndex::new(self.pk_hashes.clone(), &self.row_hashes))
+        self.by_hash.get_or_init(|| {
+            let rows = (0..self.num_rows()).map(|r| self.row_hash(r));
+            HashIndex::new(self.pk_hashes.clone(), rows)
+        })
     }
 }
 

@@ -130,7 +130,7 @@ impl Source {
                 let (b, r) = self.locate(ord);
                 m.view.row_hashes[b][r]
             }
-            Source::Generation(g) => g.row_hashes()[ord],
+            Source::Generation(g) => g.row_hash(ord),
         }
     }
 
