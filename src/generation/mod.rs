@@ -555,11 +555,14 @@ impl Generation {
     /// What a generation opened from `bundle`'s hot part (`hot` bytes) holds, by kind.
     fn measure(&self, bundle: &Bundle, hot: u64) -> Resident {
         let len = |n: &str| bundle.section(n).map_or(0, |b| b.len() as u64);
+        // The rows' token counts are summed at open, not kept.
+        let counts = len("text_token_counts");
         let text: u64 = bundle
             .section_names()
             .filter(|n| n.starts_with("text"))
             .map(len)
-            .sum();
+            .sum::<u64>()
+            - counts;
         let graph = self.vector().map_or(0, |v| v.graph_bytes() as u64) + len(CODES_SECTION);
         let keys = self.resident.get_array_memory_size() as u64
             + HASH_BYTES_PER_ROW * self.meta.rows
@@ -571,7 +574,7 @@ impl Generation {
             .map_or(0, |h| h.get_array_memory_size() as u64);
         let vectors = held + self.vector().map_or(0, |v| v.extra_bytes() as u64);
         let sections = len(GRAPH_SECTION) + len(CODES_SECTION);
-        let accounted = text + sections + len(KEYS_SECTION) + len("pk_hashes");
+        let accounted = text + counts + sections + len(KEYS_SECTION) + len("pk_hashes");
         let parquet = self.cold.as_ref().map_or(0, |c| c.resident_bytes() as u64);
         Resident {
             keys,

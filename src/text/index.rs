@@ -19,8 +19,11 @@ const FLUSH_WRITER_HEAP: usize = 128_000_000;
 #[derive(Clone)]
 pub(crate) struct TextIndex {
     pub(super) searcher: Searcher,
-    /// `rows × fields` token counts, row-major.
+    /// `rows × fields` token counts, row-major; empty for a generation opened from its
+    /// object, which keeps only their totals.
     pub(super) counts: Arc<Vec<u32>>,
+    /// Rows of the committed index (tail segments aside).
+    pub(super) committed: usize,
     pub(super) nfields: usize,
     /// Tokens per field over every row, computed at first use.
     pub(super) totals: Arc<std::sync::OnceLock<Vec<u64>>>,
@@ -188,7 +191,7 @@ impl TextIndex {
 
     /// Rows of the committed index, tail segments aside.
     pub(super) fn committed_rows(&self) -> usize {
-        self.counts.len() / self.nfields.max(1)
+        self.committed
     }
 
     /// Rows the index covers: its documents are the non-tombstone rows among them.
@@ -257,6 +260,7 @@ impl TextIndex {
             doc_freqs: Some(Arc::default()),
             searcher,
             counts: Arc::new(counts),
+            committed: rows,
             totals: Arc::default(),
             nfields: ts.fields.len(),
             tail: Arc::new([]),
@@ -308,6 +312,11 @@ impl TextIndex {
         }
         let mut ti = Self::of_generation(ts, &index, counts)?;
         ti.cold = ColdText::locate(ts, &ti.searcher, &dir)?.map(Arc::new);
+        // Queries need a generation's token totals, not each row's counts (only a memtable's
+        // rows past a query's view are counted row by row): 4 bytes a row and field less.
+        let totals = std::sync::OnceLock::from(token_totals(&ti.counts, ti.nfields));
+        ti.totals = Arc::new(totals);
+        ti.counts = Arc::new(Vec::new());
         Ok(ti)
     }
 

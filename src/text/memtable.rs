@@ -81,6 +81,7 @@ pub(super) fn published(st: &MemState, nfields: usize) -> TextIndex {
         doc_freqs: None,
         searcher: st.reader.searcher(),
         counts: Arc::new(st.counts.clone()),
+        committed: st.counts.len() / nfields.max(1),
         totals: Arc::new(totals),
         nfields,
         tail: Arc::new([]),
