@@ -179,9 +179,16 @@ impl BlockCache {
                     )));
                 }
                 let engine_block = engine_block as usize;
+                // Its writes go through two buffers of 4 MiB each (foyer's default, 16 MiB
+                // each, is an eighth of a 256 MiB budget; at least a block and its headers),
+                // and inserts beyond twice that queued for them are not cached on disk.
+                let buffer = (4usize << 20).max(block as usize + (64 << 10));
                 builder
                     .with_engine_config(
-                        BlockEngineConfig::new(device).with_block_size(engine_block),
+                        BlockEngineConfig::new(device)
+                            .with_block_size(engine_block)
+                            .with_buffer_pool_size(buffer)
+                            .with_submit_queue_size_threshold(2 * buffer),
                     )
                     .with_recover_mode(RecoverMode::Quiet)
             }
