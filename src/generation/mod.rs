@@ -167,8 +167,6 @@ fn row_hashes(rows: &RecordBatch) -> std::result::Result<Vec<u64>, &'static str>
         .collect()
 }
 
-/// The stored columns a version-3 generation keeps in its hot part: the key, `_seq` and
-/// `_deleted` (the last two columns of the stored schema).
 /// A copy of `a` in buffers of its own (not slices of larger ones).
 fn owned(a: &ArrayRef) -> Result<ArrayRef> {
     let data = a.to_data();
@@ -177,6 +175,8 @@ fn owned(a: &ArrayRef) -> Result<ArrayRef> {
     Ok(arrow::array::make_array(copy.freeze()))
 }
 
+/// The stored columns a version-3 generation keeps in its hot part: the key, `_seq` and
+/// `_deleted` (the last two columns of the stored schema).
 fn hot_columns(schema: &SchemaRef) -> Vec<usize> {
     let n = schema.fields().len();
     vec![0, n - 2, n - 1]
