@@ -180,9 +180,11 @@ impl BlockCache {
                 }
                 let engine_block = engine_block as usize;
                 // Its writes go through two buffers of 4 MiB each (foyer's default, 16 MiB
-                // each, is an eighth of a 256 MiB budget; at least a block and its headers),
-                // and inserts beyond twice that queued for them are not cached on disk.
-                let buffer = (4usize << 20).max(block as usize + (64 << 10));
+                // each, is an eighth of a 256 MiB budget), and inserts beyond twice that queued
+                // for them are not cached on disk. A buffer holds at least two cache blocks and
+                // their headers: foyer drops an entry that does not fit in what is left of the
+                // buffer it is written to instead of starting the next one.
+                let buffer = (4usize << 20).max(2 * block as usize + (64 << 10));
                 builder
                     .with_engine_config(
                         BlockEngineConfig::new(device)
