@@ -205,6 +205,10 @@ impl TextIndex {
     pub(crate) fn tokens(&self, row: usize, field: usize) -> u32 {
         let committed = self.committed_rows();
         if row < committed {
+            debug_assert!(
+                !self.counts.is_empty(),
+                "row {row}'s token count asked of a generation that keeps only totals"
+            );
             return self
                 .counts
                 .get(row * self.nfields + field)
