@@ -81,10 +81,8 @@ pub(crate) struct Generation {
     vectors: Option<ColdVectors>,
     text: Option<TextIndex>,
     vector: Option<Arc<VectorIndex>>,
-    /// The distinct key hashes, ascending (the `pk_hashes` section).
-    pk_hashes: Bytes,
-    /// Rows by key hash, built at first use.
-    by_hash: std::sync::OnceLock<HashIndex>,
+    /// Rows by key hash (over the `pk_hashes` section's distinct hashes).
+    by_hash: HashIndex,
     /// Bytes of the hot part it was opened from (0: decoded whole).
     hot_bytes: u64,
     /// What it holds in memory, by kind (see [`Resident`]).
@@ -288,7 +286,7 @@ impl Generation {
         w.add(KEYS_SECTION, &ipc_encode(&hot.schema(), &[hot])?);
         let hashes: Vec<u8> = pk_hashes.iter().flat_map(|h| h.to_le_bytes()).collect();
         w.add("pk_hashes", &hashes);
-        let pk_hashes = Bytes::from(hashes);
+        let by_hash = HashIndex::new(Bytes::from(hashes), row_hashes.into_iter());
         let vector = match spec.vector {
             Some((col, metric, params)) => {
                 let list = rows
@@ -361,8 +359,7 @@ impl Generation {
                 vectors: None,
                 text,
                 vector,
-                pk_hashes,
-                by_hash: Default::default(),
+                by_hash,
                 hot_bytes: 0,
                 resident_bytes: Resident::default(),
                 vector_col: vcol,
@@ -566,7 +563,7 @@ impl Generation {
         let graph = self.vector().map_or(0, |v| v.graph_bytes() as u64) + len(CODES_SECTION);
         let keys = self.resident.get_array_memory_size() as u64
             + HASH_BYTES_PER_ROW * self.meta.rows
-            + self.pk_hashes.len() as u64;
+            + self.by_hash.hashes_bytes() as u64;
         let held = self
             .vectors
             .as_ref()
@@ -741,9 +738,8 @@ impl Generation {
             vectors,
             text,
             vector,
-            // A copy, so the bundle's bytes are not kept alive by it.
-            pk_hashes: Bytes::copy_from_slice(&h),
-            by_hash: Default::default(),
+            // The hashes copied, so the bundle's bytes are not kept alive by them.
+            by_hash: HashIndex::new(Bytes::copy_from_slice(&h), row_hashes.into_iter()),
             hot_bytes,
             resident_bytes: Resident::default(),
             vector_col: spec.vector.map(|v| v.0),
@@ -1133,23 +1129,15 @@ impl Generation {
     /// The row holding `key` (whose hash is `hash`), if this generation has one; `key` is only
     /// computed on a hash hit, and a hit is confirmed on the exact key.
     pub(crate) fn row_of_key(&self, hash: u64, key: impl FnOnce() -> Option<Key>) -> Option<usize> {
-        let index = self.by_hash();
-        let mut rows = index.rows(index.find(hash)?);
-        let first = rows.next()?;
+        let mut rows = self.by_hash.rows(self.by_hash.find(hash)?);
         let key = key();
-        if self.key_at(first) == key {
-            return Some(first);
-        }
-        // Two keys of this generation share the hash: look further.
+        // One row, unless two keys of this generation share the hash.
         rows.find(|r| self.key_at(*r) == key)
     }
 
-    /// Its rows by key hash, built at first use.
+    /// Its rows by key hash.
     pub(crate) fn by_hash(&self) -> &HashIndex {
-        self.by_hash.get_or_init(|| {
-            let rows = (0..self.num_rows()).map(|r| self.row_hash(r));
-            HashIndex::new(self.pk_hashes.clone(), rows)
-        })
+        &self.by_hash
     }
 }
 

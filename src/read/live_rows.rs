@@ -391,8 +391,9 @@ impl LiveRowCache {
     }
 
     /// Compute ahead what the first query over generation list `gens` (oldest first) would:
-    /// what newer generations supersede of each, and each one's key lookup. A flush or a
-    /// compaction does this before it makes its list visible, so no query waits for it.
+    /// what newer generations supersede of each (their key lookups are built when they are
+    /// opened). A flush or a compaction does this before it makes its list visible, so no
+    /// query waits for it.
     /// Returns each generation's own flags (see [`LiveRows`]).
     ///
     /// In the `background` (a compaction's list), a kept list is extended without holding the
@@ -402,11 +403,7 @@ impl LiveRowCache {
         gens: &[&Arc<Generation>],
         background: bool,
     ) -> Vec<RowFlags> {
-        let own = self.generation_live_rows(gens, background);
-        for g in gens {
-            g.by_hash();
-        }
-        own
+        self.generation_live_rows(gens, background)
     }
 
     /// Where a list is computed ahead without holding the locks searches take: a test checks
