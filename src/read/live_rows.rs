@@ -157,7 +157,7 @@ impl LiveRows {
 
 /// What newer generations supersede of every generation of one list, from one merge of their
 /// sorted key hashes.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct ListLiveRows {
     /// `(id, epoch)` of the generations, oldest first.
     ids: Vec<(u64, u64)>,
@@ -439,22 +439,15 @@ impl LiveRowCache {
             .filter(|l| extends(l))
             .max_by_key(|l| l.ids.len());
         let computed = match start {
-            Some(l) if !background => Some(l.extend(gens, ids.len() - l.ids.len())),
+            Some(l) if !background => l.extend(gens, ids.len() - l.ids.len()),
             Some(l) => {
-                let l = ListLiveRows {
-                    ids: l.ids.clone(),
-                    live: l.live.clone(),
-                };
+                let l = l.clone();
                 drop(lists);
                 self.computing_here();
                 let extended = l.extend(gens, ids.len() - l.ids.len());
                 lists = lock(&self.lists);
-                Some(extended)
+                extended
             }
-            None => None,
-        };
-        let computed = match computed {
-            Some(c) => c,
             None => {
                 // Built without holding the lock: other queries' lists stay available.
                 drop(lists);
