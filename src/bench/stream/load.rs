@@ -19,7 +19,8 @@ pub(super) struct Samples {
 
 pub(super) struct Shared {
     pub(super) index: Index,
-    /// Writers hold it (shared) around each call; a checkpoint takes it exclusively.
+    /// Writers and readers hold it (shared) around each call; a checkpoint takes it
+    /// exclusively.
     pub(super) pause: tokio::sync::RwLock<()>,
     pub(super) interval: Mutex<Samples>,
     pub(super) total: Mutex<Samples>,
@@ -32,6 +33,21 @@ pub(super) struct Shared {
     pub(super) dim: usize,
     pub(super) queries: Vec<String>,
     pub(super) query_vectors: Vec<Vec<f32>>,
+}
+
+/// Leave to the checkpoint under way (holding `pause`), if any, the time it reads (its scan
+/// and exact searches are not the load's, and no call of the load is timed meanwhile); then
+/// skip the slots of the schedule (`next_at`) it took instead of making them up in a burst.
+async fn hold<'a>(
+    pause: &'a tokio::sync::RwLock<()>,
+    next_at: &mut Instant,
+) -> tokio::sync::RwLockReadGuard<'a, ()> {
+    if let Ok(held) = pause.try_read() {
+        return held;
+    }
+    let held = pause.read().await;
+    *next_at = (*next_at).max(Instant::now());
+    held
 }
 
 impl Shared {
@@ -134,7 +150,7 @@ pub(super) async fn writer(s: Arc<Shared>, o: StreamOptions, w: usize) -> Result
             .filter(|_| known > 0)
             .map(|_| Key::I64(rng.random_range(0..known) as i64))
             .collect();
-        let _held = s.pause.read().await;
+        let _held = hold(&s.pause, &mut next_at).await;
         let t = Instant::now();
         s.index.append_with(&rows, opts).await?;
         s.record_append(t.elapsed().as_secs_f64() * 1e3);
@@ -189,10 +205,48 @@ pub(super) async fn reader(s: Arc<Shared>, o: StreamOptions, r: usize) -> Result
             next_at += every;
         }
         let kind = &o.kinds[i % o.kinds.len()];
+        let _held = hold(&s.pause, &mut next_at).await;
         let t = Instant::now();
         run_query(&s, kind, i / o.kinds.len()).await?;
         s.record_query(kind, t.elapsed().as_secs_f64() * 1e3);
         i += o.readers;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A writer's or reader's call waits for the checkpoint holding the pause, and its
+    /// schedule resumes after it instead of catching up on the slots it took.
+    #[tokio::test]
+    async fn calls_wait_out_a_checkpoint_and_skip_its_slots() {
+        let pause = Arc::new(tokio::sync::RwLock::new(()));
+        let start = Instant::now();
+        let mut free = start;
+        drop(hold(&pause, &mut free).await);
+        assert_eq!(free, start, "no checkpoint: the schedule is left alone");
+        let checkpoint = pause.clone().write_owned().await;
+        let (waiting, done) = (pause.clone(), Arc::new(AtomicBool::new(false)));
+        let flag = done.clone();
+        let call = tokio::spawn(async move {
+            let mut next_at = start;
+            let _held = hold(&waiting, &mut next_at).await;
+            flag.store(true, Ordering::SeqCst);
+            next_at
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !done.load(Ordering::SeqCst),
+            "a call ran during a checkpoint"
+        );
+        let released = Instant::now();
+        drop(checkpoint);
+        let next_at = call.await.unwrap();
+        assert!(
+            next_at >= released,
+            "the slots the checkpoint took are made up"
+        );
+    }
 }

@@ -8,9 +8,10 @@
 //! queries, cycled) at their maximum rate or paced (queries/s in total). Every interval a
 //! row is printed: acknowledged rows/s, append and per-kind query latency (p50/p99/max),
 //! generations, compactions done and rows due for one, memtable and unindexed rows, resident
-//! memory. At every checkpoint the writers
+//! memory. At every checkpoint the writers and readers
 //! pause while a snapshot is read (its live rows, ten full-text and fifty vector queries
-//! with graphs and exactly); after the stream, the full-text answers are compared with one
+//! with graphs and exactly), and their schedules skip the pause instead of catching up
+//! after it; after the stream, the full-text answers are compared with one
 //! tantivy index over the snapshot's rows and the vector answers with the exact ones
 //! (recall@10). Writes `results.json` and `stream.png` into the output directory.
 
