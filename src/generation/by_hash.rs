@@ -79,11 +79,6 @@ impl HashIndex {
         HashIndex::new(Bytes::from(bytes), row_hashes.iter().copied())
     }
 
-    /// Bytes of the distinct hashes (8 each).
-    pub(crate) fn hashes_bytes(&self) -> usize {
-        self.hashes.len()
-    }
-
     /// Distinct hashes.
     pub(crate) fn len(&self) -> usize {
         self.first.len()

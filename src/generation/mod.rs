@@ -563,7 +563,7 @@ impl Generation {
         let graph = self.vector().map_or(0, |v| v.graph_bytes() as u64) + len(CODES_SECTION);
         let keys = self.resident.get_array_memory_size() as u64
             + HASH_BYTES_PER_ROW * self.meta.rows
-            + self.by_hash.hashes_bytes() as u64;
+            + 8 * self.by_hash.len() as u64;
         let held = self
             .vectors
             .as_ref()
