@@ -568,3 +568,89 @@ async fn a_cold_vector_query_reranks_the_best_candidates_of_all_generations_at_o
     assert!(c.gets <= 100 + 10, "{c:?}");
     assert!(c.round_trips <= 2, "{c:?}");
 }
+
+/// A writer of a text-only index (nothing returned is read by range) with one generation of
+/// 5,000 rows, searched once, then 29 of its rows updated in the memtable; with
+/// `dead_row_terms_bytes` = `ahead`. Returns the GETs of the next search, its hits, and the
+/// hits of the same search from a new read-only handle (which counts the superseded rows
+/// from their text as it reads them).
+async fn search_after_updates(ahead: u64) -> (u64, Vec<(String, f32)>, Vec<(String, f32)>) {
+    let store = LatencyStore::new(
+        Arc::new(object_store::memory::InMemory::new()),
+        LatencyConfig::default(),
+    );
+    let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["body"]}"#).unwrap();
+    let rows = |from: usize, to: usize, salt: usize| {
+        let full = batch(&schema(), from, to);
+        let body = full.column(1).as_string::<i32>();
+        RecordBatch::try_new(
+            s.arrow_schema(),
+            vec![
+                full.column(0).clone(),
+                Arc::new(StringArray::from_iter((0..full.num_rows()).map(|i| {
+                    Some(match salt {
+                        0 => body.value(i).to_string(),
+                        _ => format!("{} shock", body.value(i)),
+                    })
+                }))),
+            ],
+        )
+        .unwrap()
+    };
+    let loc = Location::from_store(store.clone(), "idx");
+    let index = Index::create(
+        loc.clone(),
+        s.clone(),
+        Settings {
+            memtable_max_rows: 20_000,
+            dead_row_terms_bytes: ahead,
+            ..Settings::default()
+        },
+    )
+    .await
+    .unwrap();
+    for from in (0..5_000).step_by(1_000) {
+        index.append(&rows(from, from + 1_000, 0)).await.unwrap();
+    }
+    index.flush().await.unwrap();
+    let opts = SearchOptions::with_k(10);
+    index.search_fts("shock nozzle", &opts).await.unwrap();
+    let updated: Vec<usize> = (0..200).step_by(7).collect();
+    for &r in &updated {
+        index.append(&rows(r, r + 1, 1)).await.unwrap();
+    }
+    if ahead > 0 {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while index.cache_stats().await.dead_row_terms_rows < updated.len() as u64 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the superseded rows were not read ahead: {:?}",
+                index.cache_stats().await
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+    store.reset();
+    let hits = scored(&index.search_fts("shock nozzle", &opts).await.unwrap());
+    let gets = store.counters().gets;
+    let ro = Index::open_read_only(loc, Settings::default())
+        .await
+        .unwrap();
+    let expected = scored(&ro.search_fts("shock nozzle", &opts).await.unwrap());
+    index.close().await.unwrap();
+    (gets, hits, expected)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_reads_the_rows_appends_supersede_before_its_searches_need_them() {
+    // Without reading ahead, the search reads the superseded rows' text to take their terms
+    // out of the statistics.
+    let (gets, hits, expected) = search_after_updates(0).await;
+    assert!(gets > 0, "the search read the superseded rows' text");
+    assert_eq!(hits, expected);
+    // Read ahead, it reads nothing, and scores the same.
+    let (gets, hits, expected) = search_after_updates(16 << 20).await;
+    assert_eq!(gets, 0, "the superseded rows' terms were read ahead");
+    assert_eq!(hits, expected);
+    assert_eq!(hits.len(), 10);
+}

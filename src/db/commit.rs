@@ -318,6 +318,7 @@ impl Committer {
         write_memtable(&active).apply(stored.clone())?;
         self.applied += stored.num_rows() as u64;
         catch_up(&active);
+        self.inner.read_ahead.notify_one();
         let n = stored.num_rows();
         let last_seq = self.next_seq - 1;
         self.inner

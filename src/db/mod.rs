@@ -161,6 +161,52 @@ pub struct Index {
     /// The background compactor (`compaction::schedule`): stopped, not awaited, by `close()`; a
     /// compaction cut off publishes nothing or a complete manifest version.
     compactor: tokio::task::JoinHandle<()>,
+    /// The reading ahead of superseded rows ([`read_ahead`]): stopped, not awaited.
+    read_ahead: tokio::task::JoinHandle<()>,
+}
+
+/// Read ahead, after appends, the text of the generations' rows they supersede, for the
+/// full-text searches that take them out of the statistics (see
+/// [`crate::Settings::dead_row_terms_bytes`]); best effort. Appends that arrive meanwhile
+/// wake it once more.
+async fn read_ahead(inner: Arc<Writer>) {
+    loop {
+        inner.read_ahead.notified().await;
+        if inner.closed.load(Ordering::SeqCst) {
+            return;
+        }
+        if !inner.reader.caches.dead.reads_ahead() {
+            continue;
+        }
+        let read = match writer_snapshot(&inner).await {
+            Ok(snapshot) => inner.reader.read_dead_rows_ahead(snapshot).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = read {
+            tracing::debug!("reading superseded rows ahead failed: {e}");
+        }
+    }
+}
+
+/// What a read started now sees: the active memtable, the frozen ones (newest first) and the
+/// generations of the writer's manifest.
+async fn writer_snapshot(inner: &Writer) -> Result<Snapshot> {
+    let (memtables, metas) = {
+        let st = inner.read_state();
+        let mut v = vec![Source::memtable(
+            "active memtable",
+            read_memtable(&st.active).search_view(),
+        )];
+        for m in st.frozen.iter().rev() {
+            let m = read_memtable(m);
+            v.push(Source::memtable(
+                format!("frozen memtable {}", m.id()),
+                m.search_view(),
+            ));
+        }
+        (v, st.manifest.generations.clone())
+    };
+    inner.reader.snapshot(memtables, &metas).await
 }
 
 impl Index {
@@ -290,6 +336,7 @@ impl Index {
             tokio::spawn(flush::run_flusher(inner.clone())),
         ];
         let compactor = tokio::spawn(run_compactor(inner.clone()));
+        let read_ahead = tokio::spawn(read_ahead(inner.clone()));
         // Leak collection is best effort: close() and drop stop it wherever it is.
         let w = inner.clone();
         let collector = tokio::spawn(async move {
@@ -303,6 +350,7 @@ impl Index {
             tasks: std::sync::Mutex::new(tasks),
             collector,
             compactor,
+            read_ahead,
         }
     }
 
@@ -429,6 +477,7 @@ impl Index {
         }
         self.collector.abort();
         self.compactor.abort();
+        self.read_ahead.abort();
         self.inner.flushes.wake.notify_waiters();
         self.inner.flushes.backpressure.notify_waiters();
         // Wake flush() callers, which see the handle closed.
@@ -477,22 +526,7 @@ impl Index {
         if self.inner.closed.load(Ordering::SeqCst) {
             return Err(Error::closed());
         }
-        let (memtables, metas) = {
-            let st = self.inner.read_state();
-            let mut v = vec![Source::memtable(
-                "active memtable",
-                read_memtable(&st.active).search_view(),
-            )];
-            for m in st.frozen.iter().rev() {
-                let m = read_memtable(m);
-                v.push(Source::memtable(
-                    format!("frozen memtable {}", m.id()),
-                    m.search_view(),
-                ));
-            }
-            (v, st.manifest.generations.clone())
-        };
-        self.inner.reader.snapshot(memtables, &metas).await
+        writer_snapshot(&self.inner).await
     }
 
     /// Generations, memtable and WAL figures.
@@ -608,6 +642,7 @@ impl Drop for Index {
         self.inner.closed.store(true, Ordering::SeqCst);
         self.collector.abort();
         self.compactor.abort();
+        self.read_ahead.abort();
         self.inner.flushes.wake.notify_waiters();
         self.inner.flushes.backpressure.notify_waiters();
     }

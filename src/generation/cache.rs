@@ -58,6 +58,11 @@ pub struct CacheStats {
     /// Bytes of postings and positions kept for full-text searches (see
     /// [`crate::Settings::postings_cache_bytes`]).
     pub postings_bytes: u64,
+    /// Superseded rows whose terms are kept, read ahead of the searches that count them (see
+    /// [`crate::Settings::dead_row_terms_bytes`]), and their bytes.
+    pub dead_row_terms_rows: u64,
+    /// Bytes of the terms of those rows.
+    pub dead_row_terms_bytes: u64,
     /// What the opened generations hold, by kind.
     pub resident: Resident,
 }
@@ -319,6 +324,8 @@ impl GenerationCache {
             block_bytes_fetched: b.fetched_bytes,
             column_bytes: 0,
             postings_bytes: self.inner.cold.postings.bytes(),
+            dead_row_terms_rows: 0,
+            dead_row_terms_bytes: 0,
             resident,
         }
     }

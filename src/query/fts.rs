@@ -391,7 +391,7 @@ fn source_stats(
 ) -> Result<SourceStats> {
     let dead = dead_rows.for_source(source);
     let mut dead = dead.lock().unwrap_or_else(|e| e.into_inner());
-    dead.update(ts, source, ti, live)?;
+    dead.update(ts, source, ti, live, Some(dead_rows))?;
     let (past_df, past_tokens) = past_view(ti, ts.fields().len(), live.len(), terms)?;
     let tokens = (0..ts.fields().len())
         .map(|pos| {

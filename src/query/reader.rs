@@ -7,7 +7,9 @@ use crate::format::bundle::BLOCK_BYTES;
 use crate::format::GenerationMeta;
 use crate::generation::cache::{CacheStats, GenerationCache};
 use crate::read::pool::QueryPool;
-use crate::read::{compile_filter, ColumnCache, ReadCaches, ScanCursor, Snapshot, Source};
+use crate::read::{
+    compile_filter, ColumnCache, DeadRowCache, ReadCaches, ScanCursor, Snapshot, Source,
+};
 use crate::schema::IndexSchema;
 use crate::settings::Settings;
 use crate::storage::blocks::{BlockCache, BlockCacheConfig};
@@ -48,6 +50,7 @@ impl Reader {
         settings: Settings,
     ) -> Result<Self> {
         let stored_schema = schema.stored_schema();
+        let dead_row_terms = settings.dead_row_terms_bytes;
         let text_schema = TextSchema::new(&schema);
         let (block_budget, postings_budget, column_budget) = settings.cache_budgets();
         // Only budgets a user set: the defaults are capped quietly under a small cache_bytes.
@@ -89,6 +92,7 @@ impl Reader {
             generations,
             caches: Arc::new(ReadCaches {
                 columns: ColumnCache::new(column_budget),
+                dead: DeadRowCache::new(dead_row_terms),
                 ..ReadCaches::default()
             }),
         })
@@ -133,6 +137,49 @@ impl Reader {
         if let Err(e) = computed {
             tracing::warn!("computing the live rows of a new generation list failed: {e}");
         }
+    }
+
+    /// Read ahead the text of the rows of `snapshot`'s generations that its view supersedes
+    /// and no full-text search counted yet, and keep their terms for the searches that will
+    /// (see [`crate::Settings::dead_row_terms_bytes`]): a search after an append then reads
+    /// nothing of them. Its live rows are computed as a search's, and kept for the next.
+    /// Nothing without full-text search, or before one counted statistics.
+    pub(crate) async fn read_dead_rows_ahead(&self, snapshot: Snapshot) -> Result<()> {
+        let Some(ts) = self.text_schema.clone() else {
+            return Ok(());
+        };
+        if !self.caches.dead.reads_ahead() {
+            return Ok(());
+        }
+        let caches = self.caches.clone();
+        crate::priority::in_background_thread("lsmsearch-ahead", None, move || {
+            let live = snapshot.live();
+            let wanted: Vec<(&Arc<crate::generation::Generation>, Vec<usize>)> = snapshot
+                .sources
+                .iter()
+                .zip(&live)
+                .filter_map(|(s, live)| match s {
+                    Source::Generation(g) if g.reads_by_range() => {
+                        let rows = caches.dead.pending(s, g.text()?.rows(), live);
+                        (!rows.is_empty()).then_some((g, rows))
+                    }
+                    _ => None,
+                })
+                .collect();
+            let reads = futures::future::try_join_all(wanted.iter().map(|(g, rows)| {
+                let (caches, ts) = (&caches, &ts);
+                async move {
+                    match g.text() {
+                        Some(ti) => caches.dead.read_ahead(ts, g, ti, rows).await,
+                        None => Ok(()),
+                    }
+                }
+            }));
+            crate::generation::Generation::block_on_any(wanted.iter().map(|w| w.0), reads)
+                .unwrap_or(Ok(Vec::new()))
+                .map(drop)
+        })
+        .await
     }
 
     /// Every live row of the snapshot, optionally filtered.
@@ -217,8 +264,11 @@ impl Reader {
 
     /// What the caches hold and fetched.
     pub(crate) async fn cache_stats(&self) -> CacheStats {
+        let (dead_row_terms_rows, dead_row_terms_bytes) = self.caches.dead.ahead_held();
         CacheStats {
             column_bytes: self.caches.columns.bytes(),
+            dead_row_terms_rows,
+            dead_row_terms_bytes,
             ..self.generations.stats().await
         }
     }

@@ -22,11 +22,11 @@ use crate::schema::DELETED_COLUMN;
 use crate::text::{in_postings, DocRows, TextIndex, TextSchema};
 use crate::Result;
 use arrow::array::{Array, AsArray, RecordBatch};
-use std::collections::hash_map::Entry;
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::Mutex;
+use tantivy::schema::Field;
 use tantivy::schema::IndexRecordOption;
 use tantivy::tokenizer::TextAnalyzer;
 use tantivy::{DocSet, Term, TERMINATED};
@@ -66,29 +66,20 @@ impl DeadRowStats {
     /// admit. Rows past the view are [`past_view`]'s. Only rows that may have changed since the
     /// last update are looked at: in flag chunks that changed, superseded in one of the two
     /// updates, or covered by one only.
+    ///
+    /// The terms of a generation's rows are taken from `ahead` where it holds them (read
+    /// ahead of the search, or by an earlier update), and those read here are left there.
     pub(crate) fn update(
         &mut self,
         ts: &TextSchema,
         source: &Source,
         index: &TextIndex,
         live: &LiveRows,
+        ahead: Option<&DeadRowCache>,
     ) -> Result<()> {
         let covered = index.rows().min(live.len());
-        // Rows whose state may have changed since the last update: all of them the first time.
-        let visit: Vec<Range<usize>> = match self.last.take() {
-            None => std::iter::once(0..covered.max(self.state.len())).collect(),
-            Some((last, last_covered)) => {
-                let mut v = live.own().changed_since(last.own());
-                v.push(covered.min(last_covered)..covered.max(last_covered));
-                if !Arc::ptr_eq(live.superseded(), last.superseded()) {
-                    v.extend(
-                        symmetric_difference(live.superseded().rows(), last.superseded().rows())
-                            .map(|r| r as usize..r as usize + 1),
-                    );
-                }
-                v
-            }
-        };
+        let visit = self.visit(live, covered);
+        self.last = None;
         let held: usize = self.text.0.iter().map(RecordBatch::num_rows).sum();
         if let Some(batches) = source.memtable_batches() {
             if source.rows() > held || self.text.0.is_empty() {
@@ -104,81 +95,131 @@ impl DeadRowStats {
         }
         let mut analyzers: Option<Vec<TextAnalyzer>> = None;
         let changes = self.changes(visit, end, covered, live);
+        // What is kept ahead is kept for a generation's rows (a memtable's text is at hand).
+        let ahead = ahead.filter(|_| matches!(source, Source::Generation(_)));
+        let key = SourceKey::of(source);
         // A generation's changed rows are read a bounded number at a time.
         for part in changes.chunks(READ_ROWS) {
-            let fetched = read_changed(ts, source, part)?;
+            let rows: Vec<usize> = part.iter().map(|c| c.0).collect();
+            let mut known = match ahead {
+                Some(a) => a.terms_ahead(key, &rows),
+                None => vec![None; rows.len()],
+            };
+            let missing: Vec<usize> = rows
+                .iter()
+                .zip(&known)
+                .filter(|(_, k)| k.is_none())
+                .map(|(r, _)| *r)
+                .collect();
+            let fetched = read_changed(ts, source, &missing)?;
+            let mut read = Vec::new();
             for (i, &(r, change)) in part.iter().enumerate() {
-                let (batch, row, text_cols, deleted) = match &fetched {
-                    Some(b) => (
-                        b,
-                        i,
-                        (0..ts.columns().len()).collect::<Vec<_>>(),
-                        ts.columns().len(),
-                    ),
+                let terms = match known[i].take() {
+                    Some(t) => t,
                     None => {
-                        let Some((batch, row)) = locate(&self.text, r) else {
-                            return Err(crate::Error::internal(format!(
-                                "row {r} is in no stored batch of its source"
-                            )));
+                        let analyzers = match &mut analyzers {
+                            Some(a) => a,
+                            None => analyzers.insert(analyzers_of(ts, index)?),
                         };
-                        let deleted = batch.schema().index_of(DELETED_COLUMN)?;
-                        (batch, row, ts.columns().to_vec(), deleted)
+                        let terms = Arc::new(match &fetched {
+                            Some(b) => {
+                                let n = ts.columns().len();
+                                let text_cols: Vec<usize> = (0..n).collect();
+                                RowTerms::of(analyzers, ts.fields(), b, read.len(), &text_cols, n)
+                            }
+                            None => {
+                                let Some((batch, row)) = locate(&self.text, r) else {
+                                    return Err(crate::Error::internal(format!(
+                                        "row {r} is in no stored batch of its source"
+                                    )));
+                                };
+                                let deleted = batch.schema().index_of(DELETED_COLUMN)?;
+                                RowTerms::of(
+                                    analyzers,
+                                    ts.fields(),
+                                    batch,
+                                    row,
+                                    ts.columns(),
+                                    deleted,
+                                )
+                            }
+                        });
+                        if fetched.is_some() {
+                            read.push((r, terms.clone()));
+                        }
+                        terms
                     }
                 };
-                if change > 0 && batch.column(deleted).as_boolean().value(row) {
+                if change > 0 && terms.tombstone {
                     self.state[r] = TOMBSTONE;
                     continue;
                 }
-                let analyzers = match &mut analyzers {
-                    Some(a) => a,
-                    None => analyzers.insert(
-                        ts.fields()
-                            .iter()
-                            .map(|f| index.searcher().index().tokenizer_for_field(*f))
-                            .collect::<tantivy::Result<_>>()?,
-                    ),
-                };
-                for (pos, (col, field)) in text_cols.iter().zip(ts.fields()).enumerate() {
-                    let col = batch.column(*col).as_string::<i32>();
-                    if col.is_null(row) {
-                        continue;
-                    }
-                    let mut distinct: HashSet<String, foldhash::fast::RandomState> =
-                        HashSet::default();
-                    let mut n = 0u64;
-                    let mut stream = analyzers[pos].token_stream(col.value(row));
-                    while stream.advance() {
-                        let t = &stream.token().text;
-                        if !in_postings(t) {
-                            continue;
-                        }
-                        n += 1;
-                        if !distinct.contains(t.as_str()) {
-                            distinct.insert(t.clone());
-                        }
-                    }
-                    self.tokens[pos] = apply(self.tokens[pos], n, change);
-                    for t in distinct {
-                        // A term no counted row holds leaves the map.
-                        match self.doc_freq.entry(Term::from_field_text(*field, &t)) {
-                            Entry::Occupied(mut e) => match apply(*e.get(), 1, change) {
-                                0 => {
-                                    e.remove();
-                                }
-                                n => *e.get_mut() = n,
-                            },
-                            Entry::Vacant(e) if change > 0 => {
-                                e.insert(1);
-                            }
-                            Entry::Vacant(_) => {}
-                        }
-                    }
-                }
+                self.count(&terms, change);
                 self.state[r] = if change > 0 { COUNTED } else { NOT_COUNTED };
+            }
+            if let Some(a) = ahead {
+                a.keep_ahead(key, read);
             }
         }
         self.last = Some((live.clone(), covered));
         Ok(())
+    }
+
+    /// Rows whose state may have changed since the last update (all of them the first time),
+    /// for a view `live` covering the first `covered` rows.
+    fn visit(&self, live: &LiveRows, covered: usize) -> Vec<Range<usize>> {
+        match &self.last {
+            None => std::iter::once(0..covered.max(self.state.len())).collect(),
+            Some((last, last_covered)) => {
+                let mut v = live.own().changed_since(last.own());
+                v.push(covered.min(*last_covered)..covered.max(*last_covered));
+                if !Arc::ptr_eq(live.superseded(), last.superseded()) {
+                    v.extend(
+                        symmetric_difference(live.superseded().rows(), last.superseded().rows())
+                            .map(|r| r as usize..r as usize + 1),
+                    );
+                }
+                v
+            }
+        }
+    }
+
+    /// The rows the next update with view `live` (covering the first `covered` rows) counts as
+    /// dead, when an update was made before (the first counts every row, which is not read
+    /// ahead).
+    fn pending(&self, live: &LiveRows, covered: usize) -> Vec<usize> {
+        if self.last.is_none() {
+            return Vec::new();
+        }
+        let visit = self.visit(live, covered);
+        let end = covered.max(self.state.len());
+        self.changes(visit, end, covered, live)
+            .into_iter()
+            .filter(|c| c.1 > 0)
+            .map(|c| c.0)
+            .collect()
+    }
+
+    /// Count a row's terms and tokens in (`change` > 0) or out.
+    fn count(&mut self, terms: &RowTerms, change: i64) {
+        for (pos, (n, distinct)) in terms.fields.iter().enumerate() {
+            self.tokens[pos] = apply(self.tokens[pos], *n, change);
+            for t in distinct {
+                // A term no counted row holds leaves the map.
+                match self.doc_freq.get_mut(t) {
+                    Some(c) => match apply(*c, 1, change) {
+                        0 => {
+                            self.doc_freq.remove(t);
+                        }
+                        n => *c = n,
+                    },
+                    None if change > 0 => {
+                        self.doc_freq.insert(t.clone(), 1);
+                    }
+                    None => {}
+                }
+            }
+        }
     }
 
     /// The rows of `visit` (below `end`) whose state changes, each once, with `1` for a row
@@ -209,7 +250,7 @@ impl DeadRowStats {
             .flatten()
             .filter_map(|r| {
                 let dead = r < covered && !live.admits(r);
-                match (self.state[r], dead) {
+                match (self.state.get(r).copied().unwrap_or(NOT_COUNTED), dead) {
                     (NOT_COUNTED, true) => Some((r, 1i64)),
                     (COUNTED, false) => Some((r, -1)),
                     _ => None,
@@ -242,6 +283,11 @@ impl DeadRowStats {
 #[derive(Default)]
 pub(crate) struct DeadRowCache {
     sources: Mutex<HashMap<SourceKey, Arc<Mutex<DeadRowStats>>>>,
+    /// The terms of generations' rows read ahead of the searches that count them (see
+    /// [`DeadRowCache::pending`]), and by updates (an older view's search uncounts them).
+    ahead: Mutex<TermsAhead>,
+    /// Budget of `ahead`, in bytes ([`crate::Settings::dead_row_terms_bytes`]).
+    ahead_budget: usize,
     /// Called where counts are computed ahead without the locks: what a test checks there.
     #[cfg(test)]
     pub(super) computing: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
@@ -256,6 +302,117 @@ impl std::fmt::Debug for DeadRowCache {
 }
 
 impl DeadRowCache {
+    /// A cache that keeps the terms of at most `ahead_budget` bytes of rows read ahead.
+    pub(crate) fn new(ahead_budget: u64) -> DeadRowCache {
+        DeadRowCache {
+            ahead_budget: usize::try_from(ahead_budget).unwrap_or(usize::MAX),
+            ..DeadRowCache::default()
+        }
+    }
+
+    /// Whether rows are worth reading ahead: the budget holds some and a full-text search
+    /// has counted statistics.
+    pub(crate) fn reads_ahead(&self) -> bool {
+        self.ahead_budget > 0 && !lock(&self.sources).is_empty()
+    }
+
+    /// The rows of generation `source` (whose text index holds `rows` rows) that the next
+    /// update with view `live` will count as dead and whose terms are not kept: at most
+    /// [`READ_ROWS`], none when no search counted it yet or one is counting it now (this
+    /// never waits for a search).
+    pub(crate) fn pending(&self, source: &Source, rows: usize, live: &LiveRows) -> Vec<usize> {
+        let key = SourceKey::of(source);
+        let Some(stats) = lock(&self.sources).get(&key).cloned() else {
+            return Vec::new();
+        };
+        let Ok(stats) = stats.try_lock() else {
+            return Vec::new();
+        };
+        let mut pending = stats.pending(live, rows.min(live.len()));
+        drop(stats);
+        let ahead = lock(&self.ahead);
+        pending.retain(|r| !ahead.rows.contains_key(&(key, *r)));
+        pending.truncate(READ_ROWS);
+        pending
+    }
+
+    /// Read the text of rows `rows` of generation `g` (the text index `index`) and keep
+    /// their terms: the update that counts them finds them here.
+    pub(crate) async fn read_ahead(
+        &self,
+        ts: &TextSchema,
+        g: &Arc<Generation>,
+        index: &TextIndex,
+        rows: &[usize],
+    ) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let cols = text_and_deleted(ts, g)?;
+        let read = g.read_rows(rows, &cols).await?;
+        let schema = Arc::new(g.schema().project(&cols)?);
+        let batch = RecordBatch::try_new(schema, read)?;
+        let mut analyzers = analyzers_of(ts, index)?;
+        let n = ts.columns().len();
+        let text_cols: Vec<usize> = (0..n).collect();
+        let terms = rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let t = RowTerms::of(&mut analyzers, ts.fields(), &batch, i, &text_cols, n);
+                (*r, Arc::new(t))
+            })
+            .collect();
+        self.keep_ahead(SourceKey::of(&Source::Generation(g.clone())), terms);
+        Ok(())
+    }
+
+    /// The kept terms of rows `rows` of `key`, where kept.
+    fn terms_ahead(&self, key: SourceKey, rows: &[usize]) -> Vec<Option<Arc<RowTerms>>> {
+        let ahead = lock(&self.ahead);
+        if ahead.rows.is_empty() {
+            return vec![None; rows.len()];
+        }
+        rows.iter()
+            .map(|r| ahead.rows.get(&(key, *r)).cloned())
+            .collect()
+    }
+
+    /// Keep the terms of rows of `key`, the oldest kept going past the budget.
+    fn keep_ahead(&self, key: SourceKey, rows: Vec<(usize, Arc<RowTerms>)>) {
+        if self.ahead_budget == 0 || rows.is_empty() {
+            return;
+        }
+        let mut ahead = lock(&self.ahead);
+        for (r, terms) in rows {
+            let bytes = terms.bytes();
+            if bytes > self.ahead_budget {
+                continue;
+            }
+            if let Some(old) = ahead.rows.insert((key, r), terms) {
+                // Replaced: its entry in the order stays, counted once.
+                ahead.bytes = ahead.bytes.saturating_sub(old.bytes());
+            } else {
+                ahead.order.push_back(((key, r), bytes));
+            }
+            ahead.bytes += bytes;
+        }
+        while ahead.bytes > self.ahead_budget {
+            let Some((k, _)) = ahead.order.pop_front() else {
+                break;
+            };
+            if let Some(old) = ahead.rows.remove(&k) {
+                ahead.bytes = ahead.bytes.saturating_sub(old.bytes());
+            }
+        }
+    }
+
+    /// Rows whose terms are kept, and their bytes.
+    pub(crate) fn ahead_held(&self) -> (u64, u64) {
+        let ahead = lock(&self.ahead);
+        (ahead.rows.len() as u64, ahead.bytes as u64)
+    }
+
     /// What `source`'s text index holds of rows that were dead for the last query that asked.
     pub(crate) fn for_source(&self, source: &Source) -> Arc<Mutex<DeadRowStats>> {
         lock(&self.sources)
@@ -281,6 +438,12 @@ impl DeadRowCache {
     /// Keep the statistics of memtables and generations `keep` names, and drop the rest.
     pub(crate) fn retain(&self, keep: impl Fn(&SourceKey) -> bool) {
         lock(&self.sources).retain(|k, _| keep(k));
+        let mut ahead = lock(&self.ahead);
+        if ahead.rows.keys().any(|(k, _)| !keep(k)) {
+            ahead.rows.retain(|(k, _), _| keep(k));
+            ahead.order.retain(|((k, _), _)| keep(k));
+            ahead.bytes = ahead.rows.values().map(|t| t.bytes()).sum();
+        }
     }
 
     /// Count ahead what each generation of `gens` (oldest first, with `own`, their own flags
@@ -317,7 +480,7 @@ impl DeadRowCache {
                 Some(dead) if recount => {
                     let mut dead = lock(&dead);
                     let superseded = dead.last_superseded();
-                    dead.update(ts, &source, ti, &LiveRows::new(own, superseded))?;
+                    dead.update(ts, &source, ti, &LiveRows::new(own, superseded), Some(self))?;
                 }
                 Some(_) => {}
                 // Counted before any search can see it, then made visible: a search never
@@ -328,7 +491,7 @@ impl DeadRowCache {
                     if let Some(f) = lock(&self.computing).clone() {
                         f();
                     }
-                    fresh.update(ts, &source, ti, &LiveRows::new(own, Vec::new()))?;
+                    fresh.update(ts, &source, ti, &LiveRows::new(own, Vec::new()), Some(self))?;
                     lock(&self.sources)
                         .entry(key)
                         .or_insert_with(|| Arc::new(Mutex::new(fresh)));
@@ -372,26 +535,120 @@ fn symmetric_difference<'a>(a: &'a [u32], b: &'a [u32]) -> impl Iterator<Item = 
 /// The batch holding row `r` of `(batches, first rows)`, and its row in it.
 /// The text columns and `_deleted` of a generation's `changes` rows, in their order, read in
 /// one go (a memtable's come from the longest view: `None`).
-fn read_changed(
-    ts: &TextSchema,
-    source: &Source,
-    changes: &[(usize, i64)],
-) -> Result<Option<RecordBatch>> {
+fn read_changed(ts: &TextSchema, source: &Source, rows: &[usize]) -> Result<Option<RecordBatch>> {
     let Source::Generation(g) = source else {
         return Ok(None);
     };
-    if changes.is_empty() {
+    if rows.is_empty() {
         return Ok(None);
     }
-    let ords: Vec<usize> = changes.iter().map(|c| c.0).collect();
-    let stored = g.schema();
-    let mut cols = ts.columns().to_vec();
-    cols.push(stored.index_of(DELETED_COLUMN)?);
-    let schema = Arc::new(stored.project(&cols)?);
+    let cols = text_and_deleted(ts, g)?;
+    let schema = Arc::new(g.schema().project(&cols)?);
     Ok(Some(RecordBatch::try_new(
         schema,
-        source.take(&ords, &cols)?,
+        source.take(rows, &cols)?,
     )?))
+}
+
+/// The stored columns of `g` an update reads of a row: its text columns, then `_deleted`.
+fn text_and_deleted(ts: &TextSchema, g: &Generation) -> Result<Vec<usize>> {
+    let mut cols = ts.columns().to_vec();
+    cols.push(g.schema().index_of(DELETED_COLUMN)?);
+    Ok(cols)
+}
+
+/// The analyzer of each text field of `index`, in the text schema's order.
+fn analyzers_of(ts: &TextSchema, index: &TextIndex) -> Result<Vec<TextAnalyzer>> {
+    Ok(ts
+        .fields()
+        .iter()
+        .map(|f| index.searcher().index().tokenizer_for_field(*f))
+        .collect::<tantivy::Result<_>>()?)
+}
+
+/// What one row holds as the BM25 statistics count it: whether it is a tombstone (never a
+/// document of a text index), and per text field its tokens and its distinct terms.
+#[derive(Debug)]
+pub(crate) struct RowTerms {
+    tombstone: bool,
+    fields: Vec<(u64, Vec<Term>)>,
+}
+
+impl RowTerms {
+    /// Row `row` of `batch` (text columns `text_cols`, in the order of the text schema's
+    /// `fields`, and `_deleted` at `deleted`), tokenized by `analyzers` as its index
+    /// tokenized it.
+    fn of(
+        analyzers: &mut [TextAnalyzer],
+        fields: &[Field],
+        batch: &RecordBatch,
+        row: usize,
+        text_cols: &[usize],
+        deleted: usize,
+    ) -> RowTerms {
+        if batch.column(deleted).as_boolean().value(row) {
+            return RowTerms {
+                tombstone: true,
+                fields: Vec::new(),
+            };
+        }
+        let fields = text_cols
+            .iter()
+            .zip(fields)
+            .zip(analyzers.iter_mut())
+            .map(|((col, field), analyzer)| {
+                let col = batch.column(*col).as_string::<i32>();
+                if col.is_null(row) {
+                    return (0, Vec::new());
+                }
+                let mut distinct: HashSet<String, foldhash::fast::RandomState> = HashSet::default();
+                let mut n = 0u64;
+                let mut stream = analyzer.token_stream(col.value(row));
+                while stream.advance() {
+                    let t = &stream.token().text;
+                    if !in_postings(t) {
+                        continue;
+                    }
+                    n += 1;
+                    if !distinct.contains(t.as_str()) {
+                        distinct.insert(t.clone());
+                    }
+                }
+                let terms = distinct
+                    .iter()
+                    .map(|t| Term::from_field_text(*field, t))
+                    .collect();
+                (n, terms)
+            })
+            .collect();
+        RowTerms {
+            tombstone: false,
+            fields,
+        }
+    }
+
+    /// Bytes it holds, about.
+    fn bytes(&self) -> usize {
+        64 + self
+            .fields
+            .iter()
+            .map(|(_, terms)| {
+                32 + terms
+                    .iter()
+                    .map(|t| 40 + t.serialized_value_bytes().len())
+                    .sum::<usize>()
+            })
+            .sum::<usize>()
+    }
+}
+
+/// The terms of rows read ahead of the searches that count them dead, oldest first, within a
+/// budget of bytes.
+#[derive(Debug, Default)]
+struct TermsAhead {
+    rows: HashMap<(SourceKey, usize), Arc<RowTerms>, foldhash::fast::RandomState>,
+    order: VecDeque<((SourceKey, usize), usize)>,
+    bytes: usize,
 }
 
 fn locate(text: &(Vec<RecordBatch>, Vec<usize>), r: usize) -> Option<(&RecordBatch, usize)> {
@@ -600,7 +857,8 @@ mod tests {
         {
             let dead = &mut *deads[usize::from(std::ptr::eq(index, &tailed))];
             let flags: Vec<bool> = (0..live.len()).map(|r| live.admits(r)).collect();
-            dead.update(&ts, &source(flags.len()), index, live).unwrap();
+            dead.update(&ts, &source(flags.len()), index, live, None)
+                .unwrap();
             let (past_df, past_tokens) = past_view(index, 1, flags.len(), &terms).unwrap();
             let expect: Vec<usize> = (0..7)
                 .filter(|r| *r != 4 && !flags.get(*r).copied().unwrap_or(false))
@@ -633,7 +891,7 @@ mod tests {
         let mut dead = DeadRowStats::default();
         let steps: [(&TextIndex, &[usize]); 3] = [(&short, &[1]), (&long, &[1, 6]), (&short, &[1])];
         for (index, expect) in steps {
-            dead.update(&ts, &source(7), index, &live).unwrap();
+            dead.update(&ts, &source(7), index, &live, None).unwrap();
             let (df, tokens) = reference(&ts, &batches, expect, &terms);
             let got: Vec<u64> = terms.iter().map(|t| dead.doc_freq(t)).collect();
             assert_eq!(got, df, "index of {} rows", index.rows());

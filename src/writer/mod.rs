@@ -76,6 +76,8 @@ pub(crate) struct Writer {
     pub publisher: Publisher,
     /// The compactor's state.
     pub compaction: Compaction,
+    /// Wakes the reading ahead of superseded rows (rows were appended).
+    pub read_ahead: Notify,
 }
 
 /// The committer's counters.
@@ -223,6 +225,7 @@ impl Writer {
                 next_generation_id: AtomicU64::new(next_generation_id),
             },
             compaction: Compaction::default(),
+            read_ahead: Notify::new(),
         }
     }
 
