@@ -654,3 +654,72 @@ async fn a_writer_reads_the_rows_appends_supersede_before_its_searches_need_them
     assert_eq!(hits, expected);
     assert_eq!(hits.len(), 10);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_reranks_the_vectors_it_just_flushed_without_a_request() {
+    let store = LatencyStore::new(
+        Arc::new(object_store::memory::InMemory::new()),
+        LatencyConfig::default(),
+    );
+    let s = IndexSchema::from_json(
+        r#"{"primary_key": "id", "vector": {"column": "v", "dim": 128, "metric": "cosine"}}"#,
+    )
+    .unwrap();
+    let index = Index::create(
+        Location::from_store(store.clone(), "idx"),
+        s.clone(),
+        Settings {
+            memtable_max_rows: 20_000,
+            ..Settings::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    };
+    for from in (0..5_000).step_by(1_000) {
+        let values: Vec<f32> = (0..1_000 * 128).map(|_| next()).collect();
+        let b = RecordBatch::try_new(
+            s.arrow_schema(),
+            vec![
+                Arc::new(StringArray::from_iter_values(
+                    (from..from + 1_000).map(|i| format!("k{i:06}")),
+                )),
+                Arc::new(
+                    arrow::array::FixedSizeListArray::try_new(
+                        Arc::new(arrow::datatypes::Field::new(
+                            "item",
+                            arrow::datatypes::DataType::Float32,
+                            true,
+                        )),
+                        128,
+                        Arc::new(arrow::array::Float32Array::from(values)),
+                        None,
+                    )
+                    .unwrap(),
+                ),
+            ],
+        )
+        .unwrap();
+        index.append(&b).await.unwrap();
+    }
+    index.flush().await.unwrap();
+    assert_eq!(index.stats().generations.len(), 1);
+    store.reset();
+    let query: Vec<f32> = (0..128).map(|i| ((i * 37) % 11) as f32 - 5.0).collect();
+    let hits = index
+        .search_vector(&query, &lsmsearch::VectorSearchOptions::with_k(10))
+        .await
+        .unwrap();
+    assert_eq!(keys(&hits).len(), 10);
+    // The flush left the vectors in the block cache's memory as it wrote them: the
+    // candidates are re-ranked without a request.
+    let c = store.counters();
+    assert_eq!(c.gets, 0, "{c:?}");
+    index.close().await.unwrap();
+}

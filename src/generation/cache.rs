@@ -235,8 +235,12 @@ impl GenerationCache {
     pub(crate) async fn insert_built(&self, object: Bytes) -> Result<Arc<Generation>> {
         let whole = Bundle::open(object.clone(), &"a generation just built")?;
         let meta = whole.stats().clone();
-        // Its postings and positions (version 4), which the first searches of it will read.
+        // Its postings and positions (version 4), which the first searches of it will read,
+        // and its vectors, which they re-rank from.
         let text: Vec<std::ops::Range<u64>> = Generation::cold_text(&whole)
+            .filter_map(|n| whole.cold_range(n).ok())
+            .collect();
+        let vectors: Vec<std::ops::Range<u64>> = Generation::cold_vectors(&whole)
             .filter_map(|n| whole.cold_range(n).ok())
             .collect();
         let p = self.inner.paths.generation(meta.id, meta.epoch);
@@ -248,14 +252,18 @@ impl GenerationCache {
                 self.inner.decode_whole(object.clone(), &p).await?
             }
         };
-        // Its postings go to the block cache's memory, as written: a search of rows just
-        // appended reads them without a request. Not when they would take more than a
-        // quarter of its budget (a large merge's).
+        // Its postings, then its vectors, go to the block cache's memory, as written: a
+        // search of rows just appended reads them without a request. Each not when it would
+        // take the two past a quarter of the budget (a large merge's).
         if let Some(cold) = g.cold_object() {
-            let bytes: u64 = text.iter().map(|r| r.end - r.start).sum();
-            if bytes <= cold.cache_budget() / 4 {
-                for r in text {
-                    cold.seed(&object, r);
+            let mut room = cold.cache_budget() / 4;
+            for ranges in [text, vectors] {
+                let bytes: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+                if bytes <= room {
+                    room -= bytes;
+                    for r in ranges {
+                        cold.seed(&object, r);
+                    }
                 }
             }
         }

@@ -1074,6 +1074,13 @@ impl Generation {
             .filter(|n| n.starts_with("text/") && bundle.is_cold(n))
     }
 
+    /// The cold section of a generation's vectors (version 3 and later), if any.
+    pub(crate) fn cold_vectors(bundle: &Bundle) -> impl Iterator<Item = &str> {
+        bundle
+            .section_names()
+            .filter(|n| *n == VECTORS_SECTION && bundle.is_cold(n))
+    }
+
     /// What a small generation read whole keeps of its cold part (the whole object at hand):
     /// its vectors, which exact scans read, and its postings and positions (version 4), copied
     /// so that the object is not held.
