@@ -16,13 +16,14 @@
 
 use super::live_rows::{lock, LiveRows};
 use super::source::{Source, SourceKey};
+use super::terms_ahead::TermsAhead;
 use crate::flags::RowFlags;
 use crate::generation::Generation;
 use crate::schema::DELETED_COLUMN;
 use crate::text::{in_postings, DocRows, TextIndex, TextSchema};
 use crate::Result;
 use arrow::array::{Array, AsArray, RecordBatch};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -331,7 +332,7 @@ impl DeadRowCache {
         let mut pending = stats.pending(live, rows.min(live.len()));
         drop(stats);
         let ahead = lock(&self.ahead);
-        pending.retain(|r| !ahead.rows.contains_key(&(key, *r)));
+        pending.retain(|r| !ahead.holds(key, *r));
         pending.truncate(READ_ROWS);
         pending
     }
@@ -369,13 +370,7 @@ impl DeadRowCache {
 
     /// The kept terms of rows `rows` of `key`, where kept.
     fn terms_ahead(&self, key: SourceKey, rows: &[usize]) -> Vec<Option<Arc<RowTerms>>> {
-        let ahead = lock(&self.ahead);
-        if ahead.rows.is_empty() {
-            return vec![None; rows.len()];
-        }
-        rows.iter()
-            .map(|r| ahead.rows.get(&(key, *r)).cloned())
-            .collect()
+        lock(&self.ahead).get(key, rows)
     }
 
     /// Keep the terms of rows of `key`, the oldest kept going past the budget.
@@ -383,34 +378,14 @@ impl DeadRowCache {
         if self.ahead_budget == 0 || rows.is_empty() {
             return;
         }
-        let mut ahead = lock(&self.ahead);
-        for (r, terms) in rows {
-            let bytes = terms.bytes();
-            if bytes > self.ahead_budget {
-                continue;
-            }
-            if let Some(old) = ahead.rows.insert((key, r), terms) {
-                // Replaced: its entry in the order stays, counted once.
-                ahead.bytes = ahead.bytes.saturating_sub(old.bytes());
-            } else {
-                ahead.order.push_back(((key, r), bytes));
-            }
-            ahead.bytes += bytes;
-        }
-        while ahead.bytes > self.ahead_budget {
-            let Some((k, _)) = ahead.order.pop_front() else {
-                break;
-            };
-            if let Some(old) = ahead.rows.remove(&k) {
-                ahead.bytes = ahead.bytes.saturating_sub(old.bytes());
-            }
-        }
+        let gone = lock(&self.ahead).keep(key, rows, self.ahead_budget);
+        // Freed outside the lock.
+        drop(gone);
     }
 
     /// Rows whose terms are kept, and their bytes.
     pub(crate) fn ahead_held(&self) -> (u64, u64) {
-        let ahead = lock(&self.ahead);
-        (ahead.rows.len() as u64, ahead.bytes as u64)
+        lock(&self.ahead).held()
     }
 
     /// What `source`'s text index holds of rows that were dead for the last query that asked.
@@ -438,12 +413,9 @@ impl DeadRowCache {
     /// Keep the statistics of memtables and generations `keep` names, and drop the rest.
     pub(crate) fn retain(&self, keep: impl Fn(&SourceKey) -> bool) {
         lock(&self.sources).retain(|k, _| keep(k));
-        let mut ahead = lock(&self.ahead);
-        if ahead.rows.keys().any(|(k, _)| !keep(k)) {
-            ahead.rows.retain(|(k, _), _| keep(k));
-            ahead.order.retain(|((k, _), _)| keep(k));
-            ahead.bytes = ahead.rows.values().map(|t| t.bytes()).sum();
-        }
+        let gone = lock(&self.ahead).retain(keep);
+        // Freed outside the lock.
+        drop(gone);
     }
 
     /// Count ahead what each generation of `gens` (oldest first, with `own`, their own flags
@@ -627,10 +599,24 @@ impl RowTerms {
         }
     }
 
-    /// Bytes it holds, about.
-    fn bytes(&self) -> usize {
-        64 + self
-            .fields
+    /// A row of one text field holding `terms` distinct terms (a test's).
+    #[cfg(test)]
+    pub(super) fn with_terms(terms: usize) -> RowTerms {
+        let field = Field::from_field_id(0);
+        RowTerms {
+            tombstone: false,
+            fields: vec![(
+                terms as u64,
+                (0..terms)
+                    .map(|i| Term::from_field_text(field, &format!("t{i}")))
+                    .collect(),
+            )],
+        }
+    }
+
+    /// Bytes its terms hold, about.
+    pub(super) fn bytes(&self) -> usize {
+        self.fields
             .iter()
             .map(|(_, terms)| {
                 32 + terms
@@ -640,15 +626,6 @@ impl RowTerms {
             })
             .sum::<usize>()
     }
-}
-
-/// The terms of rows read ahead of the searches that count them dead, oldest first, within a
-/// budget of bytes.
-#[derive(Debug, Default)]
-struct TermsAhead {
-    rows: HashMap<(SourceKey, usize), Arc<RowTerms>, foldhash::fast::RandomState>,
-    order: VecDeque<((SourceKey, usize), usize)>,
-    bytes: usize,
 }
 
 fn locate(text: &(Vec<RecordBatch>, Vec<usize>), r: usize) -> Option<(&RecordBatch, usize)> {

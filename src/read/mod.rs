@@ -12,6 +12,7 @@ mod filter;
 mod live_rows;
 pub(crate) mod pool;
 mod source;
+mod terms_ahead;
 
 pub(crate) use columns::ColumnCache;
 pub(crate) use dead_rows::{past_view, DeadRowCache};
