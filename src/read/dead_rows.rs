@@ -159,7 +159,7 @@ impl DeadRowStats {
                 self.state[r] = if change > 0 { COUNTED } else { NOT_COUNTED };
             }
             if let Some(a) = ahead {
-                a.keep_ahead(key, read);
+                a.keep_ahead(key, read, true);
             }
         }
         self.last = Some((live.clone(), covered));
@@ -319,8 +319,9 @@ impl DeadRowCache {
 
     /// The rows of generation `source` (whose text index holds `rows` rows) that the next
     /// update with view `live` will count as dead and whose terms are not kept: at most
-    /// [`READ_ROWS`], none when no search counted it yet or one is counting it now (this
-    /// never waits for a search).
+    /// [`READ_ROWS`] and what half the budget leaves room for beside the rows waiting, none
+    /// when no search counted it yet or one is counting it now (this never waits for a
+    /// search).
     pub(crate) fn pending(&self, source: &Source, rows: usize, live: &LiveRows) -> Vec<usize> {
         let key = SourceKey::of(source);
         let Some(stats) = lock(&self.sources).get(&key).cloned() else {
@@ -333,7 +334,9 @@ impl DeadRowCache {
         drop(stats);
         let ahead = lock(&self.ahead);
         pending.retain(|r| !ahead.holds(key, *r));
-        pending.truncate(READ_ROWS);
+        // Within what may wait: rows read ahead are not pushed out by the next ones.
+        let room = ahead.room_to_read(self.ahead_budget) / ahead.row_bytes().max(1);
+        pending.truncate(READ_ROWS.min(room));
         pending
     }
 
@@ -364,21 +367,22 @@ impl DeadRowCache {
                 (*r, Arc::new(t))
             })
             .collect();
-        self.keep_ahead(SourceKey::of(&Source::Generation(g.clone())), terms);
+        self.keep_ahead(SourceKey::of(&Source::Generation(g.clone())), terms, false);
         Ok(())
     }
 
     /// The kept terms of rows `rows` of `key`, where kept.
     fn terms_ahead(&self, key: SourceKey, rows: &[usize]) -> Vec<Option<Arc<RowTerms>>> {
+        // Kept ahead: used now.
         lock(&self.ahead).get(key, rows)
     }
 
     /// Keep the terms of rows of `key`, the oldest kept going past the budget.
-    fn keep_ahead(&self, key: SourceKey, rows: Vec<(usize, Arc<RowTerms>)>) {
+    fn keep_ahead(&self, key: SourceKey, rows: Vec<(usize, Arc<RowTerms>)>, used: bool) {
         if self.ahead_budget == 0 || rows.is_empty() {
             return;
         }
-        let gone = lock(&self.ahead).keep(key, rows, self.ahead_budget);
+        let gone = lock(&self.ahead).keep(key, rows, self.ahead_budget, used);
         // Freed outside the lock.
         drop(gone);
     }
