@@ -80,7 +80,9 @@ impl DeadRowStats {
     ) -> Result<()> {
         let covered = index.rows().min(live.len());
         let visit = self.visit(live, covered);
-        self.last = None;
+        // A first count (every dead row of the source) leaves nothing to keep: what an older
+        // view uncounts is what the updates after it counted.
+        let counted_before = self.last.take().is_some();
         let held: usize = self.text.0.iter().map(RecordBatch::num_rows).sum();
         if let Some(batches) = source.memtable_batches() {
             if source.rows() > held || self.text.0.is_empty() {
@@ -96,8 +98,9 @@ impl DeadRowStats {
         }
         let mut analyzers: Option<Vec<TextAnalyzer>> = None;
         let changes = self.changes(visit, end, covered, live);
-        // What is kept ahead is kept for a generation's rows (a memtable's text is at hand).
-        let ahead = ahead.filter(|_| matches!(source, Source::Generation(_)));
+        // What is kept ahead is kept for a generation's rows read by range (a memtable's, or
+        // a generation's held whole, are at hand).
+        let ahead = ahead.filter(|_| matches!(source, Source::Generation(g) if g.reads_by_range()));
         let key = SourceKey::of(source);
         // A generation's changed rows are read a bounded number at a time.
         for part in changes.chunks(READ_ROWS) {
@@ -158,7 +161,7 @@ impl DeadRowStats {
                 self.count(&terms, change);
                 self.state[r] = if change > 0 { COUNTED } else { NOT_COUNTED };
             }
-            if let Some(a) = ahead {
+            if let (Some(a), true) = (ahead, counted_before) {
                 a.keep_ahead(key, read, true);
             }
         }
