@@ -470,7 +470,10 @@ impl DeadRowCache {
                     if let Some(f) = lock(&self.computing).clone() {
                         f();
                     }
-                    fresh.update(ts, &source, ti, &LiveRows::new(own, Vec::new()), Some(self))?;
+                    // A compaction's count, at the background's priority, keeps the lock
+                    // of the kept terms free: a search may wait for it.
+                    let ahead = recount.then_some(self);
+                    fresh.update(ts, &source, ti, &LiveRows::new(own, Vec::new()), ahead)?;
                     lock(&self.sources)
                         .entry(key)
                         .or_insert_with(|| Arc::new(Mutex::new(fresh)));
