@@ -151,6 +151,14 @@ impl Reader {
         if !self.caches.dead.reads_ahead() {
             return Ok(());
         }
+        // Nothing to read without a generation read by range.
+        if !snapshot
+            .sources
+            .iter()
+            .any(|s| matches!(s, Source::Generation(g) if g.reads_by_range() && g.text().is_some()))
+        {
+            return Ok(());
+        }
         let caches = self.caches.clone();
         crate::priority::in_background_thread("lsmsearch-ahead", None, move || {
             let live = snapshot.live();

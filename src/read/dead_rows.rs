@@ -35,6 +35,9 @@ use tantivy::{DocSet, Term, TERMINATED};
 /// Rows of a generation whose text one read fetches, when its dead rows change.
 const READ_ROWS: usize = 4096;
 
+/// How long after a full-text search a writer reads superseded rows ahead.
+const READ_AHEAD_AFTER_SEARCH: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A row not counted as dead.
 const NOT_COUNTED: u8 = 0;
 /// A row counted as dead: its terms and tokens are in the totals.
@@ -292,6 +295,8 @@ pub(crate) struct DeadRowCache {
     ahead: Mutex<TermsAhead>,
     /// Budget of `ahead`, in bytes ([`crate::Settings::dead_row_terms_bytes`]).
     ahead_budget: usize,
+    /// When a full-text search last counted statistics.
+    last_search: Mutex<Option<std::time::Instant>>,
     /// Called where counts are computed ahead without the locks: what a test checks there.
     #[cfg(test)]
     pub(super) computing: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
@@ -315,9 +320,12 @@ impl DeadRowCache {
     }
 
     /// Whether rows are worth reading ahead: the budget holds some and a full-text search
-    /// has counted statistics.
+    /// counted statistics in the last [`READ_AHEAD_AFTER_SEARCH`] (a writer that searched
+    /// once and then only appends stops; its next search reads what it needs).
     pub(crate) fn reads_ahead(&self) -> bool {
-        self.ahead_budget > 0 && !lock(&self.sources).is_empty()
+        self.ahead_budget > 0
+            && lock(&self.last_search).is_some_and(|t| t.elapsed() < READ_AHEAD_AFTER_SEARCH)
+            && !lock(&self.sources).is_empty()
     }
 
     /// The rows of generation `source` (whose text index holds `rows` rows) that the next
@@ -395,8 +403,10 @@ impl DeadRowCache {
         lock(&self.ahead).held()
     }
 
-    /// What `source`'s text index holds of rows that were dead for the last query that asked.
+    /// What `source`'s text index holds of rows that were dead for the last query that asked
+    /// (a full-text search's: it keeps the reading ahead on).
     pub(crate) fn for_source(&self, source: &Source) -> Arc<Mutex<DeadRowStats>> {
+        *lock(&self.last_search) = Some(std::time::Instant::now());
         lock(&self.sources)
             .entry(SourceKey::of(source))
             .or_default()
