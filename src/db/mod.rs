@@ -178,7 +178,7 @@ async fn read_ahead(inner: Arc<Writer>) {
         if !inner.reader.caches.dead.reads_ahead() {
             continue;
         }
-        let read = match writer_snapshot(&inner).await {
+        let read = match writer_snapshot(&inner, false).await {
             Ok(snapshot) => inner.reader.read_dead_rows_ahead(snapshot).await,
             Err(e) => Err(e),
         };
@@ -189,8 +189,9 @@ async fn read_ahead(inner: Arc<Writer>) {
 }
 
 /// What a read started now sees: the active memtable, the frozen ones (newest first) and the
-/// generations of the writer's manifest.
-async fn writer_snapshot(inner: &Writer) -> Result<Snapshot> {
+/// generations of the writer's manifest; a search's (`retain`) drops what the caches keep for
+/// sources it does not hold.
+async fn writer_snapshot(inner: &Writer, retain: bool) -> Result<Snapshot> {
     let (memtables, metas) = {
         let st = inner.read_state();
         let mut v = vec![Source::memtable(
@@ -206,7 +207,10 @@ async fn writer_snapshot(inner: &Writer) -> Result<Snapshot> {
         }
         (v, st.manifest.generations.clone())
     };
-    inner.reader.snapshot(memtables, &metas).await
+    match retain {
+        true => inner.reader.snapshot(memtables, &metas).await,
+        false => inner.reader.snapshot_keeping(memtables, &metas).await,
+    }
 }
 
 impl Index {
@@ -526,7 +530,7 @@ impl Index {
         if self.inner.closed.load(Ordering::SeqCst) {
             return Err(Error::closed());
         }
-        writer_snapshot(&self.inner).await
+        writer_snapshot(&self.inner, true).await
     }
 
     /// Generations, memtable and WAL figures.

@@ -105,11 +105,34 @@ impl Reader {
         memtables: Vec<Source>,
         metas: &[GenerationMeta],
     ) -> Result<Snapshot> {
+        Ok(Snapshot::new(
+            self.sources(memtables, metas).await?,
+            self.caches.clone(),
+            self.pool.clone(),
+        ))
+    }
+
+    /// `memtables` and the generations `metas` lists, newest first.
+    async fn sources(
+        &self,
+        memtables: Vec<Source>,
+        metas: &[GenerationMeta],
+    ) -> Result<Vec<Source>> {
         let generations = self.generations.get_all(metas).await?;
         let mut sources = memtables;
         sources.extend(generations.into_iter().rev().map(Source::Generation));
-        Ok(Snapshot::new(
-            sources,
+        Ok(sources)
+    }
+
+    /// [`Reader::snapshot`] without dropping what the caches keep for other sources (see
+    /// [`Snapshot::keeping`]).
+    pub(crate) async fn snapshot_keeping(
+        &self,
+        memtables: Vec<Source>,
+        metas: &[GenerationMeta],
+    ) -> Result<Snapshot> {
+        Ok(Snapshot::keeping(
+            self.sources(memtables, metas).await?,
             self.caches.clone(),
             self.pool.clone(),
         ))

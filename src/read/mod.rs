@@ -142,17 +142,28 @@ impl Snapshot {
         pool: Arc<QueryPool>,
     ) -> Snapshot {
         caches.retain(&sources);
-        Snapshot {
-            sources,
-            caches,
-            pool,
-        }
+        Snapshot::keeping(sources, caches, pool)
     }
 
     /// The live rows of each source (generations' computed concurrently on the query pool).
     pub(crate) fn live(&self) -> Vec<LiveRows> {
         self.pool
             .install(|| live_rows::live_rows(&self.sources, &self.caches.live))
+    }
+
+    /// Sources read with the caches, leaving what the caches keep for other sources: a read
+    /// that is not a search's (reading ahead), whose older view must not drop what a newer
+    /// one's searches keep.
+    pub(crate) fn keeping(
+        sources: Vec<Source>,
+        caches: Arc<ReadCaches>,
+        pool: Arc<QueryPool>,
+    ) -> Snapshot {
+        Snapshot {
+            sources,
+            caches,
+            pool,
+        }
     }
 
     /// A cursor over every live row that passes `filter`, projected to `user_schema`, in
