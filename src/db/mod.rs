@@ -179,7 +179,11 @@ async fn read_ahead(inner: Arc<Writer>) {
             continue;
         }
         let read = match writer_snapshot(&inner, false).await {
-            Ok(snapshot) => inner.reader.read_dead_rows_ahead(snapshot).await,
+            Ok(snapshot) => {
+                let w = inner.clone();
+                let stopped = move || w.closed.load(Ordering::SeqCst);
+                inner.reader.read_dead_rows_ahead(snapshot, stopped).await
+            }
             Err(e) => Err(e),
         };
         if let Err(e) = read {

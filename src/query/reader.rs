@@ -166,8 +166,13 @@ impl Reader {
     /// and no full-text search counted yet, and keep their terms for the searches that will
     /// (see [`crate::Settings::dead_row_terms_bytes`]): a search after an append then reads
     /// nothing of them. Its live rows are computed as a search's, and kept for the next.
-    /// Nothing without full-text search, or before one counted statistics.
-    pub(crate) async fn read_dead_rows_ahead(&self, snapshot: Snapshot) -> Result<()> {
+    /// Nothing without full-text search, or before one counted statistics; nothing is read
+    /// once `stopped` says so (the handle closed while the live rows were computed).
+    pub(crate) async fn read_dead_rows_ahead(
+        &self,
+        snapshot: Snapshot,
+        stopped: impl Fn() -> bool + Send + 'static,
+    ) -> Result<()> {
         let Some(ts) = self.text_schema.clone() else {
             return Ok(());
         };
@@ -197,6 +202,9 @@ impl Reader {
                     _ => None,
                 })
                 .collect();
+            if wanted.is_empty() || stopped() {
+                return Ok(());
+            }
             let reads = futures::future::try_join_all(wanted.iter().map(|(g, rows)| {
                 let (caches, ts) = (&caches, &ts);
                 async move {
