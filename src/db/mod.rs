@@ -170,6 +170,8 @@ pub struct Index {
 /// [`crate::Settings::dead_row_terms_bytes`]); best effort. Appends that arrive meanwhile
 /// wake it once more.
 async fn read_ahead(inner: Arc<Writer>) {
+    // A failure is a warning once, until a round succeeds again.
+    let mut failing = false;
     loop {
         inner.read_ahead.notified().await;
         if inner.closed.load(Ordering::SeqCst) {
@@ -186,8 +188,15 @@ async fn read_ahead(inner: Arc<Writer>) {
             }
             Err(e) => Err(e),
         };
-        if let Err(e) = read {
-            tracing::debug!("reading superseded rows ahead failed: {e}");
+        match read {
+            Err(e) if !failing => {
+                failing = true;
+                tracing::warn!(
+                    "reading superseded rows ahead failed (searches will read them): {e}"
+                );
+            }
+            Err(e) => tracing::debug!("reading superseded rows ahead failed again: {e}"),
+            Ok(()) => failing = false,
         }
     }
 }
