@@ -658,8 +658,9 @@ async fn a_writer_reads_the_rows_appends_supersede_before_its_searches_need_them
     assert_eq!(hits.len(), 10);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_writer_reranks_the_vectors_it_just_flushed_without_a_request() {
+/// The GETs of a vector search right after a writer with `cache_bytes` flushed 5,000 rows
+/// of 128-d vectors (2.5 MB).
+async fn gets_of_a_search_after_a_flush(cache_bytes: u64) -> u64 {
     let store = LatencyStore::new(
         Arc::new(object_store::memory::InMemory::new()),
         LatencyConfig::default(),
@@ -673,6 +674,7 @@ async fn a_writer_reranks_the_vectors_it_just_flushed_without_a_request() {
         s.clone(),
         Settings {
             memtable_max_rows: 20_000,
+            cache_bytes,
             ..Settings::default()
         },
     )
@@ -720,9 +722,19 @@ async fn a_writer_reranks_the_vectors_it_just_flushed_without_a_request() {
         .await
         .unwrap();
     assert_eq!(keys(&hits).len(), 10);
+    let gets = store.counters().gets;
+    index.close().await.unwrap();
+    gets
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_reranks_the_vectors_it_just_flushed_without_a_request() {
     // The flush left the vectors in the block cache's memory as it wrote them: the
     // candidates are re-ranked without a request.
-    let c = store.counters();
-    assert_eq!(c.gets, 0, "{c:?}");
-    index.close().await.unwrap();
+    assert_eq!(
+        gets_of_a_search_after_a_flush(Settings::default().cache_bytes).await,
+        0
+    );
+    // Not when they would take more than a quarter of the blocks' budget (1 MiB of 4).
+    assert!(gets_of_a_search_after_a_flush(8 << 20).await > 0);
 }

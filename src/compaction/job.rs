@@ -106,7 +106,7 @@ pub(crate) async fn compact_once(
             let bytes = bytes::Bytes::from(bytes);
             upload(w, id, bytes.clone()).await?;
             // Opened from its hot part, as a reader opens it, and cached.
-            Some(w.reader.generations.insert_built(bytes).await?)
+            Some(w.reader.generations.insert_built(bytes, false).await?)
         }
         None => None,
     };

@@ -246,7 +246,7 @@ async fn flush_one(
     // Cached first (opened from its hot part, as a reader would), so the first query that
     // sees the generation finds it; and the live rows of the list it will publish (unless a
     // compaction publishes first) computed before taking the publish lock.
-    let generation = inner.reader.generations.insert_built(object).await?;
+    let generation = inner.reader.generations.insert_built(object, true).await?;
     let mut expected = inner.read_state().manifest.generations.clone();
     expected.push(generation.meta().clone());
     inner.reader.compute_ahead(&expected, None).await;

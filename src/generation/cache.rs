@@ -231,8 +231,12 @@ impl GenerationCache {
 
     /// Put a generation this handle built and wrote (`object`, its bytes, checked again
     /// here) in the cache (unless it is retired), opened as a reader opens it (from its hot
-    /// part, nothing fetched), and return it.
-    pub(crate) async fn insert_built(&self, object: Bytes) -> Result<Arc<Generation>> {
+    /// part, nothing fetched), and return it. A flush's (`flushed`) seeds its vectors too.
+    pub(crate) async fn insert_built(
+        &self,
+        object: Bytes,
+        flushed: bool,
+    ) -> Result<Arc<Generation>> {
         let whole = Bundle::open(object.clone(), &"a generation just built")?;
         let meta = whole.stats().clone();
         // Its postings and positions (version 4), which the first searches of it will read,
@@ -252,16 +256,22 @@ impl GenerationCache {
                 self.inner.decode_whole(object.clone(), &p).await?
             }
         };
-        // Its postings, then its vectors, go to the block cache's memory, as written: a
-        // search of rows just appended reads them without a request. Each not when it would
-        // take the two past a quarter of the budget (a large merge's).
+        // Its postings go to the block cache's memory, as written: a search of rows just
+        // appended reads them without a request. Not when they would take more than a
+        // quarter of its budget (a large merge's). A flush's vectors follow, within the same
+        // quarter (a merge's would push out what searches use, for rows already searched).
         if let Some(cold) = g.cold_object() {
-            let mut room = cold.cache_budget() / 4;
-            for ranges in [text, vectors] {
-                let bytes: u64 = ranges.iter().map(|r| r.end - r.start).sum();
-                if bytes <= room {
-                    room -= bytes;
-                    for r in ranges {
+            let quarter = cold.cache_budget() / 4;
+            let bytes = |ranges: &[std::ops::Range<u64>]| -> u64 {
+                ranges.iter().map(|r| r.end - r.start).sum()
+            };
+            let (text_bytes, vector_bytes) = (bytes(&text), bytes(&vectors));
+            if text_bytes <= quarter {
+                for r in text {
+                    cold.seed(&object, r);
+                }
+                if flushed && text_bytes + vector_bytes <= quarter {
+                    for r in vectors {
                         cold.seed(&object, r);
                     }
                 }
