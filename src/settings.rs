@@ -107,13 +107,15 @@ pub struct Settings {
     /// from 8 MiB) is not kept; 0 keeps nothing. Part of [`Settings::cache_bytes`] (at most a
     /// quarter of it). Default 64 MiB.
     pub postings_cache_bytes: u64,
-    /// Budget, in bytes, of the terms of superseded rows a writer reads ahead of its
-    /// full-text searches. BM25 over the live rows takes away what superseded versions held,
-    /// which the first search after an append would read from the generations' cold parts;
-    /// a writer that has run a full-text search reads the rows each append supersedes in the
-    /// background instead and keeps their terms (about 40 bytes per distinct term of a row)
-    /// for the searches that count them. Beyond it, the oldest leave; 0 reads nothing ahead.
-    /// Default 16 MiB.
+    /// Budget, in bytes, of the terms of superseded rows a handle keeps for its full-text
+    /// searches, beside [`Settings::cache_bytes`]. BM25 over the live rows takes away what
+    /// superseded versions held, which the first search after an append would read from the
+    /// generations' cold parts; a writer that ran a full-text search in the last 10 seconds
+    /// reads the rows each append supersedes in the background instead and keeps their terms
+    /// (about 40 bytes per distinct term of a row, 160 per row) for the searches that count
+    /// them, at most half the budget waiting. Any handle also keeps the rows its searches
+    /// read after their first count (a search with an older view uncounts them). Rows used
+    /// leave first, oldest first; 0 keeps nothing and reads nothing ahead. Default 16 MiB.
     pub dead_row_terms_bytes: u64,
     /// Merge generations in the writer's background (see `docs/architecture.md`,
     /// "Compaction"). Off, generations accumulate until [`crate::Index::compact`] is called.
