@@ -308,6 +308,14 @@ impl BlockCache {
     ) -> Result<Bytes> {
         self.counters.blocks.fetch_add(1, Ordering::Relaxed);
         let key = block_key(object, b);
+        // A block in memory and checked (a warm read): taken at once, without preparing a
+        // fetch.
+        if let Some(entry) = self.cache.memory().get(&key) {
+            let block = entry.value();
+            if block.checked.load(Ordering::Acquire) {
+                return Ok(block.bytes.clone());
+            }
+        }
         let mut refused = None;
         for _ in 0..2 {
             let entry = self.get_or_fetch(key, store, path, len, b, verify).await?;
