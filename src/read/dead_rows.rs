@@ -16,18 +16,17 @@
 
 use super::live_rows::{lock, LiveRows};
 use super::source::{Source, SourceKey};
-use super::terms_ahead::TermsAhead;
+use super::terms_ahead::{RowTerms, TermsAhead};
 use crate::flags::RowFlags;
 use crate::generation::Generation;
 use crate::schema::DELETED_COLUMN;
-use crate::text::{in_postings, DocRows, TextIndex, TextSchema};
+use crate::text::{DocRows, TextIndex, TextSchema};
 use crate::Result;
-use arrow::array::{Array, AsArray, RecordBatch};
-use std::collections::{HashMap, HashSet};
+use arrow::array::RecordBatch;
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::Mutex;
-use tantivy::schema::Field;
 use tantivy::schema::IndexRecordOption;
 use tantivy::tokenizer::TextAnalyzer;
 use tantivy::{DocSet, Term, TERMINATED};
@@ -556,96 +555,6 @@ fn analyzers_of(ts: &TextSchema, index: &TextIndex) -> Result<Vec<TextAnalyzer>>
         .iter()
         .map(|f| index.searcher().index().tokenizer_for_field(*f))
         .collect::<tantivy::Result<_>>()?)
-}
-
-/// What one row holds as the BM25 statistics count it: whether it is a tombstone (never a
-/// document of a text index), and per text field its tokens and its distinct terms.
-#[derive(Debug)]
-pub(crate) struct RowTerms {
-    tombstone: bool,
-    fields: Vec<(u64, Vec<Term>)>,
-}
-
-impl RowTerms {
-    /// Row `row` of `batch` (text columns `text_cols`, in the order of the text schema's
-    /// `fields`, and `_deleted` at `deleted`), tokenized by `analyzers` as its index
-    /// tokenized it.
-    fn of(
-        analyzers: &mut [TextAnalyzer],
-        fields: &[Field],
-        batch: &RecordBatch,
-        row: usize,
-        text_cols: &[usize],
-        deleted: usize,
-    ) -> RowTerms {
-        if batch.column(deleted).as_boolean().value(row) {
-            return RowTerms {
-                tombstone: true,
-                fields: Vec::new(),
-            };
-        }
-        let fields = text_cols
-            .iter()
-            .zip(fields)
-            .zip(analyzers.iter_mut())
-            .map(|((col, field), analyzer)| {
-                let col = batch.column(*col).as_string::<i32>();
-                if col.is_null(row) {
-                    return (0, Vec::new());
-                }
-                let mut distinct: HashSet<String, foldhash::fast::RandomState> = HashSet::default();
-                let mut n = 0u64;
-                let mut stream = analyzer.token_stream(col.value(row));
-                while stream.advance() {
-                    let t = &stream.token().text;
-                    if !in_postings(t) {
-                        continue;
-                    }
-                    n += 1;
-                    if !distinct.contains(t.as_str()) {
-                        distinct.insert(t.clone());
-                    }
-                }
-                let terms = distinct
-                    .iter()
-                    .map(|t| Term::from_field_text(*field, t))
-                    .collect();
-                (n, terms)
-            })
-            .collect();
-        RowTerms {
-            tombstone: false,
-            fields,
-        }
-    }
-
-    /// A row of one text field holding `terms` distinct terms (a test's).
-    #[cfg(test)]
-    pub(super) fn with_terms(terms: usize) -> RowTerms {
-        let field = Field::from_field_id(0);
-        RowTerms {
-            tombstone: false,
-            fields: vec![(
-                terms as u64,
-                (0..terms)
-                    .map(|i| Term::from_field_text(field, &format!("t{i}")))
-                    .collect(),
-            )],
-        }
-    }
-
-    /// Bytes its terms hold, about.
-    pub(super) fn bytes(&self) -> usize {
-        self.fields
-            .iter()
-            .map(|(_, terms)| {
-                32 + terms
-                    .iter()
-                    .map(|t| 40 + t.serialized_value_bytes().len())
-                    .sum::<usize>()
-            })
-            .sum::<usize>()
-    }
 }
 
 fn locate(text: &(Vec<RecordBatch>, Vec<usize>), r: usize) -> Option<(&RecordBatch, usize)> {

@@ -9,10 +9,104 @@
 //! [`TermsAhead::room_to_read`]): rows read ahead are not pushed out by the next ones read
 //! and read again, however many appends supersede before a search counts them.
 
-use super::dead_rows::RowTerms;
 use super::source::SourceKey;
-use std::collections::{HashMap, VecDeque};
+use crate::text::in_postings;
+use arrow::array::{Array, AsArray, RecordBatch};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
+use tantivy::schema::Field;
+use tantivy::tokenizer::TextAnalyzer;
+use tantivy::Term;
+
+/// What one row holds as the BM25 statistics count it: whether it is a tombstone (never a
+/// document of a text index), and per text field its tokens and its distinct terms.
+#[derive(Debug)]
+pub(crate) struct RowTerms {
+    pub(super) tombstone: bool,
+    pub(super) fields: Vec<(u64, Vec<Term>)>,
+}
+
+impl RowTerms {
+    /// Row `row` of `batch` (text columns `text_cols`, in the order of the text schema's
+    /// `fields`, and `_deleted` at `deleted`), tokenized by `analyzers` as its index
+    /// tokenized it.
+    pub(super) fn of(
+        analyzers: &mut [TextAnalyzer],
+        fields: &[Field],
+        batch: &RecordBatch,
+        row: usize,
+        text_cols: &[usize],
+        deleted: usize,
+    ) -> RowTerms {
+        if batch.column(deleted).as_boolean().value(row) {
+            return RowTerms {
+                tombstone: true,
+                fields: Vec::new(),
+            };
+        }
+        let fields = text_cols
+            .iter()
+            .zip(fields)
+            .zip(analyzers.iter_mut())
+            .map(|((col, field), analyzer)| {
+                let col = batch.column(*col).as_string::<i32>();
+                if col.is_null(row) {
+                    return (0, Vec::new());
+                }
+                let mut distinct: HashSet<String, foldhash::fast::RandomState> = HashSet::default();
+                let mut n = 0u64;
+                let mut stream = analyzer.token_stream(col.value(row));
+                while stream.advance() {
+                    let t = &stream.token().text;
+                    if !in_postings(t) {
+                        continue;
+                    }
+                    n += 1;
+                    if !distinct.contains(t.as_str()) {
+                        distinct.insert(t.clone());
+                    }
+                }
+                let terms = distinct
+                    .iter()
+                    .map(|t| Term::from_field_text(*field, t))
+                    .collect();
+                (n, terms)
+            })
+            .collect();
+        RowTerms {
+            tombstone: false,
+            fields,
+        }
+    }
+
+    /// A row of one text field holding `terms` distinct terms (a test's).
+    #[cfg(test)]
+    pub(super) fn with_terms(terms: usize) -> RowTerms {
+        let field = Field::from_field_id(0);
+        RowTerms {
+            tombstone: false,
+            fields: vec![(
+                terms as u64,
+                (0..terms)
+                    .map(|i| Term::from_field_text(field, &format!("t{i}")))
+                    .collect(),
+            )],
+        }
+    }
+
+    /// Bytes its terms hold, about.
+    pub(super) fn bytes(&self) -> usize {
+        self.fields
+            .iter()
+            .map(|(_, terms)| {
+                32 + terms
+                    .iter()
+                    .map(|t| 40 + t.serialized_value_bytes().len())
+                    .sum::<usize>()
+            })
+            .sum::<usize>()
+    }
+}
 
 /// Bytes an entry costs beside its terms: its slot in its source's map, its place in the
 /// order, the `Arc` and the row's struct.
