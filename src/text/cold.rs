@@ -58,6 +58,21 @@ pub(crate) struct PostingsCache {
     /// The largest entry kept (a quarter of a shard: foyer would let a heavier one in and
     /// empty its shard for it).
     max_entry: usize,
+    /// Entries that left (evicted, replaced or removed) since the cache was made: while it
+    /// stays the same, every entry found kept is still kept.
+    left: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// Counts the entries leaving a [`PostingsCache`].
+struct Leaving(Arc<std::sync::atomic::AtomicU64>);
+
+impl foyer::EventListener for Leaving {
+    type Key = (u64, u64, u64);
+    type Value = OwnedBytes;
+
+    fn on_leave(&self, _reason: foyer::Event, _key: &Self::Key, _value: &Self::Value) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Release);
+    }
 }
 
 impl std::fmt::Debug for PostingsCache {
@@ -75,6 +90,7 @@ impl PostingsCache {
         let capacity = usize::try_from(bytes).unwrap_or(usize::MAX);
         // Shards split the budget evenly: each holds at least 1 MiB.
         let shards = (bytes >> 20).clamp(1, 8) as usize;
+        let left = Arc::new(std::sync::atomic::AtomicU64::new(0));
         PostingsCache {
             cache: (bytes > 0).then(|| {
                 // FIFO eviction: a lookup changes no eviction state (no lock to take).
@@ -82,9 +98,11 @@ impl PostingsCache {
                     .with_shards(shards)
                     .with_eviction_config(foyer::FifoConfig::default())
                     .with_weighter(|_: &(u64, u64, u64), v: &OwnedBytes| v.len() + ENTRY_OVERHEAD)
+                    .with_event_listener(Arc::new(Leaving(left.clone())))
                     .build()
             }),
             max_entry: capacity / shards / 4,
+            left,
         }
     }
 
@@ -95,6 +113,11 @@ impl PostingsCache {
 
     fn get(&self, key: &(u64, u64, u64)) -> Option<OwnedBytes> {
         self.cache.as_ref()?.get(key).map(|e| e.value().clone())
+    }
+
+    /// How many entries left so far (see [`PostingsCache::left`]'s field).
+    fn left(&self) -> u64 {
+        self.left.load(std::sync::atomic::Ordering::Acquire)
     }
 
     fn contains(&self, key: &(u64, u64, u64)) -> bool {
@@ -476,8 +499,17 @@ pub(crate) struct ColdText {
     segments: Vec<HashMap<Field, FieldAt>>,
     /// The ranges of recently queried terms (a generation never changes, so neither do
     /// they), so that a warm query does not look its terms up twice; it starts over when full.
-    memo: Mutex<HashMap<(Term, bool), TermRanges, xxhash_rust::xxh3::Xxh3Builder>>,
+    /// With each, the count of entries that had left the postings cache when all its ranges
+    /// were last found kept (while no entry leaves, they still are).
+    memo: Mutex<HashMap<(Term, bool), RangesKept, TermHasher>>,
 }
+
+/// The hasher of [`ColdText`]'s memo.
+type TermHasher = xxhash_rust::xxh3::Xxh3Builder;
+
+/// A term's ranges, and the count of entries that had left the postings cache when they were
+/// last all found kept, if they were.
+type RangesKept = (TermRanges, Option<u64>);
 
 /// The ranges of cold files a search of one term reads.
 type TermRanges = Arc<[(Arc<ColdFile>, Range<u64>)]>;
@@ -588,7 +620,16 @@ impl ColdText {
     ) -> Result<Vec<ColdPiece>> {
         let mut out = Vec::new();
         for t in terms {
-            for (file, range) in self.ranges_of(searcher, t)?.iter() {
+            let (ranges, kept_at) = self.ranges_of(searcher, t)?;
+            // Counted before looking: an entry leaving meanwhile makes the next query look.
+            let Some(left) = ranges.first().map(|(f, _)| f.read.postings().left()) else {
+                continue;
+            };
+            if kept_at == Some(left) {
+                continue;
+            }
+            let before = out.len();
+            for (file, range) in ranges.iter() {
                 if !file.is_kept(range) {
                     out.push(ColdPiece {
                         file: file.clone(),
@@ -596,12 +637,24 @@ impl ColdText {
                     });
                 }
             }
+            if out.len() == before {
+                if let Some(m) = self
+                    .memo
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_mut(t)
+                {
+                    m.1 = Some(left);
+                }
+            }
         }
         Ok(out)
     }
 
     /// The ranges of cold files a search of `term` reads (its positions too with the flag).
-    fn ranges_of(&self, searcher: &tantivy::Searcher, term: &(Term, bool)) -> Result<TermRanges> {
+    /// With the count of entries that had left the postings cache when they were last all
+    /// found kept, if they were.
+    fn ranges_of(&self, searcher: &tantivy::Searcher, term: &(Term, bool)) -> Result<RangesKept> {
         if let Some(r) = self
             .memo
             .lock()
@@ -638,14 +691,31 @@ impl ColdText {
         if memo.len() >= RANGES_MEMO {
             memo.clear();
         }
-        memo.insert(term.clone(), out.clone());
-        Ok(out)
+        memo.insert(term.clone(), (out.clone(), None));
+        Ok((out, None))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_postings_cache_counts_the_entries_that_leave_it() {
+        // 1 MiB: one shard, entries of at most 256 KiB.
+        let cache = PostingsCache::new(1 << 20);
+        let entry = || OwnedBytes::new(vec![0u8; 250 << 10]);
+        for i in 0..4 {
+            cache.insert((1, i, i + 1), entry());
+        }
+        assert_eq!(cache.left(), 0, "four entries fit");
+        assert!((0..4).all(|i| cache.contains(&(1, i, i + 1))));
+        // A fifth pushes one out: what was found kept may no longer be.
+        cache.insert((1, 4, 5), entry());
+        assert!(cache.left() >= 1);
+        let kept = (0..5).filter(|i| cache.contains(&(1, *i, i + 1))).count() as u64;
+        assert_eq!(kept + cache.left(), 5);
+    }
 
     #[test]
     fn pieces_round_trip_and_malformed_ones_are_refused() {
