@@ -738,3 +738,42 @@ async fn a_writer_reranks_the_vectors_it_just_flushed_without_a_request() {
     // Not when they would take more than a quarter of the blocks' budget (1 MiB of 4).
     assert!(gets_of_a_search_after_a_flush(8 << 20).await > 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postings_pushed_out_of_the_caches_are_fetched_again_in_one_round() {
+    let inner = one_generation(20_000).await;
+    let store = LatencyStore::new(inner, LatencyConfig::default());
+    // Small caches: a few queries push each other's postings (and their blocks) out.
+    let settings = Settings {
+        cache_bytes: 80 << 10,
+        ..Settings::default()
+    };
+    let ro = Index::open_read_only(Location::from_store(store.clone(), "idx"), settings)
+        .await
+        .unwrap();
+    let opts = SearchOptions::with_k(1);
+    // Terms whose postings lie in three different blocks of the postings file.
+    let query = "drag mach wing";
+    let rounds = |label: &'static str| {
+        let c = store.counters();
+        println!("{label}: {c:?}");
+        store.reset();
+        c
+    };
+    ro.search_fts(query, &opts).await.unwrap();
+    rounds("cold");
+    ro.search_fts(query, &opts).await.unwrap();
+    let warm = rounds("warm");
+    for other in ["flow layer heat", "jet lift nozzle", "plate wave shock"] {
+        ro.search_fts(other, &opts).await.unwrap();
+    }
+    rounds("others");
+    ro.search_fts(query, &opts).await.unwrap();
+    let again = rounds("again");
+    // Warm, nothing was read: the postings were found kept (and remembered as kept).
+    assert_eq!(warm.gets, 0, "{warm:?}");
+    // Pushed out since, they are read again: all three in one round, then the page of the
+    // row returned; not one term at a time as the search asks (four round trips).
+    assert!(again.gets >= 3, "the postings left the caches: {again:?}");
+    assert!(again.round_trips <= 2, "{again:?}");
+}
