@@ -55,6 +55,29 @@ impl Key {
         }
     }
 
+    /// [`Key::hash64`] of the key at `row` of a key column (Utf8, Int64 or UInt64), without
+    /// making the key (no allocation for a string). `None` if it is null.
+    pub fn hash_at(array: &dyn Array, row: usize) -> Option<u64> {
+        if array.is_null(row) {
+            return None;
+        }
+        match array.data_type() {
+            DataType::Utf8 => Some(xxh3_64_with_seed(
+                array.as_string::<i32>().value(row).as_bytes(),
+                PK_HASH_SEED,
+            )),
+            DataType::Int64 => Some(xxh3_64_with_seed(
+                &array.as_primitive::<Int64Type>().value(row).to_le_bytes(),
+                PK_HASH_SEED,
+            )),
+            DataType::UInt64 => Some(xxh3_64_with_seed(
+                &array.as_primitive::<UInt64Type>().value(row).to_le_bytes(),
+                PK_HASH_SEED,
+            )),
+            _ => None,
+        }
+    }
+
     /// Read the key at `row` of a key column (Utf8, Int64 or UInt64). `None` if it is null.
     pub fn from_array(array: &dyn Array, row: usize) -> Option<Key> {
         if array.is_null(row) {
@@ -172,5 +195,28 @@ mod tests {
         assert_eq!(Key::from_array(&arr, 1), Some(Key::I64(-1)));
         assert!(Key::to_array(&keys, KeyType::Utf8).is_err());
         assert!(Key::parse("x", KeyType::Uint64).is_err());
+    }
+
+    #[test]
+    fn a_key_hashed_in_its_column_hashes_as_the_key() {
+        use arrow::array::{Int64Array, StringArray, UInt64Array};
+        let strs = StringArray::from(vec![Some("k1"), None, Some("")]);
+        let ints = Int64Array::from(vec![Some(-5), None]);
+        let uints = UInt64Array::from(vec![Some(u64::MAX)]);
+        for (array, rows) in [
+            (&strs as &dyn Array, 3),
+            (&ints as &dyn Array, 2),
+            (&uints as &dyn Array, 1),
+        ] {
+            for r in 0..rows {
+                assert_eq!(
+                    Key::hash_at(array, r),
+                    Key::from_array(array, r).map(|k| k.hash64()),
+                    "row {r} of a {:?} column",
+                    array.data_type()
+                );
+            }
+        }
+        assert_eq!(Key::hash_at(&strs, 1), None);
     }
 }

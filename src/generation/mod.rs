@@ -157,11 +157,7 @@ impl std::hash::Hasher for HashIsKey {
 /// The key hash of every row; an error if a key is null.
 fn row_hashes(rows: &RecordBatch) -> std::result::Result<Vec<u64>, &'static str> {
     (0..rows.num_rows())
-        .map(|r| {
-            Key::from_array(rows.column(0).as_ref(), r)
-                .map(|k| k.hash64())
-                .ok_or("a row has no key")
-        })
+        .map(|r| Key::hash_at(rows.column(0).as_ref(), r).ok_or("a row has no key"))
         .collect()
 }
 
@@ -1105,7 +1101,7 @@ impl Generation {
     /// The key hash of row `row`, computed from its key (generations do not hold them in row
     /// order).
     pub(crate) fn row_hash(&self, row: usize) -> u64 {
-        self.key_at(row).map_or(0, |k| k.hash64())
+        Key::hash_at(self.resident.column(0).as_ref(), row).unwrap_or(0)
     }
 
     /// The vector graph, when the schema has a vector column.
