@@ -128,11 +128,7 @@ impl DeadRowStats {
                             None => analyzers.insert(analyzers_of(ts, index)?),
                         };
                         let terms = Arc::new(match &fetched {
-                            Some(b) => {
-                                let n = ts.columns().len();
-                                let text_cols: Vec<usize> = (0..n).collect();
-                                RowTerms::of(analyzers, ts.fields(), b, read.len(), &text_cols, n)
-                            }
+                            Some(b) => read_row_terms(analyzers, ts, b, read.len()),
                             None => {
                                 let Some((batch, row)) = locate(&self.text, r) else {
                                     return Err(crate::Error::internal(format!(
@@ -145,7 +141,7 @@ impl DeadRowStats {
                                     ts.fields(),
                                     batch,
                                     row,
-                                    ts.columns(),
+                                    ts.columns().iter().copied(),
                                     deleted,
                                 )
                             }
@@ -362,20 +358,12 @@ impl DeadRowCache {
         if rows.is_empty() {
             return Ok(());
         }
-        let cols = text_and_deleted(ts, g)?;
-        let read = g.read_rows(rows, &cols).await?;
-        let schema = Arc::new(g.schema().project(&cols)?);
-        let batch = RecordBatch::try_new(schema, read)?;
+        let batch = read_text(ts, g, rows).await?;
         let mut analyzers = analyzers_of(ts, index)?;
-        let n = ts.columns().len();
-        let text_cols: Vec<usize> = (0..n).collect();
         let terms = rows
             .iter()
             .enumerate()
-            .map(|(i, r)| {
-                let t = RowTerms::of(&mut analyzers, ts.fields(), &batch, i, &text_cols, n);
-                (*r, Arc::new(t))
-            })
+            .map(|(i, r)| (*r, Arc::new(read_row_terms(&mut analyzers, ts, &batch, i))))
             .collect();
         self.keep_ahead(SourceKey::of(&Source::Generation(g.clone())), terms, false);
         Ok(())
@@ -523,8 +511,7 @@ fn symmetric_difference<'a>(a: &'a [u32], b: &'a [u32]) -> impl Iterator<Item = 
     })
 }
 
-/// The batch holding row `r` of `(batches, first rows)`, and its row in it.
-/// The text columns and `_deleted` of a generation's `changes` rows, in their order, read in
+/// The text columns and `_deleted` of a generation's changed `rows`, in their order, read in
 /// one go (a memtable's come from the longest view: `None`).
 fn read_changed(ts: &TextSchema, source: &Source, rows: &[usize]) -> Result<Option<RecordBatch>> {
     let Source::Generation(g) = source else {
@@ -533,12 +520,28 @@ fn read_changed(ts: &TextSchema, source: &Source, rows: &[usize]) -> Result<Opti
     if rows.is_empty() {
         return Ok(None);
     }
+    g.block_on(read_text(ts, g, rows)).map(Some)
+}
+
+/// The text columns, then `_deleted`, of rows `rows` of `g`, in their order.
+async fn read_text(ts: &TextSchema, g: &Generation, rows: &[usize]) -> Result<RecordBatch> {
     let cols = text_and_deleted(ts, g)?;
     let schema = Arc::new(g.schema().project(&cols)?);
-    Ok(Some(RecordBatch::try_new(
+    Ok(RecordBatch::try_new(
         schema,
-        source.take(rows, &cols)?,
-    )?))
+        g.read_rows(rows, &cols).await?,
+    )?)
+}
+
+/// The terms of row `row` of a batch [`read_text`] read.
+fn read_row_terms(
+    analyzers: &mut [TextAnalyzer],
+    ts: &TextSchema,
+    batch: &RecordBatch,
+    row: usize,
+) -> RowTerms {
+    let n = ts.columns().len();
+    RowTerms::of(analyzers, ts.fields(), batch, row, 0..n, n)
 }
 
 /// The stored columns of `g` an update reads of a row: its text columns, then `_deleted`.
@@ -557,6 +560,7 @@ fn analyzers_of(ts: &TextSchema, index: &TextIndex) -> Result<Vec<TextAnalyzer>>
         .collect::<tantivy::Result<_>>()?)
 }
 
+/// The batch holding row `r` of `(batches, first rows)`, and its row in it.
 fn locate(text: &(Vec<RecordBatch>, Vec<usize>), r: usize) -> Option<(&RecordBatch, usize)> {
     let (batches, offsets) = text;
     let b = offsets.partition_point(|o| *o <= r).checked_sub(1)?;

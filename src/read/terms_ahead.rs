@@ -35,7 +35,7 @@ impl RowTerms {
         fields: &[Field],
         batch: &RecordBatch,
         row: usize,
-        text_cols: &[usize],
+        text_cols: impl Iterator<Item = usize>,
         deleted: usize,
     ) -> RowTerms {
         if batch.column(deleted).as_boolean().value(row) {
@@ -45,11 +45,10 @@ impl RowTerms {
             };
         }
         let fields = text_cols
-            .iter()
             .zip(fields)
             .zip(analyzers.iter_mut())
             .map(|((col, field), analyzer)| {
-                let col = batch.column(*col).as_string::<i32>();
+                let col = batch.column(col).as_string::<i32>();
                 if col.is_null(row) {
                     return (0, Vec::new());
                 }
