@@ -15,7 +15,7 @@ use crate::settings::Settings;
 use crate::storage::blocks::{BlockCache, BlockCacheConfig};
 use crate::storage::paths::Paths;
 use crate::storage::Location;
-use crate::text::TextSchema;
+use crate::text::{TextIndex, TextSchema};
 use crate::Result;
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
@@ -179,41 +179,39 @@ impl Reader {
         if !self.caches.dead.reads_ahead() {
             return Ok(());
         }
-        // Nothing to read without a generation read by range.
-        if !snapshot
-            .sources
-            .iter()
-            .any(|s| matches!(s, Source::Generation(g) if g.reads_by_range() && g.text().is_some()))
-        {
+        // A generation whose text index is read by range, with it.
+        fn cold_text(s: &Source) -> Option<(&Arc<crate::generation::Generation>, &TextIndex)> {
+            match s {
+                Source::Generation(g) if g.reads_by_range() => Some((g, g.text()?)),
+                _ => None,
+            }
+        }
+        // Nothing to read without one.
+        if !snapshot.sources.iter().any(|s| cold_text(s).is_some()) {
             return Ok(());
         }
         let caches = self.caches.clone();
         crate::priority::in_background_thread("lsmsearch-ahead", None, move || {
             let live = snapshot.live();
-            let wanted: Vec<(&Arc<crate::generation::Generation>, Vec<usize>)> = snapshot
-                .sources
-                .iter()
-                .zip(&live)
-                .filter_map(|(s, live)| match s {
-                    Source::Generation(g) if g.reads_by_range() => {
-                        let rows = caches.dead.pending(s, g.text()?.rows(), live);
-                        (!rows.is_empty()).then_some((g, rows))
-                    }
-                    _ => None,
-                })
-                .collect();
+            let wanted: Vec<(&Arc<crate::generation::Generation>, &TextIndex, Vec<usize>)> =
+                snapshot
+                    .sources
+                    .iter()
+                    .zip(&live)
+                    .filter_map(|(s, live)| {
+                        let (g, ti) = cold_text(s)?;
+                        let rows = caches.dead.pending(s, ti.rows(), live);
+                        (!rows.is_empty()).then_some((g, ti, rows))
+                    })
+                    .collect();
             if wanted.is_empty() || stopped() {
                 return Ok(());
             }
-            let reads = futures::future::try_join_all(wanted.iter().map(|(g, rows)| {
-                let (caches, ts) = (&caches, &ts);
-                async move {
-                    match g.text() {
-                        Some(ti) => caches.dead.read_ahead(ts, g, ti, rows).await,
-                        None => Ok(()),
-                    }
-                }
-            }));
+            let reads = futures::future::try_join_all(
+                wanted
+                    .iter()
+                    .map(|(g, ti, rows)| caches.dead.read_ahead(&ts, g, ti, rows)),
+            );
             crate::generation::Generation::block_on_any(wanted.iter().map(|w| w.0), reads)
                 .unwrap_or(Ok(Vec::new()))
                 .map(drop)
