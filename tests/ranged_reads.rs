@@ -459,6 +459,40 @@ async fn a_writer_searches_the_postings_it_just_flushed_without_a_request() {
     index.close().await.unwrap();
 }
 
+/// Numbers in [-0.5, 0.5) drawn from `seed` (xorshift).
+fn pseudo_random(seed: u64) -> impl FnMut() -> f32 {
+    let mut x = seed;
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    }
+}
+
+/// The keys (`k000123`) and 128-d vectors (from `next`) of rows `from..from + 1000`.
+fn keys_and_vectors(from: usize, next: &mut impl FnMut() -> f32) -> Vec<arrow::array::ArrayRef> {
+    let values: Vec<f32> = (0..1_000 * 128).map(|_| next()).collect();
+    vec![
+        Arc::new(StringArray::from_iter_values(
+            (from..from + 1_000).map(|i| format!("k{i:06}")),
+        )),
+        Arc::new(
+            arrow::array::FixedSizeListArray::try_new(
+                Arc::new(arrow::datatypes::Field::new(
+                    "item",
+                    arrow::datatypes::DataType::Float32,
+                    true,
+                )),
+                128,
+                Arc::new(arrow::array::Float32Array::from(values)),
+                None,
+            )
+            .unwrap(),
+        ),
+    ]
+}
+
 /// `gens` generations of `rows` rows each of 128-d vectors (pseudo-random, cosine), with a
 /// year, in memory.
 async fn vector_generations(gens: usize, rows: usize) -> Arc<dyn object_store::ObjectStore> {
@@ -478,40 +512,13 @@ async fn vector_generations(gens: usize, rows: usize) -> Arc<dyn object_store::O
     )
     .await
     .unwrap();
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-    };
+    let mut next = pseudo_random(0x2545_f491_4f6c_dd1d);
     for from in (0..gens * rows).step_by(1_000) {
-        let values: Vec<f32> = (0..1_000 * 128).map(|_| next()).collect();
-        let b = RecordBatch::try_new(
-            s.arrow_schema(),
-            vec![
-                Arc::new(StringArray::from_iter_values(
-                    (from..from + 1_000).map(|i| format!("k{i:06}")),
-                )),
-                Arc::new(
-                    arrow::array::FixedSizeListArray::try_new(
-                        Arc::new(arrow::datatypes::Field::new(
-                            "item",
-                            arrow::datatypes::DataType::Float32,
-                            true,
-                        )),
-                        128,
-                        Arc::new(arrow::array::Float32Array::from(values)),
-                        None,
-                    )
-                    .unwrap(),
-                ),
-                Arc::new(Int64Array::from_iter_values(
-                    (from..from + 1_000).map(|i| 1950 + (i % 50) as i64),
-                )),
-            ],
-        )
-        .unwrap();
+        let mut columns = keys_and_vectors(from, &mut next);
+        columns.push(Arc::new(Int64Array::from_iter_values(
+            (from..from + 1_000).map(|i| 1950 + (i % 50) as i64),
+        )));
+        let b = RecordBatch::try_new(s.arrow_schema(), columns).unwrap();
         index.append(&b).await.unwrap();
     }
     index.flush().await.unwrap();
@@ -680,37 +687,9 @@ async fn gets_of_a_search_after_a_flush(cache_bytes: u64) -> u64 {
     )
     .await
     .unwrap();
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-    };
+    let mut next = pseudo_random(0x9e37_79b9_7f4a_7c15);
     for from in (0..5_000).step_by(1_000) {
-        let values: Vec<f32> = (0..1_000 * 128).map(|_| next()).collect();
-        let b = RecordBatch::try_new(
-            s.arrow_schema(),
-            vec![
-                Arc::new(StringArray::from_iter_values(
-                    (from..from + 1_000).map(|i| format!("k{i:06}")),
-                )),
-                Arc::new(
-                    arrow::array::FixedSizeListArray::try_new(
-                        Arc::new(arrow::datatypes::Field::new(
-                            "item",
-                            arrow::datatypes::DataType::Float32,
-                            true,
-                        )),
-                        128,
-                        Arc::new(arrow::array::Float32Array::from(values)),
-                        None,
-                    )
-                    .unwrap(),
-                ),
-            ],
-        )
-        .unwrap();
+        let b = RecordBatch::try_new(s.arrow_schema(), keys_and_vectors(from, &mut next)).unwrap();
         index.append(&b).await.unwrap();
     }
     index.flush().await.unwrap();
