@@ -253,17 +253,25 @@ impl BlockCache {
         wanted.sort_unstable();
         wanted.dedup();
         let object = xxhash_rust::xxh3::xxh3_64(format!("{store_name}/{path}@{len}").as_bytes());
-        // At most `concurrency` blocks asked for at once.
-        let mut blocks: Vec<Bytes> = Vec::with_capacity(wanted.len());
-        for some in wanted.chunks(self.concurrency) {
-            blocks.extend(
-                futures::future::try_join_all(
-                    some.iter()
-                        .map(|b| self.block_of(store, object, path, len, *b, verify)),
-                )
-                .await?,
-            );
+        // Blocks in memory and checked (a warm read) are taken at once; the others are
+        // asked for at most `concurrency` at once.
+        let mut blocks: Vec<Option<Bytes>> =
+            wanted.iter().map(|b| self.in_memory(object, *b)).collect();
+        let missing: Vec<usize> = (0..wanted.len()).filter(|i| blocks[*i].is_none()).collect();
+        for some in missing.chunks(self.concurrency) {
+            let read = futures::future::try_join_all(
+                some.iter()
+                    .map(|i| self.block_of(store, object, path, len, wanted[*i], verify)),
+            )
+            .await?;
+            for (i, bytes) in some.iter().zip(read) {
+                blocks[*i] = Some(bytes);
+            }
         }
+        let blocks: Vec<Bytes> = blocks
+            .into_iter()
+            .map(|b| b.ok_or_else(|| Error::internal("a block asked for and not read")))
+            .collect::<Result<_>>()?;
         let block = |b: u64| &blocks[wanted.binary_search(&b).expect("a block asked for")];
         Ok(ranges
             .iter()
@@ -292,6 +300,19 @@ impl BlockCache {
             .collect())
     }
 
+    /// Block `b` of the object (named `object`, see [`block_key`]) if it is in memory and
+    /// checked (a warm read): taken at once, without preparing a fetch. Counts the block as
+    /// asked for, found or not.
+    fn in_memory(&self, object: u64, b: u64) -> Option<Bytes> {
+        self.counters.blocks.fetch_add(1, Ordering::Relaxed);
+        let entry = self.cache.memory().get(&block_key(object, b))?;
+        let block = entry.value();
+        block
+            .checked
+            .load(Ordering::Acquire)
+            .then(|| block.bytes.clone())
+    }
+
     /// Block `b` of the object (named `object`, see [`block_key`]), from either tier or
     /// fetched. A block is checked once in this process: when this call fetched it, or the
     /// first time a reader finds it unchecked (read back from disk: it may be another
@@ -306,16 +327,7 @@ impl BlockCache {
         b: u64,
         verify: &Verify,
     ) -> Result<Bytes> {
-        self.counters.blocks.fetch_add(1, Ordering::Relaxed);
         let key = block_key(object, b);
-        // A block in memory and checked (a warm read): taken at once, without preparing a
-        // fetch.
-        if let Some(entry) = self.cache.memory().get(&key) {
-            let block = entry.value();
-            if block.checked.load(Ordering::Acquire) {
-                return Ok(block.bytes.clone());
-            }
-        }
         let mut refused = None;
         for _ in 0..2 {
             let entry = self.get_or_fetch(key, store, path, len, b, verify).await?;
