@@ -577,6 +577,30 @@ async fn a_cold_vector_query_reranks_the_best_candidates_of_all_generations_at_o
 }
 
 /// A writer of a text-only index (nothing returned is read by range) with one generation of
+/// A key and a text column.
+fn text_schema() -> IndexSchema {
+    IndexSchema::from_json(r#"{"primary_key": "id", "text": ["body"]}"#).unwrap()
+}
+
+/// Rows `from..to` of [`text_schema`]: [`batch`]'s bodies, with " shock" added but at `salt` 0.
+fn text_rows(s: &IndexSchema, from: usize, to: usize, salt: usize) -> RecordBatch {
+    let full = batch(&schema(), from, to);
+    let body = full.column(1).as_string::<i32>();
+    RecordBatch::try_new(
+        s.arrow_schema(),
+        vec![
+            full.column(0).clone(),
+            Arc::new(StringArray::from_iter((0..full.num_rows()).map(|i| {
+                Some(match salt {
+                    0 => body.value(i).to_string(),
+                    _ => format!("{} shock", body.value(i)),
+                })
+            }))),
+        ],
+    )
+    .unwrap()
+}
+
 /// 5,000 rows, searched once, then 29 of its rows updated in the memtable; with
 /// `dead_row_terms_bytes` = `ahead`. Returns the GETs of the next search, its hits, and the
 /// hits of the same search from a new read-only handle (which counts the superseded rows
@@ -586,24 +610,8 @@ async fn search_after_updates(ahead: u64) -> (u64, Vec<(String, f32)>, Vec<(Stri
         Arc::new(object_store::memory::InMemory::new()),
         LatencyConfig::default(),
     );
-    let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["body"]}"#).unwrap();
-    let rows = |from: usize, to: usize, salt: usize| {
-        let full = batch(&schema(), from, to);
-        let body = full.column(1).as_string::<i32>();
-        RecordBatch::try_new(
-            s.arrow_schema(),
-            vec![
-                full.column(0).clone(),
-                Arc::new(StringArray::from_iter((0..full.num_rows()).map(|i| {
-                    Some(match salt {
-                        0 => body.value(i).to_string(),
-                        _ => format!("{} shock", body.value(i)),
-                    })
-                }))),
-            ],
-        )
-        .unwrap()
-    };
+    let s = text_schema();
+    let rows = |from: usize, to: usize, salt: usize| text_rows(&s, from, to, salt);
     let loc = Location::from_store(store.clone(), "idx");
     let index = Index::create(
         loc.clone(),
@@ -663,6 +671,56 @@ async fn a_writer_reads_the_rows_appends_supersede_before_its_searches_need_them
     assert_eq!(gets, 0, "the superseded rows' terms were read ahead");
     assert_eq!(hits, expected);
     assert_eq!(hits.len(), 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_counts_what_the_memtables_supersede_before_searches_see_it() {
+    let store = LatencyStore::new(
+        Arc::new(object_store::memory::InMemory::new()),
+        LatencyConfig::default(),
+    );
+    let s = text_schema();
+    let loc = Location::from_store(store.clone(), "idx");
+    let index = Index::create(
+        loc.clone(),
+        s.clone(),
+        Settings {
+            memtable_max_rows: 20_000,
+            ..Settings::default()
+        },
+    )
+    .await
+    .unwrap();
+    // Two generations, searched once.
+    for (from, to) in [(0, 3_000), (3_000, 5_000)] {
+        index.append(&text_rows(&s, from, to, 0)).await.unwrap();
+        index.flush().await.unwrap();
+    }
+    let opts = SearchOptions::with_k(10);
+    index.search_fts("shock nozzle", &opts).await.unwrap();
+    // The memtable supersedes rows of both; a search counts them out.
+    for r in (0..5_000).step_by(97) {
+        index.append(&text_rows(&s, r, r + 1, 1)).await.unwrap();
+    }
+    index.search_fts("shock nozzle", &opts).await.unwrap();
+    // The merged generation holds those rows again: counted out as it is published, not
+    // read by the next search.
+    index
+        .compact()
+        .await
+        .unwrap()
+        .expect("the two generations merge");
+    assert_eq!(index.stats().generations.len(), 1);
+    store.reset();
+    let hits = scored(&index.search_fts("shock nozzle", &opts).await.unwrap());
+    assert_eq!(store.counters().gets, 0, "the search read superseded rows");
+    let ro = Index::open_read_only(loc, Settings::default())
+        .await
+        .unwrap();
+    let expected = scored(&ro.search_fts("shock nozzle", &opts).await.unwrap());
+    assert_eq!(hits, expected);
+    assert_eq!(hits.len(), 10);
+    index.close().await.unwrap();
 }
 
 /// The GETs of a vector search right after a writer with `cache_bytes` flushed 5,000 rows
