@@ -274,19 +274,20 @@ async fn upload(w: &Writer, id: u64, bytes: bytes::Bytes) -> Result<()> {
     Ok(())
 }
 
-/// Compute the live rows of the list the compaction will
-/// publish (unless a flush adds to it meanwhile) at the compaction's priority, so that neither
-/// the first query over it nor the publish lock waits for them.
+/// Compute the live rows of the list the compaction will publish (unless a flush adds to it
+/// meanwhile), and the dead-row statistics of its merged generation under the memtables, at
+/// the compaction's priority, so that neither the first query over it nor the publish lock
+/// waits for them.
 async fn stage(
     w: &Writer,
     job: &Job,
     merged: Option<&Arc<Generation>>,
     lower: Option<Arc<Raisable>>,
 ) {
-    let listed = w.read_state().manifest.generations.clone();
+    let (memtables, listed) = w.read_view();
     let replacement = merged.map(|g| g.meta().clone());
     if let Ok(expected) = replace_run(&listed, &job.run, replacement, false) {
-        w.reader.compute_ahead(&expected, lower).await;
+        w.reader.compute_ahead(&expected, memtables, lower).await;
     }
 }
 

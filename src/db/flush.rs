@@ -249,7 +249,11 @@ async fn flush_one(
     let generation = inner.reader.generations.insert_built(object, true).await?;
     let mut expected = inner.read_state().manifest.generations.clone();
     expected.push(generation.meta().clone());
-    inner.reader.compute_ahead(&expected, None).await;
+    // Not under the memtables: the one flushed is among them until the list is published.
+    inner
+        .reader
+        .compute_ahead(&expected, Vec::new(), None)
+        .await;
 
     // Publish, from the latest version (a compaction may have published since the build).
     let publish = inner.publisher.lock.lock().await;

@@ -32,7 +32,7 @@ use crate::key::Key;
 use crate::manifest::{ManifestStore, WriteOutcome};
 use crate::memtable::{catch_up, read_memtable, Memtable};
 use crate::query::reader::Reader;
-use crate::read::{Snapshot, Source};
+use crate::read::Snapshot;
 use crate::schema::IndexSchema;
 use crate::settings::{Settings, WriteOptions};
 use crate::storage::paths::Paths;
@@ -205,21 +205,7 @@ async fn read_ahead(inner: Arc<Writer>) {
 /// generations of the writer's manifest; a search's (`retain`) drops what the caches keep for
 /// sources it does not hold.
 async fn writer_snapshot(inner: &Writer, retain: bool) -> Result<Snapshot> {
-    let (memtables, metas) = {
-        let st = inner.read_state();
-        let mut v = vec![Source::memtable(
-            "active memtable",
-            read_memtable(&st.active).search_view(),
-        )];
-        for m in st.frozen.iter().rev() {
-            let m = read_memtable(m);
-            v.push(Source::memtable(
-                format!("frozen memtable {}", m.id()),
-                m.search_view(),
-            ));
-        }
-        (v, st.manifest.generations.clone())
-    };
+    let (memtables, metas) = inner.read_view();
     match retain {
         true => inner.reader.snapshot(memtables, &metas).await,
         false => inner.reader.snapshot_keeping(memtables, &metas).await,

@@ -139,11 +139,13 @@ impl Reader {
     }
 
     /// Compute ahead the live rows (and dead-row statistics) of the generation list `metas`
-    /// (oldest first, as a manifest lists them) when the cache holds all of them, as part of
-    /// the background work `lower` (at the foreground's priority without it); best effort.
+    /// (oldest first, as a manifest lists them) when the cache holds all of them, under
+    /// `memtables` (see [`crate::read::ReadCaches::compute_ahead`]), as part of the background
+    /// work `lower` (at the foreground's priority without it); best effort.
     pub(crate) async fn compute_ahead(
         &self,
         metas: &[GenerationMeta],
+        memtables: Vec<Source>,
         lower: Option<Arc<crate::priority::Raisable>>,
     ) {
         let Some(gens) = self.generations.cached(metas).await else {
@@ -154,7 +156,7 @@ impl Reader {
         let background = lower.is_some();
         let computed = crate::priority::in_background_thread("lsmsearch-ahead", lower, move || {
             let gens: Vec<&Arc<crate::generation::Generation>> = gens.iter().collect();
-            caches.compute_ahead(&gens, ts.as_deref(), background)
+            caches.compute_ahead(&gens, &memtables, ts.as_deref(), background)
         })
         .await;
         if let Err(e) = computed {

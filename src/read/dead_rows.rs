@@ -17,7 +17,6 @@
 use super::live_rows::{lock, LiveRows};
 use super::source::{Source, SourceKey};
 use super::terms_ahead::{RowTerms, TermsAhead};
-use crate::flags::RowFlags;
 use crate::generation::Generation;
 use crate::schema::DELETED_COLUMN;
 use crate::text::{DocRows, TextIndex, TextSchema};
@@ -422,11 +421,16 @@ impl DeadRowCache {
         drop(gone);
     }
 
-    /// Count ahead what each generation of `gens` (oldest first, with `own`, their own flags
-    /// in that list) holds of the rows newer generations supersede, as the BM25 statistics
-    /// count them: a merged generation holds many such rows, and counting them is a search's
-    /// to do otherwise. Only for a handle that counts statistics (one that ran a full-text
-    /// search).
+    /// Whether statistics are kept for any source (a full-text search counted them).
+    pub(crate) fn counts(&self) -> bool {
+        !lock(&self.sources).is_empty()
+    }
+
+    /// Count ahead what each generation of `gens` (oldest first, with `live`, their live rows
+    /// in that list: their own flags, and the rows memtables supersede) holds of the rows
+    /// newer sources supersede, as the BM25 statistics count them: a merged generation holds
+    /// many such rows, and counting them is a search's to do otherwise. Only for a handle
+    /// that counts statistics (one that ran a full-text search).
     ///
     /// With `recount`, the generations searches counted are counted again with the new list's
     /// flags and the rows memtables superseded at the last search (a flush's list: the rows
@@ -436,14 +440,14 @@ impl DeadRowCache {
     pub(crate) fn compute_ahead(
         &self,
         gens: &[&Arc<Generation>],
-        own: Vec<RowFlags>,
+        live: Vec<LiveRows>,
         ts: &TextSchema,
         recount: bool,
     ) -> Result<()> {
-        if lock(&self.sources).is_empty() {
+        if !self.counts() {
             return Ok(());
         }
-        for (g, own) in gens.iter().zip(own) {
+        for (g, live) in gens.iter().zip(live) {
             let Some(ti) = g.text() else {
                 continue;
             };
@@ -456,7 +460,8 @@ impl DeadRowCache {
                 Some(dead) if recount => {
                     let mut dead = lock(&dead);
                     let superseded = dead.last_superseded();
-                    dead.update(ts, &source, ti, &LiveRows::new(own, superseded), Some(self))?;
+                    let live = LiveRows::new(live.own().clone(), superseded);
+                    dead.update(ts, &source, ti, &live, Some(self))?;
                 }
                 Some(_) => {}
                 // Counted before any search can see it, then made visible: a search never
@@ -470,7 +475,7 @@ impl DeadRowCache {
                     // A compaction's count, at the background's priority, keeps the lock
                     // of the kept terms free: a search may wait for it.
                     let ahead = recount.then_some(self);
-                    fresh.update(ts, &source, ti, &LiveRows::new(own, Vec::new()), ahead)?;
+                    fresh.update(ts, &source, ti, &live, ahead)?;
                     lock(&self.sources)
                         .entry(key)
                         .or_insert_with(|| Arc::new(Mutex::new(fresh)));

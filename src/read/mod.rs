@@ -102,15 +102,35 @@ impl ReadCaches {
     /// dead-row statistics of their text indexes (see [`LiveRowCache::compute_ahead`] and
     /// [`DeadRowCache::compute_ahead`]; `recount` as there). A compaction computes in the
     /// `background` (without `recount`).
+    ///
+    /// `memtables` (newest first, all newer than `gens`) are what the list will be searched
+    /// under: a generation counted here for the first time is counted with the rows they
+    /// supersede of it (a merged generation holds the rows the memtables superseded of its
+    /// inputs, which a search would otherwise read to count them out).
     pub(crate) fn compute_ahead(
         &self,
         gens: &[&Arc<Generation>],
+        memtables: &[Source],
         ts: Option<&TextSchema>,
         background: bool,
     ) -> Result<()> {
         let own = self.live.compute_ahead(gens, background);
         if let Some(ts) = ts {
-            self.dead.compute_ahead(gens, own, ts, !background)?;
+            let live = match memtables.is_empty() || !self.dead.counts() {
+                true => own
+                    .into_iter()
+                    .map(|own| LiveRows::new(own, Vec::new()))
+                    .collect(),
+                false => {
+                    let mut sources = memtables.to_vec();
+                    sources.extend(gens.iter().rev().map(|g| Source::Generation(Arc::clone(g))));
+                    let mut live = live_rows::live_rows(&sources, &self.live);
+                    live.drain(..memtables.len());
+                    live.reverse();
+                    live
+                }
+            };
+            self.dead.compute_ahead(gens, live, ts, !background)?;
         }
         // What is kept for generations no kept list names goes (a handle that no longer
         // searches would otherwise keep it for every list it computes).
@@ -288,12 +308,14 @@ mod tests {
         let g3 = text_generation(ts, 3, &["b", "e"], "three four");
         // A handle that searched [g1, g2]: their list and dead rows are kept.
         caches.dead.for_source(&Source::Generation(g1.clone()));
-        caches.compute_ahead(&[&g1, &g2], Some(ts), false).unwrap();
+        caches
+            .compute_ahead(&[&g1, &g2], &[], Some(ts), false)
+            .unwrap();
         *caches.live.computing.lock().unwrap() = Some(check.clone());
         *caches.dead.computing.lock().unwrap() = Some(check);
         // A list extending it, computed ahead at the background's priority.
         caches
-            .compute_ahead(&[&g1, &g2, &g3], Some(ts), true)
+            .compute_ahead(&[&g1, &g2, &g3], &[], Some(ts), true)
             .unwrap();
         assert!(
             calls.load(Ordering::SeqCst) >= 2,

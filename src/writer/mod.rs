@@ -14,6 +14,7 @@ use crate::manifest::ManifestStore;
 use crate::memtable::{read_memtable, SharedMemtable};
 use crate::priority::Raisable;
 use crate::query::reader::Reader;
+use crate::read::Source;
 use crate::schema::IndexSchema;
 use crate::settings::Settings;
 use crate::storage::paths::Paths;
@@ -256,6 +257,24 @@ impl Writer {
 
     pub(crate) fn read_state(&self) -> std::sync::RwLockReadGuard<'_, State> {
         self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What a read started now sees: the active memtable, then the frozen ones (newest
+    /// first), as sources, with the generations the manifest lists (oldest first).
+    pub(crate) fn read_view(&self) -> (Vec<Source>, Vec<GenerationMeta>) {
+        let st = self.read_state();
+        let mut v = vec![Source::memtable(
+            "active memtable",
+            read_memtable(&st.active).search_view(),
+        )];
+        for m in st.frozen.iter().rev() {
+            let m = read_memtable(m);
+            v.push(Source::memtable(
+                format!("frozen memtable {}", m.id()),
+                m.search_view(),
+            ));
+        }
+        (v, st.manifest.generations.clone())
     }
 
     pub(crate) fn write_state(&self) -> std::sync::RwLockWriteGuard<'_, State> {
