@@ -17,6 +17,7 @@
 use super::live_rows::{lock, LiveRows};
 use super::source::{Source, SourceKey};
 use super::terms_ahead::{RowTerms, TermsAhead};
+use crate::flags::RowFlags;
 use crate::generation::Generation;
 use crate::schema::DELETED_COLUMN;
 use crate::text::{DocRows, TextIndex, TextSchema};
@@ -426,11 +427,12 @@ impl DeadRowCache {
         !lock(&self.sources).is_empty()
     }
 
-    /// Count ahead what each generation of `gens` (oldest first, with `live`, their live rows
-    /// in that list: their own flags, and the rows memtables supersede) holds of the rows
-    /// newer sources supersede, as the BM25 statistics count them: a merged generation holds
-    /// many such rows, and counting them is a search's to do otherwise. Only for a handle
-    /// that counts statistics (one that ran a full-text search).
+    /// Count ahead what each generation of `gens` (oldest first, with `own`, their own flags
+    /// in that list) holds of the rows newer sources supersede, as the BM25 statistics count
+    /// them: a merged generation holds many such rows, and counting them is a search's to do
+    /// otherwise. A generation counted here for the first time is counted with the rows
+    /// `superseded` says the memtables supersede of it. Only for a handle that counts
+    /// statistics (one that ran a full-text search).
     ///
     /// With `recount`, the generations searches counted are counted again with the new list's
     /// flags and the rows memtables superseded at the last search (a flush's list: the rows
@@ -440,14 +442,15 @@ impl DeadRowCache {
     pub(crate) fn compute_ahead(
         &self,
         gens: &[&Arc<Generation>],
-        live: Vec<LiveRows>,
+        own: Vec<RowFlags>,
+        superseded: &dyn Fn(&Generation) -> Vec<u32>,
         ts: &TextSchema,
         recount: bool,
     ) -> Result<()> {
         if !self.counts() {
             return Ok(());
         }
-        for (g, live) in gens.iter().zip(live) {
+        for (g, own) in gens.iter().zip(own) {
             let Some(ti) = g.text() else {
                 continue;
             };
@@ -460,8 +463,7 @@ impl DeadRowCache {
                 Some(dead) if recount => {
                     let mut dead = lock(&dead);
                     let superseded = dead.last_superseded();
-                    let live = LiveRows::new(live.own().clone(), superseded);
-                    dead.update(ts, &source, ti, &live, Some(self))?;
+                    dead.update(ts, &source, ti, &LiveRows::new(own, superseded), Some(self))?;
                 }
                 Some(_) => {}
                 // Counted before any search can see it, then made visible: a search never
@@ -475,6 +477,7 @@ impl DeadRowCache {
                     // A compaction's count, at the background's priority, keeps the lock
                     // of the kept terms free: a search may wait for it.
                     let ahead = recount.then_some(self);
+                    let live = LiveRows::new(own, superseded(g));
                     fresh.update(ts, &source, ti, &live, ahead)?;
                     lock(&self.sources)
                         .entry(key)

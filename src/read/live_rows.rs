@@ -368,6 +368,18 @@ impl LiveRowCache {
             .collect()
     }
 
+    /// The rows of generation `g` that the memtables `views` (all newer than it) supersede,
+    /// as a search's live rows count them, for a generation no search sees yet (one a
+    /// compaction is about to publish): only `g`'s entries are locked, which no search can
+    /// be waiting for, and what is found is kept for the first search of `g`.
+    pub(crate) fn superseded_ahead(&self, g: &Generation, views: &[&MemtableView]) -> Vec<u32> {
+        let older = Older::Generation(g);
+        views
+            .iter()
+            .flat_map(|v| self.memtable(v.id).superseded_in(&older, v))
+            .collect()
+    }
+
     fn memtable(&self, id: u64) -> Arc<Superseding> {
         lock(&self.memtables).entry(id).or_default().clone()
     }

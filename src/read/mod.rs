@@ -21,6 +21,7 @@ pub(crate) use live_rows::{LiveRowCache, LiveRows};
 pub(crate) use source::Source;
 
 use crate::generation::Generation;
+use crate::memtable::MemtableView;
 use crate::text::TextSchema;
 use crate::Result;
 use arrow::array::RecordBatch;
@@ -116,21 +117,16 @@ impl ReadCaches {
     ) -> Result<()> {
         let own = self.live.compute_ahead(gens, background);
         if let Some(ts) = ts {
-            let live = match memtables.is_empty() || !self.dead.counts() {
-                true => own
-                    .into_iter()
-                    .map(|own| LiveRows::new(own, Vec::new()))
-                    .collect(),
-                false => {
-                    let mut sources = memtables.to_vec();
-                    sources.extend(gens.iter().rev().map(|g| Source::Generation(Arc::clone(g))));
-                    let mut live = live_rows::live_rows(&sources, &self.live);
-                    live.drain(..memtables.len());
-                    live.reverse();
-                    live
-                }
-            };
-            self.dead.compute_ahead(gens, live, ts, !background)?;
+            let views: Vec<&MemtableView> = memtables
+                .iter()
+                .filter_map(|s| match s {
+                    Source::Memtable(m) => Some(&m.view),
+                    Source::Generation(_) => None,
+                })
+                .collect();
+            let superseded = |g: &Generation| self.live.superseded_ahead(g, &views);
+            self.dead
+                .compute_ahead(gens, own, &superseded, ts, !background)?;
         }
         // What is kept for generations no kept list names goes (a handle that no longer
         // searches would otherwise keep it for every list it computes).
