@@ -285,6 +285,13 @@ async fn stage(
     lower: Option<Arc<Raisable>>,
 ) {
     let (memtables, listed) = w.read_view();
+    // The merged generation is counted under the memtables only while full-text searches
+    // count statistics (see `DeadRowCache::reads_ahead`): a writer that stopped searching
+    // does no work, and keeps nothing, for searches that may never come.
+    let memtables = match w.reader.caches.dead.reads_ahead() {
+        true => memtables,
+        false => Vec::new(),
+    };
     let replacement = merged.map(|g| g.meta().clone());
     if let Ok(expected) = replace_run(&listed, &job.run, replacement, false) {
         w.reader.compute_ahead(&expected, memtables, lower).await;

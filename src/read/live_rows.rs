@@ -371,12 +371,17 @@ impl LiveRowCache {
     /// The rows of generation `g` that the memtables `views` (all newer than it) supersede,
     /// as a search's live rows count them, for a generation no search sees yet (one a
     /// compaction is about to publish): only `g`'s entries are locked, which no search can
-    /// be waiting for, and what is found is kept for the first search of `g`.
+    /// be waiting for. What is found is kept for the first search of `g` under the memtables
+    /// searches keep entries for; nothing is kept for the others (a memtable no search asked
+    /// about, whose entry only a search's snapshot would drop).
     pub(crate) fn superseded_ahead(&self, g: &Generation, views: &[&MemtableView]) -> Vec<u32> {
         let older = Older::Generation(g);
         views
             .iter()
-            .flat_map(|v| self.memtable(v.id).superseded_in(&older, v))
+            .flat_map(|v| {
+                let kept = lock(&self.memtables).get(&v.id).cloned();
+                kept.unwrap_or_default().superseded_in(&older, v)
+            })
             .collect()
     }
 
