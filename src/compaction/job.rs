@@ -284,13 +284,12 @@ async fn stage(
     merged: Option<&Arc<Generation>>,
     lower: Option<Arc<Raisable>>,
 ) {
-    let (memtables, listed) = w.read_view();
-    // The merged generation is counted under the memtables only while full-text searches
-    // count statistics (see `DeadRowCache::reads_ahead`): a writer that stopped searching
-    // does no work, and keeps nothing, for searches that may never come.
-    let memtables = match w.reader.caches.dead.reads_ahead() {
-        true => memtables,
-        false => Vec::new(),
+    // The merged generation is counted under the memtables' keys only while full-text
+    // searches count statistics (see `DeadRowCache::reads_ahead`): a writer that stopped
+    // searching does no work, and keeps nothing, for searches that may never come.
+    let keys = merged.is_some_and(|g| g.text().is_some()) && w.reader.caches.dead.reads_ahead();
+    let Ok((listed, memtables)) = w.listed_and_memtable_keys(keys) else {
+        return;
     };
     let replacement = merged.map(|g| g.meta().clone());
     if let Ok(expected) = replace_run(&listed, &job.run, replacement, false) {

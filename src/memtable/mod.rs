@@ -303,6 +303,26 @@ impl Memtable {
         }
     }
 
+    /// A view of the memtable's keys only (its stored batches cut to the key column, no text
+    /// index, no graph): what finds the rows it supersedes of older sources, without holding
+    /// the rest of the memtable.
+    pub(crate) fn keys_view(&self) -> Result<MemtableView> {
+        Ok(MemtableView {
+            id: self.id,
+            batches: self
+                .batches
+                .iter()
+                .map(|b| b.project(&[0]))
+                .collect::<std::result::Result<_, _>>()?,
+            offsets: self.offsets.clone(),
+            rows: self.rows,
+            live: self.live.clone(),
+            text: None,
+            graph: None,
+            row_hashes: self.row_hashes.clone(),
+        })
+    }
+
     /// The newest version of every key (tombstones included), in sequence order, as one stored
     /// batch (what a flush writes), and the memtable row ordinal of each of its rows.
     pub(crate) fn newest(&self) -> Result<(RecordBatch, Vec<usize>)> {

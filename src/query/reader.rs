@@ -145,7 +145,7 @@ impl Reader {
     pub(crate) async fn compute_ahead(
         &self,
         metas: &[GenerationMeta],
-        memtables: Vec<Source>,
+        memtables: Vec<crate::memtable::MemtableView>,
         lower: Option<Arc<crate::priority::Raisable>>,
     ) {
         let Some(gens) = self.generations.cached(metas).await else {

@@ -111,19 +111,13 @@ impl ReadCaches {
     pub(crate) fn compute_ahead(
         &self,
         gens: &[&Arc<Generation>],
-        memtables: &[Source],
+        memtables: &[MemtableView],
         ts: Option<&TextSchema>,
         background: bool,
     ) -> Result<()> {
         let own = self.live.compute_ahead(gens, background);
         if let Some(ts) = ts {
-            let views: Vec<&MemtableView> = memtables
-                .iter()
-                .filter_map(|s| match s {
-                    Source::Memtable(m) => Some(&m.view),
-                    Source::Generation(_) => None,
-                })
-                .collect();
+            let views: Vec<&MemtableView> = memtables.iter().collect();
             let superseded = |g: &Generation| self.live.superseded_ahead(g, &views);
             self.dead
                 .compute_ahead(gens, own, &superseded, ts, !background)?;

@@ -11,7 +11,7 @@ use crate::gc::wal::KeptWal;
 use crate::gc::Scope;
 use crate::generation::Generation;
 use crate::manifest::ManifestStore;
-use crate::memtable::{read_memtable, SharedMemtable};
+use crate::memtable::{read_memtable, MemtableView, SharedMemtable};
 use crate::priority::Raisable;
 use crate::query::reader::Reader;
 use crate::read::Source;
@@ -275,6 +275,24 @@ impl Writer {
             ));
         }
         (v, st.manifest.generations.clone())
+    }
+
+    /// The generations the manifest lists (oldest first) and, with `keys`, the keys of the
+    /// memtables (all newer than them: the active one, then the frozen ones newest first;
+    /// see [`crate::memtable::Memtable::keys_view`]), read at once.
+    pub(crate) fn listed_and_memtable_keys(
+        &self,
+        keys: bool,
+    ) -> Result<(Vec<GenerationMeta>, Vec<MemtableView>)> {
+        let st = self.read_state();
+        let views = match keys {
+            true => std::iter::once(&st.active)
+                .chain(st.frozen.iter().rev())
+                .map(|m| read_memtable(m).keys_view())
+                .collect::<Result<_>>()?,
+            false => Vec::new(),
+        };
+        Ok((st.manifest.generations.clone(), views))
     }
 
     pub(crate) fn write_state(&self) -> std::sync::RwLockWriteGuard<'_, State> {
