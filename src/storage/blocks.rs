@@ -301,16 +301,17 @@ impl BlockCache {
     }
 
     /// Block `b` of the object (named `object`, see [`block_key`]) if it is in memory and
-    /// checked (a warm read): taken at once, without preparing a fetch. Counts the block as
-    /// asked for, found or not.
+    /// checked (a warm read): taken at once, without preparing a fetch, and counted as asked
+    /// for (a block not found is counted when [`BlockCache::block_of`] asks for it).
     fn in_memory(&self, object: u64, b: u64) -> Option<Bytes> {
-        self.counters.blocks.fetch_add(1, Ordering::Relaxed);
         let entry = self.cache.memory().get(&block_key(object, b))?;
         let block = entry.value();
-        block
+        let bytes = block
             .checked
             .load(Ordering::Acquire)
-            .then(|| block.bytes.clone())
+            .then(|| block.bytes.clone())?;
+        self.counters.blocks.fetch_add(1, Ordering::Relaxed);
+        Some(bytes)
     }
 
     /// Block `b` of the object (named `object`, see [`block_key`]), from either tier or
@@ -327,6 +328,7 @@ impl BlockCache {
         b: u64,
         verify: &Verify,
     ) -> Result<Bytes> {
+        self.counters.blocks.fetch_add(1, Ordering::Relaxed);
         let key = block_key(object, b);
         let mut refused = None;
         for _ in 0..2 {
