@@ -576,7 +576,6 @@ async fn a_cold_vector_query_reranks_the_best_candidates_of_all_generations_at_o
     assert!(c.round_trips <= 2, "{c:?}");
 }
 
-/// A writer of a text-only index (nothing returned is read by range) with one generation of
 /// A key and a text column.
 fn text_schema() -> IndexSchema {
     IndexSchema::from_json(r#"{"primary_key": "id", "text": ["body"]}"#).unwrap()
@@ -601,6 +600,7 @@ fn text_rows(s: &IndexSchema, from: usize, to: usize, salt: usize) -> RecordBatc
     .unwrap()
 }
 
+/// A writer of a text-only index (nothing returned is read by range) with one generation of
 /// 5,000 rows, searched once, then 29 of its rows updated in the memtable; with
 /// `dead_row_terms_bytes` = `ahead`. Returns the GETs of the next search, its hits, and the
 /// hits of the same search from a new read-only handle (which counts the superseded rows
