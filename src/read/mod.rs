@@ -101,8 +101,9 @@ impl ReadCaches {
     /// Compute ahead what the first query over generation list `gens` (oldest first, as a
     /// manifest lists them) would: the live rows of each generation and, with `ts`, the
     /// dead-row statistics of their text indexes (see [`LiveRowCache::compute_ahead`] and
-    /// [`DeadRowCache::compute_ahead`]; `recount` as there). A compaction computes in the
-    /// `background` (without `recount`).
+    /// [`DeadRowCache::compute_ahead`]; `recount` as there). A background compaction
+    /// computes in the `background` (without `recount`); a flush and a compaction a caller
+    /// waits for (`Index::compact`, or one at the generation cap) recount.
     ///
     /// `memtables` (newest first, all newer than `gens`) are what the list will be searched
     /// under: a generation counted here for the first time is counted with the rows they
