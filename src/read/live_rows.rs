@@ -385,6 +385,12 @@ impl LiveRowCache {
             .collect()
     }
 
+    /// Whether anything is kept for memtable `id` (a test's check).
+    #[cfg(test)]
+    pub(super) fn keeps_memtable(&self, id: u64) -> bool {
+        lock(&self.memtables).contains_key(&id)
+    }
+
     fn memtable(&self, id: u64) -> Arc<Superseding> {
         lock(&self.memtables).entry(id).or_default().clone()
     }

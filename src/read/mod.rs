@@ -304,17 +304,30 @@ mod tests {
             .unwrap();
         *caches.live.computing.lock().unwrap() = Some(check.clone());
         *caches.dead.computing.lock().unwrap() = Some(check);
-        // A list extending it, computed ahead at the background's priority.
+        // A memtable newer than every generation supersedes "e" (of g3) and "c" (of g1).
+        let mut m = crate::memtable::Memtable::new(9, s.stored_schema(), None, None).unwrap();
+        let keys: ArrayRef = Arc::new(StringArray::from(vec!["e", "c", "z"]));
+        let texts: ArrayRef = Arc::new(StringArray::from(vec!["five"; 3]));
+        let user = RecordBatch::try_new(s.arrow_schema(), vec![keys, texts]).unwrap();
+        m.apply(s.to_stored(&user, 10).unwrap()).unwrap();
+        // A list extending it, computed ahead at the background's priority under the memtable.
         caches
-            .compute_ahead(&[&g1, &g2, &g3], &[], Some(ts), true)
+            .compute_ahead(&[&g1, &g2, &g3], &[m.keys_view().unwrap()], Some(ts), true)
             .unwrap();
         assert!(
             calls.load(Ordering::SeqCst) >= 2,
             "the list was extended and g3 counted"
         );
         assert_eq!(held.load(Ordering::SeqCst), 0, "a lock was held");
-        // What it computed is kept: g3's dead rows and the extended list.
+        // What it computed is kept: g3's dead rows and the extended list. g3, counted for
+        // the first time, is counted under the memtable: its row "e" is dead.
         assert!(caches.dead.holds(&SourceKey::Generation(3, 1)));
+        let g3_dead = caches.dead.for_source(&Source::Generation(g3.clone()));
+        let four = tantivy::Term::from_field_text(ts.fields()[0], "four");
+        assert_eq!(g3_dead.lock().unwrap().doc_freq(&four), 1);
+        assert_eq!(g3_dead.lock().unwrap().tokens(0), 2);
+        // Nothing is kept for a memtable no search asked about.
+        assert!(!caches.live.keeps_memtable(9));
         let own = caches.live.compute_ahead(&[&g1, &g2, &g3], false);
         let flags: Vec<Vec<bool>> = own.iter().map(RowFlags::to_vec).collect();
         assert_eq!(
