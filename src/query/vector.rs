@@ -16,7 +16,7 @@ use arrow::array::{Array, ArrayRef, AsArray, Float32Array};
 use arrow::datatypes::{DataType, Field, Float32Type, Schema, SchemaRef};
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::ExecutionPlan;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use std::sync::Arc;
@@ -296,7 +296,22 @@ fn arm_work(p: ArmParts) -> ArmWork {
             (Source::Generation(g), Some(ticket)) => {
                 let rows = arm.candidate_rows(&p.graph, p.ef, p.candidates);
                 let chosen: futures::future::BoxFuture<'static, Vec<usize>> = match rows {
-                    Candidates::Keyed(keyed) => ticket.propose(keyed),
+                    Candidates::Keyed(keyed) => {
+                        let mut chosen = ticket.propose(keyed);
+                        // The round chose at this arm's arrival (it came last), and every
+                        // chosen vector is in memory: ranked here, with no step after the arm.
+                        if let Some(rows) = (&mut chosen).now_or_never() {
+                            let ranked_now = g.read_vectors(&rows).now_or_never().map(|v| {
+                                rank_read(g, &rows, v?, &p.query, p.metric, p.k, p.src, &p.ranked)
+                            });
+                            if let Some(batch) = ranked_now {
+                                return Ok(ArmRows::Done(batch?));
+                            }
+                            Box::pin(std::future::ready(rows))
+                        } else {
+                            chosen
+                        }
+                    }
                     Candidates::All(rows) => {
                         ticket.abstain();
                         Box::pin(std::future::ready(rows))
@@ -358,45 +373,85 @@ fn rerank_later(
             })
             .buffered(2);
         while let Some((at, vectors)) = reads.next().await {
-            let part = &rows[at];
-            let vectors = vectors?;
-            let list = vectors.as_fixed_size_list();
-            let values = list.values().as_primitive::<Float32Type>().values();
-            for (i, ord) in part.iter().enumerate() {
-                if list.is_null(i) {
-                    continue;
-                }
-                let start = list.value_offset(i) as usize;
-                let d = distance(metric, &query, &values[start..start + dim]);
-                if heap.len() == k {
-                    let worst = heap.peek().expect("k > 0");
-                    if d.total_cmp(&worst.distance) == Ordering::Greater {
-                        continue;
-                    }
-                }
-                heap.push(Hit {
-                    distance: d,
-                    key: g.key_at(*ord),
-                    ord: *ord,
-                });
-                if heap.len() > k {
-                    heap.pop();
-                }
+            push_hits(&mut heap, &g, &rows[at], &vectors?, &query, metric, k);
+        }
+        finish_hits(heap, &g, src, &ranked_schema)
+    }))
+}
+
+/// Push the rows `part` (whose vectors `vectors` holds, in their order) onto `heap`, the best
+/// `k` by exact distance to `query` then key.
+fn push_hits(
+    heap: &mut BinaryHeap<Hit>,
+    g: &Generation,
+    part: &[usize],
+    vectors: &ArrayRef,
+    query: &[f32],
+    metric: Metric,
+    k: usize,
+) {
+    let dim = query.len();
+    let list = vectors.as_fixed_size_list();
+    let values = list.values().as_primitive::<Float32Type>().values();
+    for (i, ord) in part.iter().enumerate() {
+        if list.is_null(i) {
+            continue;
+        }
+        let start = list.value_offset(i) as usize;
+        let d = distance(metric, query, &values[start..start + dim]);
+        if heap.len() == k {
+            let worst = heap.peek().expect("k > 0");
+            if d.total_cmp(&worst.distance) == Ordering::Greater {
+                continue;
             }
         }
-        let hits = heap.into_sorted_vec();
-        let ords: Vec<usize> = hits.iter().map(|h| h.ord).collect();
-        let distances: ArrayRef = Arc::new(Float32Array::from_iter_values(
-            hits.iter().map(|h| h.distance),
-        ));
-        ranked(
-            &Source::Generation(g),
-            src,
-            &ords,
-            distances,
-            &ranked_schema,
-        )
-    }))
+        heap.push(Hit {
+            distance: d,
+            key: g.key_at(*ord),
+            ord: *ord,
+        });
+        if heap.len() > k {
+            heap.pop();
+        }
+    }
+}
+
+/// The rows of `heap`, nearest first, as the arm's ranked batch.
+fn finish_hits(
+    heap: BinaryHeap<Hit>,
+    g: &Arc<Generation>,
+    src: usize,
+    ranked_schema: &SchemaRef,
+) -> Result<arrow::array::RecordBatch> {
+    let hits = heap.into_sorted_vec();
+    let ords: Vec<usize> = hits.iter().map(|h| h.ord).collect();
+    let distances: ArrayRef = Arc::new(Float32Array::from_iter_values(
+        hits.iter().map(|h| h.distance),
+    ));
+    ranked(
+        &Source::Generation(g.clone()),
+        src,
+        &ords,
+        distances,
+        ranked_schema,
+    )
+}
+
+/// The arm's ranked batch of `rows` of `g`, whose vectors `vectors` holds (in their order).
+#[allow(clippy::too_many_arguments)]
+fn rank_read(
+    g: &Arc<Generation>,
+    rows: &[usize],
+    vectors: ArrayRef,
+    query: &[f32],
+    metric: Metric,
+    k: usize,
+    src: usize,
+    ranked_schema: &SchemaRef,
+) -> Result<arrow::array::RecordBatch> {
+    let mut heap = BinaryHeap::with_capacity(k + 1);
+    push_hits(&mut heap, g, rows, &vectors, query, metric, k);
+    finish_hits(heap, g, src, ranked_schema)
 }
 
 /// What an arm whose vectors are read by range re-ranks.
