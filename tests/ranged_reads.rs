@@ -425,23 +425,32 @@ async fn a_new_handle_answers_its_first_query_in_four_round_trips() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_writer_searches_the_postings_it_just_flushed_without_a_request() {
+/// A writer of schema `s` in memory behind a [`LatencyStore`] (whose counters a test reads),
+/// with `settings` and memtables of up to 20,000 rows (nothing flushes before the test does);
+/// its location, to open read-only handles beside it.
+async fn writer_in_memory(
+    s: &IndexSchema,
+    settings: Settings,
+) -> (Arc<LatencyStore>, Location, Index) {
     let store = LatencyStore::new(
         Arc::new(object_store::memory::InMemory::new()),
         LatencyConfig::default(),
     );
+    let loc = Location::from_store(store.clone(), "idx");
+    let settings = Settings {
+        memtable_max_rows: 20_000,
+        ..settings
+    };
+    let index = Index::create(loc.clone(), s.clone(), settings)
+        .await
+        .unwrap();
+    (store, loc, index)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_searches_the_postings_it_just_flushed_without_a_request() {
     let s = schema();
-    let index = Index::create(
-        Location::from_store(store.clone(), "idx"),
-        s.clone(),
-        Settings {
-            memtable_max_rows: 20_000,
-            ..Settings::default()
-        },
-    )
-    .await
-    .unwrap();
+    let (store, _, index) = writer_in_memory(&s, Settings::default()).await;
     for from in (0..5_000).step_by(1_000) {
         index.append(&batch(&s, from, from + 1_000)).await.unwrap();
     }
@@ -606,24 +615,13 @@ fn text_rows(s: &IndexSchema, from: usize, to: usize, salt: usize) -> RecordBatc
 /// hits of the same search from a new read-only handle (which counts the superseded rows
 /// from their text as it reads them).
 async fn search_after_updates(ahead: u64) -> (u64, Vec<(String, f32)>, Vec<(String, f32)>) {
-    let store = LatencyStore::new(
-        Arc::new(object_store::memory::InMemory::new()),
-        LatencyConfig::default(),
-    );
     let s = text_schema();
     let rows = |from: usize, to: usize, salt: usize| text_rows(&s, from, to, salt);
-    let loc = Location::from_store(store.clone(), "idx");
-    let index = Index::create(
-        loc.clone(),
-        s.clone(),
-        Settings {
-            memtable_max_rows: 20_000,
-            dead_row_terms_bytes: ahead,
-            ..Settings::default()
-        },
-    )
-    .await
-    .unwrap();
+    let settings = Settings {
+        dead_row_terms_bytes: ahead,
+        ..Settings::default()
+    };
+    let (store, loc, index) = writer_in_memory(&s, settings).await;
     for from in (0..5_000).step_by(1_000) {
         index.append(&rows(from, from + 1_000, 0)).await.unwrap();
     }
@@ -675,22 +673,8 @@ async fn a_writer_reads_the_rows_appends_supersede_before_its_searches_need_them
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compaction_counts_what_the_memtables_supersede_before_searches_see_it() {
-    let store = LatencyStore::new(
-        Arc::new(object_store::memory::InMemory::new()),
-        LatencyConfig::default(),
-    );
     let s = text_schema();
-    let loc = Location::from_store(store.clone(), "idx");
-    let index = Index::create(
-        loc.clone(),
-        s.clone(),
-        Settings {
-            memtable_max_rows: 20_000,
-            ..Settings::default()
-        },
-    )
-    .await
-    .unwrap();
+    let (store, loc, index) = writer_in_memory(&s, Settings::default()).await;
     // Two generations, searched once.
     for (from, to) in [(0, 3_000), (3_000, 5_000)] {
         index.append(&text_rows(&s, from, to, 0)).await.unwrap();
@@ -726,25 +710,15 @@ async fn a_compaction_counts_what_the_memtables_supersede_before_searches_see_it
 /// The GETs of a vector search right after a writer with `cache_bytes` flushed 5,000 rows
 /// of 128-d vectors (2.5 MB).
 async fn gets_of_a_search_after_a_flush(cache_bytes: u64) -> u64 {
-    let store = LatencyStore::new(
-        Arc::new(object_store::memory::InMemory::new()),
-        LatencyConfig::default(),
-    );
     let s = IndexSchema::from_json(
         r#"{"primary_key": "id", "vector": {"column": "v", "dim": 128, "metric": "cosine"}}"#,
     )
     .unwrap();
-    let index = Index::create(
-        Location::from_store(store.clone(), "idx"),
-        s.clone(),
-        Settings {
-            memtable_max_rows: 20_000,
-            cache_bytes,
-            ..Settings::default()
-        },
-    )
-    .await
-    .unwrap();
+    let settings = Settings {
+        cache_bytes,
+        ..Settings::default()
+    };
+    let (store, _, index) = writer_in_memory(&s, settings).await;
     let mut next = pseudo_random(0x9e37_79b9_7f4a_7c15);
     for from in (0..5_000).step_by(1_000) {
         let b = RecordBatch::try_new(s.arrow_schema(), keys_and_vectors(from, &mut next)).unwrap();
