@@ -87,6 +87,11 @@ struct Loader {
     /// vector search scans them exactly ([`crate::Settings::vector_exact_below`]).
     small_rows: u64,
     cache: moka::future::Cache<(u64, u64), Arc<Generation>>,
+    /// Decodes and opens under way at once: one per core. The parts fetched concurrently wait
+    /// their turn, so a generation's decoded structures replace its fetched bytes before the
+    /// next one's are built beside them (14 hot parts of 2,000,000 rows opened together
+    /// peaked at their 475 MB plus all 404 MB decoded from them).
+    decoding: tokio::sync::Semaphore,
     /// Generations no list of this handle will name again (see [`GenerationCache::retire`]).
     retired: std::sync::Mutex<Retired>,
 }
@@ -149,6 +154,9 @@ impl GenerationCache {
                 },
                 small_rows,
                 cache,
+                decoding: tokio::sync::Semaphore::new(
+                    std::thread::available_parallelism().map_or(1, |n| n.get()),
+                ),
                 retired: Default::default(),
             }),
         }
@@ -389,7 +397,7 @@ impl Loader {
     }
 
     /// Run `make` (a decode or an open of the generation at `p`) with the index's schema and
-    /// index specification on a blocking thread.
+    /// index specification on a blocking thread, once one of the cores is free of others.
     async fn on_blocking_thread(
         &self,
         p: &Path,
@@ -401,6 +409,11 @@ impl Loader {
             self.vector,
             p.clone(),
         );
+        let _turn = self
+            .decoding
+            .acquire()
+            .await
+            .map_err(|_| Error::internal("the generation cache is closed"))?;
         tokio::task::spawn_blocking(move || {
             let spec = IndexSpec {
                 text: text.as_deref(),
