@@ -257,6 +257,53 @@ async fn a_restarted_handle_finds_its_disk_cache() {
     );
 }
 
+/// Files under `dir` this process holds open.
+fn open_files_under(dir: &std::path::Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|fds| {
+            fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+                .filter(|target| target.starts_with(dir))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_handle_lets_go_of_its_disk_cache() {
+    let inner = one_generation(2_000).await;
+    let dir = tempfile::tempdir().unwrap();
+    let dir_path = dir.path().canonicalize().unwrap();
+    let settings = Settings {
+        cache_disk_bytes: 64 << 20,
+        cache_dir: Some(dir_path.clone()),
+        ..Settings::default()
+    };
+    for _ in 0..6 {
+        let ro =
+            Index::open_read_only(Location::from_store(inner.clone(), "idx"), settings.clone())
+                .await
+                .unwrap();
+        assert!(open_files_under(&dir_path) > 0, "the disk tier is open");
+        ro.search_fts("wave heat", &SearchOptions::with_k(20))
+            .await
+            .unwrap();
+        ro.close().await.unwrap();
+        drop(ro);
+    }
+    // What a closed handle's disk tier held (its files, its write buffers) goes with it, at
+    // once or within a moment: six opens do not leave six tiers behind.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while open_files_under(&dir_path) > 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        open_files_under(&dir_path),
+        0,
+        "files of closed handles' disk tiers still open"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_cold_block_is_a_data_error_naming_the_object() {
     let inner = one_generation(5_000).await;
