@@ -20,7 +20,8 @@
 use crate::{Error, Result};
 use bytes::{Bytes, BytesMut};
 use foyer::{
-    BlockEngineConfig, DeviceBuilder, FsDeviceBuilder, HybridCache, HybridCacheBuilder, RecoverMode,
+    BlockEngineConfig, DeviceBuilder, FsDeviceBuilder, HybridCache, HybridCacheBuilder,
+    RecoverMode, Spawner,
 };
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -112,6 +113,39 @@ pub(crate) struct BlockCache {
     block: u64,
     concurrency: usize,
     counters: Arc<Counters>,
+    /// The disk tier's runtime, when there is a disk tier; dropped after `cache`.
+    tier: Option<Arc<TierRuntime>>,
+}
+
+/// The runtime a disk tier's tasks run on, shut down with every task on it when the last
+/// clone of its cache goes. foyer's disk engine never ends its write tasks by itself (each
+/// holds, through the engine, the sender of its own queue), so on the caller's runtime a
+/// closed cache's tier stayed until that runtime ended: its files open, its write buffers
+/// held (8 MiB), once per handle opened and closed.
+struct TierRuntime(Option<tokio::runtime::Runtime>);
+
+impl TierRuntime {
+    fn new() -> Result<TierRuntime> {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("lsmsearch-disk-cache")
+            .enable_all()
+            .build()
+            .map(|rt| TierRuntime(Some(rt)))
+            .map_err(|e| Error::internal(format!("cannot start the disk cache's runtime: {e}")))
+    }
+
+    fn handle(&self) -> Option<tokio::runtime::Handle> {
+        self.0.as_ref().map(|rt| rt.handle().clone())
+    }
+}
+
+impl Drop for TierRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 impl std::fmt::Debug for BlockCache {
@@ -151,6 +185,7 @@ impl BlockCache {
             .with_shards(shards)
             .with_weighter(|_: &u128, value: &Block| 16 + value.bytes.len())
             .storage();
+        let mut tier = None;
         let builder = match &config.disk_dir {
             Some(dir) if config.disk_bytes > 0 => {
                 std::fs::create_dir_all(dir).map_err(|e| {
@@ -185,6 +220,13 @@ impl BlockCache {
                 // their headers: foyer drops an entry that does not fit in what is left of the
                 // buffer it is written to instead of starting the next one.
                 let buffer = (4usize << 20).max(2 * block as usize + (64 << 10));
+                let runtime = TierRuntime::new()?;
+                let spawner = runtime.handle().map(Spawner::from);
+                tier = Some(Arc::new(runtime));
+                let builder = match spawner {
+                    Some(s) => builder.with_spawner(s),
+                    None => builder,
+                };
                 builder
                     .with_engine_config(
                         BlockEngineConfig::new(device)
@@ -205,6 +247,7 @@ impl BlockCache {
             block: config.block_bytes,
             concurrency: config.concurrency.max(1),
             counters: Arc::default(),
+            tier,
         })
     }
 
@@ -384,33 +427,47 @@ impl BlockCache {
         let name = format!("{path}#{b}");
         let (store, path, verify) = (store.clone(), path.clone(), verify.clone());
         let counters = self.counters.clone();
+        // foyer runs a fetch on the disk tier's runtime: the object store is read on the
+        // caller's, where its client's connections live, and outlives the tier's runtime.
+        let caller = self
+            .tier
+            .as_ref()
+            .and_then(|_| tokio::runtime::Handle::try_current().ok());
+        let fetch = async move {
+            let want = range.end - range.start;
+            let bytes = store
+                .get_range(&path, range)
+                .await
+                .map_err(|e| Error::store(&path, e))?;
+            counters.fetched.fetch_add(1, Ordering::Relaxed);
+            counters
+                .fetched_bytes
+                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            // A store clamps a range past the object's end: a short block means the
+            // object is not `len` bytes long.
+            if bytes.len() as u64 != want {
+                return Err(Error::data(
+                    &path,
+                    format!(
+                        "block {b}: {} bytes where {want} were expected",
+                        bytes.len()
+                    ),
+                ));
+            }
+            verify(b, &bytes)?;
+            Ok::<_, Error>(Block {
+                bytes,
+                checked: true.into(),
+            })
+        };
         self.cache
             .get_or_fetch(&key, move || async move {
-                let want = range.end - range.start;
-                let bytes = store
-                    .get_range(&path, range)
-                    .await
-                    .map_err(|e| Error::store(&path, e))?;
-                counters.fetched.fetch_add(1, Ordering::Relaxed);
-                counters
-                    .fetched_bytes
-                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                // A store clamps a range past the object's end: a short block means the
-                // object is not `len` bytes long.
-                if bytes.len() as u64 != want {
-                    return Err(Error::data(
-                        &path,
-                        format!(
-                            "block {b}: {} bytes where {want} were expected",
-                            bytes.len()
-                        ),
-                    ));
+                match caller {
+                    Some(caller) => caller.spawn(fetch).await.map_err(|e| {
+                        Error::internal(format!("a block's fetch did not finish: {e}"))
+                    })?,
+                    None => fetch.await,
                 }
-                verify(b, &bytes)?;
-                Ok::<_, Error>(Block {
-                    bytes,
-                    checked: true.into(),
-                })
             })
             .await
             .map_err(|e| fetch_error(&name, e))
