@@ -245,9 +245,9 @@ pub async fn run(o: &ReaderOptions) -> Result<ReaderReport> {
         write: Duration::ZERO,
         bytes_per_second: None,
     });
-    let corpus = Corpus::load(o.data.as_deref())?;
+    // Only the queries are kept: the documents are not the reader's to hold.
+    let texts = Corpus::load(o.data.as_deref())?.queries().to_vec();
     let mut embedder = Embedder::new(o.dim);
-    let texts = corpus.queries();
     let mut setup = Setup {
         loc,
         store,
@@ -266,7 +266,7 @@ pub async fn run(o: &ReaderOptions) -> Result<ReaderReport> {
         ro.close().await?;
         r
     };
-    let probes = setup.probes(texts, &mut embedder).await?;
+    let probes = setup.probes(&texts, &mut embedder).await?;
     // Mixed queries on one handle.
     let ro = setup.fresh().await?;
     setup.store.reset();
