@@ -107,6 +107,13 @@ impl ColdObject {
             .await
     }
 
+    /// Bytes of each of `ranges` of the object when every block they touch is in memory
+    /// (see [`BlockCache::read_ranges_in_memory`]); `None`, with nothing read, when not.
+    pub(crate) fn read_ranges_in_memory(&self, ranges: &[Range<u64>]) -> Option<Vec<Bytes>> {
+        self.cache
+            .read_ranges_in_memory(&self.store_name, &self.path, self.len, ranges)
+    }
+
     /// Bytes `range` of the object read straight from the store, not through the cache (a
     /// whole section read once, such as the vectors a generation keeps in memory): one ranged
     /// GET of the blocks it touches, each checked.

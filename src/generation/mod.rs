@@ -837,20 +837,48 @@ impl Generation {
     /// The vectors of rows `ords`, in the order given, read by range (a generation opened
     /// from its hot part) or from memory.
     pub(crate) async fn read_vectors(&self, ords: &[usize]) -> Result<ArrayRef> {
+        match self.vector_reads(ords)? {
+            VectorReads::Done(a) => Ok(a),
+            VectorReads::Ranges(cold, reads) => {
+                let read = cold.object().read_ranges(&reads.ranges).await?;
+                reads.assemble(ords, &read)
+            }
+        }
+    }
+
+    /// [`Generation::read_vectors`] when nothing has to be fetched: every block the vectors
+    /// are in is in memory (or the generation holds them); `None`, with nothing read, when not.
+    pub(crate) fn vectors_in_memory(&self, ords: &[usize]) -> Option<Result<ArrayRef>> {
+        match self.vector_reads(ords) {
+            Err(e) => Some(Err(e)),
+            Ok(VectorReads::Done(a)) => Some(Ok(a)),
+            Ok(VectorReads::Ranges(cold, reads)) => {
+                let read = cold.object().read_ranges_in_memory(&reads.ranges)?;
+                Some(reads.assemble(ords, &read))
+            }
+        }
+    }
+
+    /// The vectors of rows `ords` when in memory, or the ranges to read them from.
+    fn vector_reads(&self, ords: &[usize]) -> Result<VectorReads<'_>> {
         if let Some(held) = self.vectors.as_ref().and_then(|v| v.held.as_ref()) {
             let idx = arrow::array::UInt32Array::from_iter_values(ords.iter().map(|r| *r as u32));
-            return Ok(arrow::compute::take(held.as_ref(), &idx, None)?);
+            return Ok(VectorReads::Done(arrow::compute::take(
+                held.as_ref(),
+                &idx,
+                None,
+            )?));
         }
         let (Some(cold), Some(v)) = (&self.cold, &self.vectors) else {
             let col = self
                 .vector_col
                 .ok_or_else(|| Error::internal("vectors of an index without a vector column"))?;
             let idx = arrow::array::UInt32Array::from_iter_values(ords.iter().map(|r| *r as u32));
-            return Ok(arrow::compute::take(
+            return Ok(VectorReads::Done(arrow::compute::take(
                 self.resident.column(col).as_ref(),
                 &idx,
                 None,
-            )?);
+            )?));
         };
         let row_bytes = (v.dim * 4) as u64;
         let mut sorted = ords.to_vec();
@@ -874,35 +902,15 @@ impl Generation {
                 at..at + run.len() as u64 * row_bytes
             })
             .collect();
-        let read = cold.object().read_ranges(&ranges).await?;
-        let mut at_sorted: Vec<&[u8]> = Vec::with_capacity(sorted.len());
-        for (run, bytes) in runs.iter().zip(&read) {
-            for i in 0..run.len() {
-                at_sorted.push(&bytes[i * row_bytes as usize..(i + 1) * row_bytes as usize]);
-            }
-        }
-        let mut values = Vec::with_capacity(ords.len() * v.dim);
-        for r in ords {
-            let i = sorted.binary_search(r).expect("a row read");
-            values.extend(
-                at_sorted[i]
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))),
-            );
-        }
-        let nulls =
-            NullBuffer::from_iter(ords.iter().map(|r| v.valid[r / 8] & (1 << (r % 8)) != 0));
-        let DataType::FixedSizeList(item, dim) = v.field.data_type() else {
-            return Err(Error::internal(
-                "the vector column is not a fixed-size list",
-            ));
-        };
-        Ok(Arc::new(FixedSizeListArray::try_new(
-            item.clone(),
-            *dim,
-            Arc::new(Float32Array::from(values)),
-            Some(nulls),
-        )?))
+        Ok(VectorReads::Ranges(
+            cold,
+            RowRanges {
+                sorted,
+                runs,
+                ranges,
+                vectors: v,
+            },
+        ))
     }
 
     /// Columns `cols` of every row, in row order (the vectors as one read of their section).
@@ -1141,6 +1149,64 @@ impl Generation {
     /// Its rows by key hash.
     pub(crate) fn by_hash(&self) -> &HashIndex {
         &self.by_hash
+    }
+}
+
+/// Where the vectors of some rows are: in hand, or in ranges of the cold part.
+enum VectorReads<'a> {
+    Done(ArrayRef),
+    Ranges(&'a ColdRows, RowRanges<'a>),
+}
+
+/// The ranges holding the vectors of some rows: `sorted` (each row once), in `runs` of
+/// consecutive rows, each run one of `ranges`.
+struct RowRanges<'a> {
+    sorted: Vec<usize>,
+    runs: Vec<std::ops::Range<usize>>,
+    ranges: Vec<std::ops::Range<u64>>,
+    vectors: &'a ColdVectors,
+}
+
+impl RowRanges<'_> {
+    /// The vectors of rows `ords`, in the order given, from `read` (the bytes of each
+    /// of the ranges).
+    fn assemble(&self, ords: &[usize], read: &[Bytes]) -> Result<ArrayRef> {
+        let v = self.vectors;
+        let row_bytes = v.dim * 4;
+        let mut at_sorted: Vec<&[u8]> = Vec::with_capacity(self.sorted.len());
+        for (run, bytes) in self.runs.iter().zip(read) {
+            for i in 0..run.len() {
+                let row = bytes
+                    .get(i * row_bytes..(i + 1) * row_bytes)
+                    .ok_or_else(|| Error::internal("a read of vectors came back short"))?;
+                at_sorted.push(row);
+            }
+        }
+        let mut values = Vec::with_capacity(ords.len() * v.dim);
+        for r in ords {
+            let i = self
+                .sorted
+                .binary_search(r)
+                .map_err(|_| Error::internal("a vector asked for and not read"))?;
+            values.extend(
+                at_sorted[i]
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))),
+            );
+        }
+        let nulls =
+            NullBuffer::from_iter(ords.iter().map(|r| v.valid[r / 8] & (1 << (r % 8)) != 0));
+        let DataType::FixedSizeList(item, dim) = v.field.data_type() else {
+            return Err(Error::internal(
+                "the vector column is not a fixed-size list",
+            ));
+        };
+        Ok(Arc::new(FixedSizeListArray::try_new(
+            item.clone(),
+            *dim,
+            Arc::new(Float32Array::from(values)),
+            Some(nulls),
+        )?))
     }
 }
 

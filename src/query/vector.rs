@@ -301,7 +301,7 @@ fn arm_work(p: ArmParts) -> ArmWork {
                         // The round chose at this arm's arrival (it came last), and every
                         // chosen vector is in memory: ranked here, with no step after the arm.
                         if let Some(rows) = (&mut chosen).now_or_never() {
-                            let ranked_now = g.read_vectors(&rows).now_or_never().map(|v| {
+                            let ranked_now = g.vectors_in_memory(&rows).map(|v| {
                                 rank_read(g, &rows, v?, &p.query, p.metric, p.k, p.src, &p.ranked)
                             });
                             if let Some(batch) = ranked_now {

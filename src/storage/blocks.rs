@@ -103,6 +103,11 @@ fn block_key(object: u64, b: u64) -> u128 {
     (u128::from(object) << 64) | u128::from(b)
 }
 
+/// The name of an object in block keys: its store, path and length hashed.
+fn object_name(store_name: &str, path: &Path, len: u64) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(format!("{store_name}/{path}@{len}").as_bytes())
+}
+
 /// Checks a block on arrival: `(block index, its bytes)`; an error refuses it.
 pub(crate) type Verify = Arc<dyn Fn(u64, &Bytes) -> Result<()> + Send + Sync>;
 
@@ -288,18 +293,20 @@ impl BlockCache {
                 format!("a read of bytes {r:?} past the object's {len} bytes"),
             ));
         }
-        let mut wanted: Vec<u64> = ranges
-            .iter()
-            .filter(|r| !r.is_empty())
-            .flat_map(|r| r.start / self.block..=(r.end - 1) / self.block)
-            .collect();
-        wanted.sort_unstable();
-        wanted.dedup();
-        let object = xxhash_rust::xxh3::xxh3_64(format!("{store_name}/{path}@{len}").as_bytes());
+        let wanted = self.blocks_of(ranges);
+        let object = object_name(store_name, path, len);
         // Blocks in memory and checked (a warm read) are taken at once; the others are
         // asked for at most `concurrency` at once.
-        let mut blocks: Vec<Option<Bytes>> =
-            wanted.iter().map(|b| self.in_memory(object, *b)).collect();
+        let mut blocks: Vec<Option<Bytes>> = wanted
+            .iter()
+            .map(|b| {
+                let bytes = self.in_memory(object, *b);
+                if bytes.is_some() {
+                    self.counters.blocks.fetch_add(1, Ordering::Relaxed);
+                }
+                bytes
+            })
+            .collect();
         let missing: Vec<usize> = (0..wanted.len()).filter(|i| blocks[*i].is_none()).collect();
         for some in missing.chunks(self.concurrency) {
             let read = futures::future::try_join_all(
@@ -315,8 +322,51 @@ impl BlockCache {
             .into_iter()
             .map(|b| b.ok_or_else(|| Error::internal("a block asked for and not read")))
             .collect::<Result<_>>()?;
+        Ok(self.assemble(ranges, &wanted, &blocks))
+    }
+
+    /// Bytes of each of `ranges` of the object, as [`BlockCache::read_ranges`] reads them,
+    /// when every block they touch is in memory and checked; `None` when one is not, with
+    /// nothing asked for, fetched or counted (the caller reads them as it would have).
+    pub(crate) fn read_ranges_in_memory(
+        &self,
+        store_name: &str,
+        path: &Path,
+        len: u64,
+        ranges: &[Range<u64>],
+    ) -> Option<Vec<Bytes>> {
+        if ranges.iter().any(|r| r.start > r.end || r.end > len) {
+            return None;
+        }
+        let wanted = self.blocks_of(ranges);
+        let object = object_name(store_name, path, len);
+        let blocks: Vec<Bytes> = wanted
+            .iter()
+            .map(|b| self.in_memory(object, *b))
+            .collect::<Option<_>>()?;
+        self.counters
+            .blocks
+            .fetch_add(blocks.len() as u64, Ordering::Relaxed);
+        Some(self.assemble(ranges, &wanted, &blocks))
+    }
+
+    /// The blocks `ranges` touch, sorted, each once.
+    fn blocks_of(&self, ranges: &[Range<u64>]) -> Vec<u64> {
+        let mut wanted: Vec<u64> = ranges
+            .iter()
+            .filter(|r| !r.is_empty())
+            .flat_map(|r| r.start / self.block..=(r.end - 1) / self.block)
+            .collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        wanted
+    }
+
+    /// The bytes of `ranges` from `blocks`, the bytes of blocks `wanted` (sorted, covering
+    /// every range).
+    fn assemble(&self, ranges: &[Range<u64>], wanted: &[u64], blocks: &[Bytes]) -> Vec<Bytes> {
         let block = |b: u64| &blocks[wanted.binary_search(&b).expect("a block asked for")];
-        Ok(ranges
+        ranges
             .iter()
             .map(|r| {
                 if r.is_empty() {
@@ -340,21 +390,19 @@ impl BlockCache {
                 }
                 out.freeze()
             })
-            .collect())
+            .collect()
     }
 
     /// Block `b` of the object (named `object`, see [`block_key`]) if it is in memory and
-    /// checked (a warm read): taken at once, without preparing a fetch, and counted as asked
-    /// for (a block not found is counted when [`BlockCache::block_of`] asks for it).
+    /// checked (a warm read): taken at once, without preparing a fetch; not counted (its
+    /// caller counts what it takes, and [`BlockCache::block_of`] what it asks for).
     fn in_memory(&self, object: u64, b: u64) -> Option<Bytes> {
         let entry = self.cache.memory().get(&block_key(object, b))?;
         let block = entry.value();
-        let bytes = block
+        block
             .checked
             .load(Ordering::Acquire)
-            .then(|| block.bytes.clone())?;
-        self.counters.blocks.fetch_add(1, Ordering::Relaxed);
-        Some(bytes)
+            .then(|| block.bytes.clone())
     }
 
     /// Block `b` of the object (named `object`, see [`block_key`]), from either tier or
@@ -488,7 +536,7 @@ impl BlockCache {
         if range.is_empty() || range.end > len {
             return;
         }
-        let name = xxhash_rust::xxh3::xxh3_64(format!("{store_name}/{path}@{len}").as_bytes());
+        let name = object_name(store_name, path, len);
         for b in range.start / self.block..=(range.end - 1) / self.block {
             let start = b * self.block;
             let end = start.saturating_add(self.block).min(len);
@@ -669,6 +717,46 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::Data, "{e}");
         assert!(e.to_string().contains(path.as_ref()), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_read_in_memory_takes_every_block_or_asks_for_none() {
+        let (store, path, bytes) = object(10_000, Duration::ZERO).await;
+        let dyn_store: Arc<dyn ObjectStore> = store.clone();
+        let cache = BlockCache::open(&config(1 << 20, None)).await.unwrap();
+        let len = bytes.len() as u64;
+        let many = [3..5, 1000..3100, 4..4, 2048..2049, 9000..9001];
+        // Blocks 0 to 3 in memory, block 8 not: nothing taken, asked for, fetched or counted.
+        cache
+            .read(&dyn_store, "mem", &path, len, 0..4096, &accept())
+            .await
+            .unwrap();
+        let (asked, gets) = (cache.stats().blocks, store.counters().gets);
+        assert!(cache
+            .read_ranges_in_memory("mem", &path, len, &many)
+            .is_none());
+        assert_eq!(cache.stats().blocks, asked, "nothing counted");
+        assert_eq!(store.counters().gets, gets, "nothing fetched");
+        // Past the object: none, as the read would refuse it.
+        let past = 0..len + 1;
+        assert!(cache
+            .read_ranges_in_memory("mem", &path, len, std::slice::from_ref(&past))
+            .is_none());
+        // Every block in memory: the read's bytes, each block counted once.
+        let want = cache
+            .read_ranges(&dyn_store, "mem", &path, len, &many, &accept())
+            .await
+            .unwrap();
+        let asked = cache.stats().blocks;
+        let got = cache
+            .read_ranges_in_memory("mem", &path, len, &many)
+            .expect("every block in memory");
+        assert_eq!(got, want);
+        for (r, g) in many.iter().zip(&got) {
+            assert_eq!(&g[..], &bytes[r.start as usize..r.end as usize], "{r:?}");
+        }
+        assert_eq!(cache.stats().blocks, asked + 5, "blocks 0, 1, 2, 3 and 8");
+        assert_eq!(store.counters().gets, gets + 1, "block 8, by the read");
     }
 
     #[tokio::test]
