@@ -304,6 +304,56 @@ async fn a_closed_handle_lets_go_of_its_disk_cache() {
     );
 }
 
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_handle_closes_its_disk_cache_as_close_does() {
+    let inner = one_generation(5_000).await;
+    let dir = tempfile::tempdir().unwrap();
+    let dir_path = dir.path().canonicalize().unwrap();
+    let settings = Settings {
+        cache_disk_bytes: 64 << 20,
+        cache_dir: Some(dir_path.clone()),
+        ..Settings::default()
+    };
+    let store = LatencyStore::new(inner, LatencyConfig::default());
+    let open = || async {
+        Index::open_read_only(Location::from_store(store.clone(), "idx"), settings.clone())
+            .await
+            .unwrap()
+    };
+    let first = open().await;
+    let want = keys(
+        &first
+            .search_fts("wave heat", &SearchOptions::with_k(20))
+            .await
+            .unwrap(),
+    );
+    let fetched_first = first.cache_stats().await.blocks_fetched;
+    assert!(fetched_first > 0);
+    // Dropped, not closed: its tier writes what its memory holds and closes its files.
+    drop(first);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while open_files_under(&dir_path) > 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(open_files_under(&dir_path), 0, "the dropped tier's files");
+    let second = open().await;
+    let got = keys(
+        &second
+            .search_fts("wave heat", &SearchOptions::with_k(20))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(got, want);
+    let c = second.cache_stats().await;
+    assert!(c.block_disk_hits > 0, "{c:?}");
+    assert!(
+        c.blocks_fetched * 2 <= fetched_first,
+        "{c:?}, {fetched_first} fetched by the first handle"
+    );
+    second.close().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_cold_block_is_a_data_error_naming_the_object() {
     let inner = one_generation(5_000).await;
