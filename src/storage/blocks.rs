@@ -127,7 +127,12 @@ pub(crate) struct BlockCache {
 /// holds, through the engine, the sender of its own queue), so on the caller's runtime a
 /// closed cache's tier stayed until that runtime ended: its files open, its write buffers
 /// held (8 MiB), once per handle opened and closed.
-struct TierRuntime(Option<tokio::runtime::Runtime>);
+struct TierRuntime {
+    runtime: Option<tokio::runtime::Runtime>,
+    /// The cache whose tier runs here: closed (what its memory holds written, its writes
+    /// finished) before the runtime shuts down.
+    cache: Option<HybridCache<u128, Block>>,
+}
 
 impl TierRuntime {
     fn new() -> Result<TierRuntime> {
@@ -136,20 +141,55 @@ impl TierRuntime {
             .thread_name("lsmsearch-disk-cache")
             .enable_all()
             .build()
-            .map(|rt| TierRuntime(Some(rt)))
+            .map(|rt| TierRuntime {
+                runtime: Some(rt),
+                cache: None,
+            })
             .map_err(|e| Error::internal(format!("cannot start the disk cache's runtime: {e}")))
     }
 
     fn handle(&self) -> Option<tokio::runtime::Handle> {
-        self.0.as_ref().map(|rt| rt.handle().clone())
+        self.runtime.as_ref().map(|rt| rt.handle().clone())
+    }
+}
+
+/// A runtime shut down in the background if nothing shut it before it is dropped (a runtime
+/// cannot be dropped where blocking is not allowed).
+struct Shutting(Option<tokio::runtime::Runtime>);
+
+impl Drop for Shutting {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
     }
 }
 
 impl Drop for TierRuntime {
     fn drop(&mut self) {
-        if let Some(rt) = self.0.take() {
-            rt.shutdown_background();
-        }
+        let mut runtime = Shutting(self.runtime.take());
+        let cache = self.cache.take();
+        // On a thread of its own, which may block: the cache closed first (a handle dropped
+        // without close writes its memory to disk as close does), then the runtime shut once
+        // its blocking reads and writes are done. A write under way when a runtime shuts in
+        // the background goes on through a file number the device has closed, which another
+        // open may have taken.
+        let close = move || {
+            let Some(rt) = runtime.0.take() else {
+                return;
+            };
+            if let Some(cache) = cache {
+                if let Err(e) = rt.block_on(cache.close()) {
+                    tracing::warn!("closing the disk cache: {e}");
+                }
+                drop(cache);
+            }
+            rt.shutdown_timeout(std::time::Duration::from_secs(30));
+        };
+        // Without a thread, the runtime is shut in the background as the closure drops.
+        let _ = std::thread::Builder::new()
+            .name("lsmsearch-disk-cache-close".into())
+            .spawn(close);
     }
 }
 
@@ -227,7 +267,7 @@ impl BlockCache {
                 let buffer = (4usize << 20).max(2 * block as usize + (64 << 10));
                 let runtime = TierRuntime::new()?;
                 let spawner = runtime.handle().map(Spawner::from);
-                tier = Some(Arc::new(runtime));
+                tier = Some(runtime);
                 let builder = match spawner {
                     Some(s) => builder.with_spawner(s),
                     None => builder,
@@ -247,6 +287,10 @@ impl BlockCache {
             .build()
             .await
             .map_err(|e| cache_error(config.disk_dir.as_deref().unwrap_or("memory".as_ref()), e))?;
+        if let Some(tier) = tier.as_mut() {
+            tier.cache = Some(cache.clone());
+        }
+        let tier = tier.map(Arc::new);
         Ok(BlockCache {
             cache,
             block: config.block_bytes,
