@@ -258,6 +258,7 @@ async fn a_restarted_handle_finds_its_disk_cache() {
 }
 
 /// Files under `dir` this process holds open.
+#[cfg(target_os = "linux")]
 fn open_files_under(dir: &std::path::Path) -> usize {
     std::fs::read_dir("/proc/self/fd")
         .map(|fds| {
