@@ -118,8 +118,13 @@ pub(crate) struct BlockCache {
     block: u64,
     concurrency: usize,
     counters: Arc<Counters>,
-    /// The disk tier's runtime, when there is a disk tier; dropped after `cache`.
-    tier: Option<Arc<TierRuntime>>,
+    /// The disk tier's runtime, when there is a disk tier, held for its drop (after
+    /// `cache`'s), which closes the tier and shuts the runtime.
+    _tier: Option<Arc<TierRuntime>>,
+    /// With a disk tier, the runtime that opened the cache: foyer runs a fetch on the tier's
+    /// runtime, and the object store is read on this one, where its client's connections
+    /// live and which outlives the tier's.
+    fetch_on: Option<tokio::runtime::Handle>,
 }
 
 /// The runtime a disk tier's tasks run on, shut down with every task on it when the last
@@ -290,13 +295,17 @@ impl BlockCache {
         if let Some(tier) = tier.as_mut() {
             tier.cache = Some(cache.clone());
         }
+        let fetch_on = tier
+            .as_ref()
+            .and_then(|_| tokio::runtime::Handle::try_current().ok());
         let tier = tier.map(Arc::new);
         Ok(BlockCache {
             cache,
             block: config.block_bytes,
             concurrency: config.concurrency.max(1),
             counters: Arc::default(),
-            tier,
+            _tier: tier,
+            fetch_on,
         })
     }
 
@@ -519,12 +528,7 @@ impl BlockCache {
         let name = format!("{path}#{b}");
         let (store, path, verify) = (store.clone(), path.clone(), verify.clone());
         let counters = self.counters.clone();
-        // foyer runs a fetch on the disk tier's runtime: the object store is read on the
-        // caller's, where its client's connections live, and outlives the tier's runtime.
-        let caller = self
-            .tier
-            .as_ref()
-            .and_then(|_| tokio::runtime::Handle::try_current().ok());
+        let caller = self.fetch_on.clone();
         let fetch = async move {
             let want = range.end - range.start;
             let bytes = store
