@@ -91,7 +91,7 @@ struct Loader {
     /// their turn, so a generation's decoded structures replace its fetched bytes before the
     /// next one's are built beside them (14 hot parts of 2,000,000 rows opened together
     /// peaked at their 475 MB plus all 404 MB decoded from them).
-    decoding: tokio::sync::Semaphore,
+    decoding: Arc<tokio::sync::Semaphore>,
     /// Generations no list of this handle will name again (see [`GenerationCache::retire`]).
     retired: std::sync::Mutex<Retired>,
 }
@@ -154,9 +154,9 @@ impl GenerationCache {
                 },
                 small_rows,
                 cache,
-                decoding: tokio::sync::Semaphore::new(
+                decoding: Arc::new(tokio::sync::Semaphore::new(
                     std::thread::available_parallelism().map_or(1, |n| n.get()),
-                ),
+                )),
                 retired: Default::default(),
             }),
         }
@@ -409,12 +409,16 @@ impl Loader {
             self.vector,
             p.clone(),
         );
-        let _turn = self
+        // The turn goes with the decode, which runs to its end even when the open that
+        // waits for it is dropped.
+        let turn = self
             .decoding
-            .acquire()
+            .clone()
+            .acquire_owned()
             .await
             .map_err(|_| Error::internal("the generation cache is closed"))?;
         tokio::task::spawn_blocking(move || {
+            let _turn = turn;
             let spec = IndexSpec {
                 text: text.as_deref(),
                 vector,
