@@ -142,7 +142,7 @@ struct TierRuntime {
 impl TierRuntime {
     fn new() -> Result<TierRuntime> {
         tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
+            .worker_threads(std::thread::available_parallelism().map_or(1, |n| n.get()))
             .thread_name("lsmsearch-disk-cache")
             .enable_all()
             .build()
