@@ -94,7 +94,8 @@ pub use generation::cache::CacheStats;
 pub use generation::Resident;
 pub use key::{Key, KeyType, PK_HASH_SEED};
 pub use query::{
-    Conjunction, ScanOptions, SearchOptions, VectorSearchOptions, DISTANCE_COLUMN, SCORE_COLUMN,
+    Conjunction, ScanOptions, SearchOptions, VectorSearchOptions, DISTANCE_COLUMN,
+    MAX_RESULT_WINDOW, SCORE_COLUMN,
 };
 pub use schema::{
     IndexSchema, Metric, PayloadColumn, PayloadType, VectorColumn, DELETED_COLUMN, SEQ_COLUMN,

@@ -193,6 +193,13 @@ impl IndexSchema {
         self.tokenizer.get(name).map_or("default", String::as_str)
     }
 
+    /// The names of the payload columns, in order: what the benchmarks' searches return
+    /// after the key and the score or distance (what every search returned before searches
+    /// named their columns), so that figures stay comparable with earlier builds'.
+    pub(crate) fn payload_names(&self) -> Vec<String> {
+        self.payload.iter().map(|p| p.name.clone()).collect()
+    }
+
     fn column_names(&self) -> Vec<&str> {
         let mut names = vec![self.primary_key.as_str()];
         names.extend(self.text.iter().map(String::as_str));

@@ -195,6 +195,7 @@ impl Query {
             Query::Fts(q, filter) => {
                 let opts = SearchOptions {
                     filter: filter.clone(),
+                    columns: Some(index.schema().payload_names()),
                     ..SearchOptions::with_k(10)
                 };
                 index.search_fts(q, &opts).await?
@@ -202,6 +203,7 @@ impl Query {
             Query::Vector(v, exact) => {
                 let opts = VectorSearchOptions {
                     exact: *exact,
+                    columns: Some(index.schema().payload_names()),
                     ..VectorSearchOptions::with_k(10)
                 };
                 index.search_vector(v, &opts).await?

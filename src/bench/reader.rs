@@ -133,12 +133,21 @@ enum Query {
 
 impl Query {
     async fn run(&self, index: &ReadOnlyIndex) -> Result<usize> {
+        let columns = Some(index.schema().payload_names());
         let batches = match self {
-            Query::Fts(q) => index.search_fts(q, &SearchOptions::with_k(10)).await?,
+            Query::Fts(q) => {
+                let opts = SearchOptions {
+                    columns,
+                    ..SearchOptions::with_k(10)
+                };
+                index.search_fts(q, &opts).await?
+            }
             Query::Vector(v) => {
-                index
-                    .search_vector(v, &VectorSearchOptions::with_k(10))
-                    .await?
+                let opts = VectorSearchOptions {
+                    columns,
+                    ..VectorSearchOptions::with_k(10)
+                };
+                index.search_vector(v, &opts).await?
             }
         };
         Ok(batches.iter().map(|b| b.num_rows()).sum())

@@ -98,6 +98,15 @@ pub(crate) fn ranked(
     )?)
 }
 
+/// A search before its columns are read: its rows ranked and merged ([`ranked_schema`]: the
+/// key, the score or distance, the source and the ordinal of each row), with the snapshot's
+/// sources and caches to read their columns from.
+pub(crate) struct RankedPlan {
+    pub(crate) merged: Arc<dyn ExecutionPlan>,
+    pub(crate) sources: Vec<Source>,
+    pub(crate) caches: Arc<ReadCaches>,
+}
+
 /// The top of a search: the rows the merge kept ([`ranked_schema`]) with their payload
 /// columns read, each source's rows at once and every source concurrently (by range for a
 /// generation), so the payload of `k` rows is read once, not `k` rows per arm.

@@ -2,7 +2,9 @@
 //! run one tantivy search per arm with its live rows and filter applied inside the collector,
 //! merge the arms' top k in DataFusion.
 
-use super::exec::{ranked, ranked_schema, ArmExec, ArmRows, ArmSpec, ArmWork, TakeExec};
+use super::exec::{
+    ranked, ranked_schema, ArmExec, ArmRows, ArmSpec, ArmWork, RankedPlan, TakeExec,
+};
 use super::{Conjunction, SearchOptions, SCORE_COLUMN};
 use crate::key::Key;
 use crate::read::{
@@ -13,7 +15,7 @@ use crate::text::{ColdPiece, DocRows, TailQuery, TextIndex, TextSchema};
 use crate::{Error, Result};
 use arrow::array::{ArrayRef, Float32Array, RecordBatch};
 use arrow::compute::SortOptions;
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::datatypes::SchemaRef;
 use datafusion::physical_expr::{LexOrdering, PhysicalSortExpr};
 use datafusion::physical_plan::expressions::col;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
@@ -66,17 +68,6 @@ impl Bm25StatisticsProvider for GlobalStats {
     fn doc_freq(&self, term: &Term) -> tantivy::Result<u64> {
         Ok(self.doc_freq.get(term).copied().unwrap_or(0))
     }
-}
-
-/// The output schema of a full-text search: key, `_score`, payload columns.
-pub(crate) fn output_schema(schema: &IndexSchema) -> SchemaRef {
-    let user = schema.arrow_schema();
-    let mut fields = vec![user.field(0).clone()];
-    fields.push(Field::new(SCORE_COLUMN, DataType::Float32, false));
-    for p in &schema.payload {
-        fields.push(Field::new(&p.name, p.kind.data_type(), true));
-    }
-    Arc::new(Schema::new(fields))
 }
 
 /// The field names a parsed query mentions.
@@ -224,11 +215,32 @@ pub(crate) fn plan(
     query: &str,
     opts: &SearchOptions,
 ) -> Result<Arc<dyn ExecutionPlan>> {
+    let columns = super::returned_columns(schema, opts.columns.as_deref(), SCORE_COLUMN)?;
+    let out_schema = super::output_schema(schema, SCORE_COLUMN, &columns);
+    let r = plan_ranked(schema, text, snapshot, query, opts)?;
+    let out_ordering = sort_ordering(&out_schema, true, SCORE_COLUMN)?;
+    Ok(Arc::new(TakeExec::new(
+        r.merged,
+        r.sources,
+        r.caches,
+        columns.into(),
+        out_schema,
+        out_ordering,
+    )))
+}
+
+/// The rows of a full-text search over a snapshot, ranked and merged, before their columns
+/// are read ([`RankedPlan`]).
+pub(crate) fn plan_ranked(
+    schema: &IndexSchema,
+    text: Option<&Arc<TextSchema>>,
+    snapshot: Snapshot,
+    query: &str,
+    opts: &SearchOptions,
+) -> Result<RankedPlan> {
     let ts =
         text.ok_or_else(|| Error::invalid("full-text search on an index without text columns"))?;
-    if opts.k == 0 {
-        return Err(Error::invalid("k must be at least 1"));
-    }
+    let window = super::result_window(opts.k, opts.offset)?;
     let query: Arc<dyn Query> = Arc::from(parse_query(ts, query, opts.conjunction)?);
     let user = schema.arrow_schema();
     let filter = opts
@@ -236,7 +248,7 @@ pub(crate) fn plan(
         .as_deref()
         .map(|f| compile_filter(&user, f))
         .transpose()?;
-    let out_schema = output_schema(schema);
+    let out_schema = super::output_schema(schema, SCORE_COLUMN, &[]);
     let ranked = ranked_schema(&out_schema);
     let ordering = sort_ordering(&ranked, true, SCORE_COLUMN)?;
 
@@ -270,9 +282,6 @@ pub(crate) fn plan(
     let scoring = scoring(query.as_ref(), ts, &stats, &indexes)?;
 
     let mut arms: Vec<ArmSpec> = Vec::with_capacity(sources.len());
-    let payload: Arc<[usize]> = (0..schema.payload.len())
-        .map(|i| user.fields().len() - schema.payload.len() + i)
-        .collect();
     // The query's postings and the filter's columns are read at once: one round, not two.
     let (warmed, filter_rows) = pool.install(|| {
         rayon::join(
@@ -300,9 +309,9 @@ pub(crate) fn plan(
             "source={}, rows={}, live={live_rows}, candidates={candidates}, k={}",
             source.name(),
             source.rows(),
-            opts.k
+            window
         );
-        let k = opts.k.min(candidates);
+        let k = window.min(candidates);
         let work = arm_work(source, ti, &scoring, eligible, k, src, &ranked);
         arms.push(ArmSpec { description, work });
     }
@@ -314,16 +323,12 @@ pub(crate) fn plan(
         arms,
         pool,
     ));
-    let merged = Arc::new(SortPreservingMergeExec::new(ordering, leaf).with_fetch(Some(opts.k)));
-    let out_ordering = sort_ordering(&out_schema, true, SCORE_COLUMN)?;
-    Ok(Arc::new(TakeExec::new(
-        merged,
-        all_sources,
+    let merged = Arc::new(SortPreservingMergeExec::new(ordering, leaf).with_fetch(Some(window)));
+    Ok(RankedPlan {
+        merged: super::page(merged, opts.offset, opts.k),
+        sources: all_sources,
         caches,
-        payload,
-        out_schema,
-        out_ordering,
-    )))
+    })
 }
 
 /// A source's text index, its live rows, its share of the statistics and what its search

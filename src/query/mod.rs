@@ -39,6 +39,16 @@ pub struct SearchOptions {
     pub filter: Option<String>,
     /// Default operator between query terms. Default [`Conjunction::Or`].
     pub conjunction: Conjunction,
+    /// Rows to skip before the `k` returned: the rows ranked `offset..offset + k` (by
+    /// `_score` descending, then key), so consecutive pages over one snapshot equal one
+    /// search for their rows. With an offset, `offset + k` is at most [`MAX_RESULT_WINDOW`].
+    /// Default 0.
+    pub offset: usize,
+    /// The user columns returned after the key and `_score`, in this order, each once (the
+    /// vector too, when named; naming the key or `_score` changes nothing; a name that is not
+    /// a column is an error). Read for the top `k` only, after the merge. Default (`None`):
+    /// every user column but the vector.
+    pub columns: Option<Vec<String>>,
 }
 
 impl Default for SearchOptions {
@@ -47,6 +57,8 @@ impl Default for SearchOptions {
             k: 10,
             filter: None,
             conjunction: Conjunction::Or,
+            offset: 0,
+            columns: None,
         }
     }
 }
@@ -65,3 +77,98 @@ impl SearchOptions {
 pub const SCORE_COLUMN: &str = "_score";
 /// Name of the distance column of vector results.
 pub const DISTANCE_COLUMN: &str = "_distance";
+
+/// The user columns a search returns after the key and its `value` column (`_score` or
+/// `_distance`), as positions in the index's Arrow schema: those `columns` names, in that
+/// order and each once (naming the key or `value` changes nothing, as both are always
+/// returned), or by default every user column but the key and the vector. The columns are
+/// read for the top k only, after the merge. A name that is not a column is an error naming
+/// it and the index's columns.
+pub(crate) fn returned_columns(
+    schema: &crate::schema::IndexSchema,
+    columns: Option<&[String]>,
+    value: &str,
+) -> crate::Result<Vec<usize>> {
+    let user = schema.arrow_schema();
+    let vector = schema.vector.as_ref().map(|v| v.column.as_str());
+    let Some(names) = columns else {
+        return Ok((1..user.fields().len())
+            .filter(|i| Some(user.field(*i).name().as_str()) != vector)
+            .collect());
+    };
+    let mut out = Vec::with_capacity(names.len());
+    for name in names {
+        if name == value {
+            continue;
+        }
+        let i = user.index_of(name).map_err(|_| {
+            let known: Vec<&str> = user.fields().iter().map(|f| f.name().as_str()).collect();
+            crate::Error::invalid(format!(
+                "column '{name}' is not a column of the index (its columns: {}; and '{value}')",
+                known.join(", ")
+            ))
+        })?;
+        if i != 0 && !out.contains(&i) {
+            out.push(i);
+        }
+    }
+    Ok(out)
+}
+
+/// The schema of a search's rows: the key, `value` (`_score` or `_distance`, a float) and the
+/// user columns `columns` (positions in the index's Arrow schema), each nullable.
+pub(crate) fn output_schema(
+    schema: &crate::schema::IndexSchema,
+    value: &str,
+    columns: &[usize],
+) -> arrow::datatypes::SchemaRef {
+    use arrow::datatypes::{DataType, Field, Schema};
+    let user = schema.arrow_schema();
+    let mut fields = vec![user.field(0).clone()];
+    fields.push(Field::new(value, DataType::Float32, false));
+    for c in columns {
+        let f = user.field(*c);
+        fields.push(Field::new(f.name(), f.data_type().clone(), true));
+    }
+    std::sync::Arc::new(Schema::new(fields))
+}
+
+/// The row a page ends at, at most: a search with an `offset` returns rows up to `offset + k`
+/// of at most this many (Elasticsearch's `index.max_result_window` has the same default).
+/// Every arm ranks its best `offset + k` rows, so a deep page costs what one search for all
+/// the rows up to it costs. A search without an offset returns at most every match, whatever
+/// its `k`; a scan reads any number of rows.
+pub const MAX_RESULT_WINDOW: usize = 10_000;
+
+/// The rows a search of `k` rows past `offset` ranks, `offset + k`, checked: an error names
+/// what is wrong.
+pub(crate) fn result_window(k: usize, offset: usize) -> crate::Result<usize> {
+    if k == 0 {
+        return Err(crate::Error::invalid("k must be at least 1"));
+    }
+    if offset == 0 {
+        return Ok(k);
+    }
+    match offset.checked_add(k) {
+        Some(w) if w <= MAX_RESULT_WINDOW => Ok(w),
+        _ => Err(crate::Error::invalid(format!(
+            "offset + k is {offset} + {k}: a page ends at row {MAX_RESULT_WINDOW} at most (a scan reads any number of rows)"
+        ))),
+    }
+}
+
+/// The rows of `merged` (ordered, at most `offset + k` of them) past the first `offset`.
+pub(crate) fn page(
+    merged: std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+    offset: usize,
+    k: usize,
+) -> std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan> {
+    match offset {
+        0 => merged,
+        _ => std::sync::Arc::new(datafusion::physical_plan::limit::GlobalLimitExec::new(
+            merged,
+            offset,
+            Some(k),
+        )),
+    }
+}

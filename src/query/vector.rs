@@ -1,7 +1,9 @@
 //! Vector k-nearest-neighbour search: exact distances in every arm, live rows and filters
 //! applied before each arm's top k, arms merged by `_distance` ascending then key.
 
-use super::exec::{ranked, ranked_schema, ArmExec, ArmRows, ArmSpec, ArmWork, TakeExec};
+use super::exec::{
+    ranked, ranked_schema, ArmExec, ArmRows, ArmSpec, ArmWork, RankedPlan, TakeExec,
+};
 use super::fts::sort_ordering;
 use super::rerank::{RerankRound, Ticket};
 use super::DISTANCE_COLUMN;
@@ -13,7 +15,7 @@ use crate::settings::Settings;
 use crate::vector::{distance, MemVectorIndex, VectorIndex};
 use crate::{Error, Result};
 use arrow::array::{Array, ArrayRef, AsArray, Float32Array};
-use arrow::datatypes::{DataType, Field, Float32Type, Schema, SchemaRef};
+use arrow::datatypes::{Float32Type, SchemaRef};
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::ExecutionPlan;
 use futures::{FutureExt, StreamExt};
@@ -32,6 +34,13 @@ pub struct VectorSearchOptions {
     pub ef: Option<usize>,
     /// Scan every arm exactly (brute force) instead of walking the generations' graphs.
     pub exact: bool,
+    /// Rows to skip before the `k` returned: the rows ranked `offset..offset + k` (by
+    /// `_distance`, then key). With an offset, `offset + k` is at most
+    /// [`super::MAX_RESULT_WINDOW`]. Default 0.
+    pub offset: usize,
+    /// The user columns returned after the key and `_distance`, in this order, each once (the
+    /// vector too, when named). Default (`None`): every user column but the vector.
+    pub columns: Option<Vec<String>>,
 }
 
 impl Default for VectorSearchOptions {
@@ -41,6 +50,8 @@ impl Default for VectorSearchOptions {
             filter: None,
             ef: None,
             exact: false,
+            offset: 0,
+            columns: None,
         }
     }
 }
@@ -53,17 +64,6 @@ impl VectorSearchOptions {
             ..Default::default()
         }
     }
-}
-
-/// The output schema of a vector search: key, `_distance`, payload columns.
-pub(crate) fn output_schema(schema: &IndexSchema) -> SchemaRef {
-    let user = schema.arrow_schema();
-    let mut fields = vec![user.field(0).clone()];
-    fields.push(Field::new(DISTANCE_COLUMN, DataType::Float32, false));
-    for p in &schema.payload {
-        fields.push(Field::new(&p.name, p.kind.data_type(), true));
-    }
-    Arc::new(Schema::new(fields))
 }
 
 /// Check a query vector against the schema.
@@ -120,10 +120,31 @@ pub(crate) fn plan(
     query: &[f32],
     opts: &VectorSearchOptions,
 ) -> Result<Arc<dyn ExecutionPlan>> {
+    let columns = super::returned_columns(schema, opts.columns.as_deref(), DISTANCE_COLUMN)?;
+    let out_schema = super::output_schema(schema, DISTANCE_COLUMN, &columns);
+    let r = plan_ranked(schema, settings, snapshot, query, opts)?;
+    let out_ordering = sort_ordering(&out_schema, false, DISTANCE_COLUMN)?;
+    Ok(Arc::new(TakeExec::new(
+        r.merged,
+        r.sources,
+        r.caches,
+        columns.into(),
+        out_schema,
+        out_ordering,
+    )))
+}
+
+/// The rows of a vector search over a snapshot, ranked by exact distance and merged, before
+/// their columns are read ([`RankedPlan`]).
+pub(crate) fn plan_ranked(
+    schema: &IndexSchema,
+    settings: &Settings,
+    snapshot: Snapshot,
+    query: &[f32],
+    opts: &VectorSearchOptions,
+) -> Result<RankedPlan> {
     check_query(schema, query)?;
-    if opts.k == 0 {
-        return Err(Error::invalid("k must be at least 1"));
-    }
+    let window = super::result_window(opts.k, opts.offset)?;
     let vcol = schema.vector.as_ref().expect("checked above");
     let metric = vcol.metric;
     let user = schema.arrow_schema();
@@ -135,7 +156,7 @@ pub(crate) fn plan(
         .as_deref()
         .map(|f| compile_filter(&user, f))
         .transpose()?;
-    let out_schema = output_schema(schema);
+    let out_schema = super::output_schema(schema, DISTANCE_COLUMN, &[]);
     let ranked_schema = ranked_schema(&out_schema);
     let ordering = sort_ordering(&ranked_schema, false, DISTANCE_COLUMN)?;
     let started = std::time::Instant::now();
@@ -153,13 +174,10 @@ pub(crate) fn plan(
     let sources = snapshot.sources;
     let filter_rows = filter_rows(&pool, &caches.columns, &sources, filter.as_ref(), &user)?;
     let query: Arc<Vec<f32>> = Arc::new(query.to_vec());
-    let payload: Arc<[usize]> = (0..schema.payload.len())
-        .map(|i| user.fields().len() - schema.payload.len() + i)
-        .collect();
     let mut arms: Vec<ArmSpec> = Vec::with_capacity(sources.len());
     let all_sources = sources.clone();
     // The arms whose vectors are read by range choose what they re-rank together.
-    let round = RerankRound::new(settings.vector_rerank.max(opts.k));
+    let round = RerankRound::new(settings.vector_rerank.max(window));
     for (src, ((source, live), fm)) in sources.into_iter().zip(live).zip(filter_rows).enumerate() {
         let live_rows = live.count();
         let eligible = match fm {
@@ -169,7 +187,7 @@ pub(crate) fn plan(
         let candidates = eligible.count();
         // No arm returns more than its candidates, and a walk visits at most every row: both
         // bound what an arm allocates, whatever `k` and `ef` the caller asked for.
-        let arm_k = opts.k.min(candidates.max(1));
+        let arm_k = window.min(candidates.max(1));
         let ef = opts
             .ef
             .unwrap_or_else(|| ef_for(settings, source.flushes(), source.rows()))
@@ -192,7 +210,7 @@ pub(crate) fn plan(
             "source={}, rows={}, live={live_rows}, candidates={candidates}, metric={metric:?}, {mode}, k={}",
             source.name(),
             source.rows(),
-            opts.k
+            window
         );
         let reads_vectors = matches!(&source, Source::Generation(g) if g.vector_values().is_none());
         let ticket = reads_vectors.then(|| round.ticket());
@@ -220,16 +238,12 @@ pub(crate) fn plan(
         arms,
         pool,
     ));
-    let merged = Arc::new(SortPreservingMergeExec::new(ordering, leaf).with_fetch(Some(opts.k)));
-    let out_ordering = sort_ordering(&out_schema, false, DISTANCE_COLUMN)?;
-    Ok(Arc::new(TakeExec::new(
-        merged,
-        all_sources,
+    let merged = Arc::new(SortPreservingMergeExec::new(ordering, leaf).with_fetch(Some(window)));
+    Ok(RankedPlan {
+        merged: super::page(merged, opts.offset, opts.k),
+        sources: all_sources,
         caches,
-        payload,
-        out_schema,
-        out_ordering,
-    )))
+    })
 }
 
 /// The default candidate list of a generation's graph: `hnsw_ef_search` for a flushed

@@ -167,20 +167,26 @@ pub(super) async fn writer(s: Arc<Shared>, o: StreamOptions, w: usize) -> Result
 
 pub(super) async fn run_query(s: &Shared, kind: &str, i: usize) -> Result<()> {
     let q = i % s.queries.len();
+    let columns = Some(s.index.schema().payload_names());
     match kind {
         "fts" => {
-            s.index
-                .search_fts(&s.queries[q], &SearchOptions::with_k(10))
-                .await?;
+            let opts = SearchOptions {
+                columns,
+                ..SearchOptions::with_k(10)
+            };
+            s.index.search_fts(&s.queries[q], &opts).await?;
         }
         "vector" => {
-            s.index
-                .search_vector(&s.query_vectors[q], &VectorSearchOptions::default())
-                .await?;
+            let opts = VectorSearchOptions {
+                columns,
+                ..Default::default()
+            };
+            s.index.search_vector(&s.query_vectors[q], &opts).await?;
         }
         _ => {
             let opts = VectorSearchOptions {
                 filter: Some("bucket < 10".into()),
+                columns,
                 ..Default::default()
             };
             s.index.search_vector(&s.query_vectors[q], &opts).await?;

@@ -138,12 +138,19 @@ enum Command {
         /// How many rows to return.
         #[arg(short, long, default_value_t = 10)]
         k: usize,
+        /// Rows to skip before the k returned (a page: offset + k at most 10,000).
+        #[arg(long, default_value_t = 0)]
+        offset: usize,
         /// A SQL predicate over payload columns, applied before the top k.
         #[arg(long)]
         filter: Option<String>,
         /// Require every term (AND) instead of any term (OR) when no operator is written.
         #[arg(long)]
         and: bool,
+        /// The columns to return after the key and the score or distance, comma-separated
+        /// (the vector too, when named). Default: every column but the vector.
+        #[arg(long, value_delimiter = ',')]
+        columns: Option<Vec<String>>,
     },
     /// Print the physical plan of a full-text search.
     Explain {
@@ -275,8 +282,10 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
             ef,
             exact,
             k,
+            offset,
             filter,
             and,
+            columns,
         } => {
             let query = match (fts, vector, vector_file) {
                 (Some(fts), _, _) => Query::Fts(fts),
@@ -296,7 +305,17 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
             } else {
                 Conjunction::Or
             };
-            search(&open, query, k, filter, conjunction, ef, exact, json).await
+            search(
+                &open,
+                query,
+                (k, offset),
+                filter,
+                conjunction,
+                (ef, exact),
+                columns,
+                json,
+            )
+            .await
         }
         Command::Explain {
             open,
@@ -533,11 +552,11 @@ enum Query {
 async fn search(
     open: &Open,
     query: Query,
-    k: usize,
+    (k, offset): (usize, usize),
     filter: Option<String>,
     conjunction: Conjunction,
-    ef: Option<usize>,
-    exact: bool,
+    (ef, exact): (Option<usize>, bool),
+    columns: Option<Vec<String>>,
     json: bool,
 ) -> lsmsearch::Result<()> {
     let index =
@@ -548,6 +567,8 @@ async fn search(
                 k,
                 filter,
                 conjunction,
+                offset,
+                columns,
             };
             index.search_fts(&q, &opts).await?
         }
@@ -557,6 +578,8 @@ async fn search(
                 filter,
                 ef,
                 exact,
+                offset,
+                columns,
             };
             index.search_vector(&v, &opts).await?
         }
@@ -566,9 +589,39 @@ async fn search(
     if json {
         print_json_lines(&rows)
     } else {
-        println!("{}", arrow::util::pretty::pretty_format_batches(&rows)?);
+        let shown = rows
+            .iter()
+            .map(|b| shortened(b, SHOWN_CHARS))
+            .collect::<lsmsearch::Result<Vec<_>>>()?;
+        println!("{}", arrow::util::pretty::pretty_format_batches(&shown)?);
         Ok(())
     }
+}
+
+/// Characters of a text value a table shows (`--json` prints them whole).
+const SHOWN_CHARS: usize = 80;
+
+/// `batch` with each string longer than `chars` characters cut to its first `chars` and an
+/// ellipsis: a table of search results stays readable with the text columns in it.
+fn shortened(batch: &RecordBatch, chars: usize) -> lsmsearch::Result<RecordBatch> {
+    use arrow::array::{AsArray, StringArray};
+    let columns: Vec<ArrayRef> = batch
+        .columns()
+        .iter()
+        .map(|c| match c.data_type() {
+            DataType::Utf8 => {
+                let s = c.as_string::<i32>();
+                Arc::new(StringArray::from_iter(s.iter().map(|v| {
+                    v.map(|v| match v.char_indices().nth(chars) {
+                        Some((cut, _)) => format!("{}…", &v[..cut]),
+                        None => v.to_string(),
+                    })
+                }))) as ArrayRef
+            }
+            _ => c.clone(),
+        })
+        .collect();
+    Ok(RecordBatch::try_new(batch.schema(), columns)?)
 }
 
 /// `lsmsearch explain`.
