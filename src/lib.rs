@@ -93,6 +93,7 @@ pub use format::GenerationMeta;
 pub use generation::cache::CacheStats;
 pub use generation::Resident;
 pub use key::{Key, KeyType, PK_HASH_SEED};
+pub use query::reader::PointInTime;
 pub use query::{
     Conjunction, ScanOptions, SearchOptions, VectorSearchOptions, DISTANCE_COLUMN,
     MAX_RESULT_WINDOW, SCORE_COLUMN,

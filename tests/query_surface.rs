@@ -248,3 +248,72 @@ async fn a_page_past_the_bound_is_an_error_naming_it() {
     };
     assert!(index.search_fts("body", &opts).await.unwrap().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_of_a_point_in_time_ignore_the_writes_between_them() {
+    let (index, model) = spread().await;
+    let s = schema();
+    let query = [20.0, 21.0, -20.0, 0.5];
+    let pit = index.point_in_time().await.unwrap();
+    let k = 25;
+    let fts_all = keys(
+        &index
+            .search_fts("body version", &SearchOptions::with_k(4 * k))
+            .await
+            .unwrap(),
+    );
+    let exact = |offset, k| VectorSearchOptions {
+        exact: true,
+        offset,
+        ..VectorSearchOptions::with_k(k)
+    };
+    let vector_all = keys(&index.search_vector(&query, &exact(0, 4 * k)).await.unwrap());
+    let (mut fts, mut vector) = (Vec::new(), Vec::new());
+    for page in 0..4 {
+        let opts = SearchOptions {
+            offset: page * k,
+            ..SearchOptions::with_k(k)
+        };
+        let rows = pit.search_fts("body version", &opts).await.unwrap();
+        check_values(&rows, &model);
+        fts.extend(keys(&rows));
+        let rows = pit
+            .search_vector(&query, &exact(page * k, k))
+            .await
+            .unwrap();
+        check_values(&rows, &model);
+        vector.extend(keys(&rows));
+        // Between pages: the rows ranked first updated, the last one deleted, a new row, a
+        // flush, and once a compaction of every generation.
+        let updated: Vec<Row> = fts
+            .iter()
+            .chain(&vector)
+            .take(5)
+            .map(|id| Row::new(id.clone(), 99))
+            .collect();
+        index.append(&batch(&s, &updated)).await.unwrap();
+        let last = lsmsearch::Key::from(fts.last().unwrap().as_str());
+        index.delete(&[last]).await.unwrap();
+        index
+            .append(&batch(&s, &[Row::new(format!("new{page}"), 20)]))
+            .await
+            .unwrap();
+        index.flush().await.unwrap();
+        if page == 1 {
+            index.compact().await.unwrap();
+        }
+    }
+    assert_eq!(fts, fts_all, "full-text pages");
+    assert_eq!(vector, vector_all, "vector pages");
+    // The handle sees the writes, the point in time does not.
+    let now = keys(
+        &index
+            .search_fts("body version", &SearchOptions::with_k(4 * k))
+            .await
+            .unwrap(),
+    );
+    assert_ne!(now, fts_all);
+    let scanned = common::to_model(&pit.scan(Default::default()).await.unwrap());
+    assert_eq!(scanned, model);
+    assert_ne!(common::live(&index).await, model);
+}

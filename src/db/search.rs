@@ -83,6 +83,10 @@ pub trait Search: sealed::Sealed {
         options: &VectorSearchOptions,
     ) -> impl Future<Output = Result<Vec<RecordBatch>>> + Send;
 
+    /// A point in time of what the handle sees: searches and scans of it see the same rows,
+    /// whatever is written after (see [`crate::PointInTime`]).
+    fn point_in_time(&self) -> impl Future<Output = Result<crate::PointInTime>> + Send;
+
     /// What the handle's generation cache holds (see [`crate::Settings::cache_bytes`]).
     fn cache_stats(&self) -> impl Future<Output = CacheStats> + Send;
 
@@ -188,6 +192,13 @@ macro_rules! read_methods {
                 self.$($path).+.plan_vector(snapshot, query, options)
             })
             .await
+        }
+
+        /// A point in time of what this handle sees: searches and scans of it see the same
+        /// rows, whatever is written after (see [`crate::PointInTime`]).
+        pub async fn point_in_time(&self) -> crate::Result<crate::PointInTime> {
+            let snapshot = self.snapshot().await?;
+            Ok(self.$($path).+.point_in_time(snapshot))
         }
 
         /// What this handle's caches hold and fetched: opened generations (see
@@ -334,6 +345,12 @@ macro_rules! impl_search {
             ) -> impl std::future::Future<Output = crate::Result<Vec<arrow::array::RecordBatch>>>
                    + Send {
                 <$handle>::search_vector(self, query, options)
+            }
+
+            fn point_in_time(
+                &self,
+            ) -> impl std::future::Future<Output = crate::Result<crate::PointInTime>> + Send {
+                <$handle>::point_in_time(self)
             }
 
             fn cache_stats(

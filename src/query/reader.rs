@@ -274,14 +274,7 @@ impl Reader {
         query: &str,
         options: &SearchOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let schema = self.schema.clone();
-        let text = self.text_schema.clone();
-        let query = query.to_string();
-        let options = options.clone();
-        tokio::task::spawn_blocking(move || {
-            fts::plan(&schema, text.as_ref(), snapshot, &query, &options)
-        })
-        .await?
+        self.point_in_time(snapshot).plan_fts(query, options).await
     }
 
     /// The physical plan of a vector search over the snapshot.
@@ -291,14 +284,20 @@ impl Reader {
         query: &[f32],
         options: &VectorSearchOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let schema = self.schema.clone();
-        let settings = self.settings.clone();
-        let query = query.to_vec();
-        let options = options.clone();
-        tokio::task::spawn_blocking(move || {
-            vector::plan(&schema, &settings, snapshot, &query, &options)
-        })
-        .await?
+        self.point_in_time(snapshot)
+            .plan_vector(query, options)
+            .await
+    }
+
+    /// The reads of `snapshot`, for as long as they are wanted.
+    pub(crate) fn point_in_time(&self, snapshot: Snapshot) -> PointInTime {
+        PointInTime {
+            schema: self.schema.clone(),
+            user_schema: self.user_schema.clone(),
+            text_schema: self.text_schema.clone(),
+            settings: self.settings.clone(),
+            snapshot,
+        }
     }
 
     /// What the caches hold and fetched.
@@ -310,6 +309,99 @@ impl Reader {
             dead_row_terms_bytes,
             ..self.generations.stats().await
         }
+    }
+}
+
+/// A point in time of an index: one snapshot that any number of searches and scans share,
+/// so that the pages of a search (see [`SearchOptions::offset`]), or a search and a scan, see
+/// the same rows whatever is appended, deleted, flushed or compacted after it was taken (by
+/// [`crate::Index::point_in_time`] or [`crate::ReadOnlyIndex::point_in_time`]). Cheap to
+/// clone; it outlives the handle that took it only as long as what it reads stays in the
+/// store.
+///
+/// It holds what it saw: the memtable rows, and the generations (their hot parts stay in
+/// memory while it lives, whatever the cache's budget). The writer does not delete a
+/// generation a compaction replaced while one of its points in time holds it. A read-only
+/// handle's point in time reads what the writer, in another process, deletes
+/// [`crate::Settings::compaction_grace_ms`] after a compaction replaced it: a read of it by
+/// range after that fails with a `Data` error saying the object is gone, and a new point in
+/// time reads the generations that replaced it.
+#[derive(Debug, Clone)]
+pub struct PointInTime {
+    schema: IndexSchema,
+    user_schema: SchemaRef,
+    text_schema: Option<Arc<TextSchema>>,
+    settings: Settings,
+    snapshot: Snapshot,
+}
+
+impl PointInTime {
+    /// The physical plan of a full-text search (see [`crate::Search::plan_fts`]).
+    pub async fn plan_fts(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let (schema, text, snapshot) = (
+            self.schema.clone(),
+            self.text_schema.clone(),
+            self.snapshot.clone(),
+        );
+        let query = query.to_string();
+        let options = options.clone();
+        tokio::task::spawn_blocking(move || {
+            fts::plan(&schema, text.as_ref(), snapshot, &query, &options)
+        })
+        .await?
+    }
+
+    /// Full-text search (see [`crate::Search::search_fts`]) over this point in time.
+    pub async fn search_fts(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+    ) -> Result<Vec<RecordBatch>> {
+        run(self.plan_fts(query, options).await?).await
+    }
+
+    /// The physical plan of a vector search (see [`crate::Search::plan_vector`]).
+    pub async fn plan_vector(
+        &self,
+        query: &[f32],
+        options: &VectorSearchOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let (schema, settings, snapshot) = (
+            self.schema.clone(),
+            self.settings.clone(),
+            self.snapshot.clone(),
+        );
+        let query = query.to_vec();
+        let options = options.clone();
+        tokio::task::spawn_blocking(move || {
+            vector::plan(&schema, &settings, snapshot, &query, &options)
+        })
+        .await?
+    }
+
+    /// Vector search (see [`crate::Search::search_vector`]) over this point in time.
+    pub async fn search_vector(
+        &self,
+        query: &[f32],
+        options: &VectorSearchOptions,
+    ) -> Result<Vec<RecordBatch>> {
+        run(self.plan_vector(query, options).await?).await
+    }
+
+    /// Every live row of this point in time, optionally filtered (see [`crate::Search::scan`]).
+    pub async fn scan(&self, options: super::ScanOptions) -> Result<Vec<RecordBatch>> {
+        let user = self.user_schema.clone();
+        let filter = options
+            .filter
+            .as_deref()
+            .map(|f| compile_filter(&user, f))
+            .transpose()?;
+        let cursor = self.snapshot.clone().scan(user, filter, SCAN_BATCH_ROWS);
+        tokio::task::spawn_blocking(move || cursor.collect()).await?
     }
 }
 
