@@ -98,6 +98,9 @@ pub use query::{
     Conjunction, ScanOptions, SearchOptions, VectorSearchOptions, DISTANCE_COLUMN,
     MAX_RESULT_WINDOW, SCORE_COLUMN,
 };
+pub use query::{
+    Fusion, HybridSearchOptions, FTS_RANK_COLUMN, FTS_SCORE_COLUMN, VECTOR_RANK_COLUMN,
+};
 pub use schema::{
     IndexSchema, Metric, PayloadColumn, PayloadType, VectorColumn, DELETED_COLUMN, SEQ_COLUMN,
     TOKENIZERS,

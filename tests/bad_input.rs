@@ -488,6 +488,48 @@ async fn the_bad_input_matrix() {
         &["search", &loc, "--vector", "[0.1, oops]"],
         &["vector"],
     );
+    m.cli(
+        "cli: an unknown column",
+        &["search", &loc, "--fts", "body", "--columns", "body,colour"],
+        &["colour"],
+    );
+    m.cli(
+        "cli: a page past the bound",
+        &["search", &loc, "--fts", "body", "--offset", "10000"],
+        &["offset + k"],
+    );
+    m.cli(
+        "cli: hybrid weights summing to 0",
+        &[
+            "search",
+            &loc,
+            "--fts",
+            "body",
+            "--vector",
+            "[1, 2, 3, 4]",
+            "--fusion",
+            "weighted",
+            "--weights",
+            "0,0",
+        ],
+        &["sum to 0"],
+    );
+    m.cli(
+        "cli: hybrid weights that are not two",
+        &[
+            "search",
+            &loc,
+            "--fts",
+            "body",
+            "--vector",
+            "[1, 2, 3, 4]",
+            "--fusion",
+            "weighted",
+            "--weights",
+            "1",
+        ],
+        &["two numbers"],
+    );
     assert!(m.cases >= 25, "only {} cases", m.cases);
     println!(
         "{} bad inputs rejected, the index unchanged by each",

@@ -317,3 +317,213 @@ async fn pages_of_a_point_in_time_ignore_the_writes_between_them() {
     assert_eq!(scanned, model);
     assert_ne!(common::live(&index).await, model);
 }
+
+/// `(key, value)` of a hybrid result's rows for column `column` (nulls as NaN).
+fn column_of(batches: &[RecordBatch], column: &str) -> Vec<f64> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            let c = b.column_by_name(column).unwrap();
+            (0..b.num_rows())
+                .map(|i| match c.is_null(i) {
+                    true => f64::NAN,
+                    false => match c.data_type() {
+                        arrow::datatypes::DataType::Float32 => {
+                            f64::from(c.as_primitive::<Float32Type>().value(i))
+                        }
+                        _ => f64::from(c.as_primitive::<arrow::datatypes::UInt32Type>().value(i)),
+                    },
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hybrid_search_equals_fusing_one_tantivy_index_and_brute_force() {
+    use lsmsearch::{Fusion, HybridSearchOptions};
+    let (index, mut model) = spread().await;
+    // Deletes in every source.
+    for id in ["k0003", "k0250", "k0420", "k0610", "k0777"] {
+        index.delete(&[lsmsearch::Key::from(id)]).await.unwrap();
+        model.remove(id);
+    }
+    let docs = model
+        .iter()
+        .map(|(k, r)| (k.clone(), vec![Some(r.body.clone())]))
+        .collect();
+    let reference = common::fts::Reference::new(&["body"], &docs);
+    for (q, x) in [("version 13", 13.0f32), ("k0150 OR 21 OR 2", 21.0)] {
+        let v = [x, x + 1.0, -x, 0.5];
+        let texts = reference.search(q, false);
+        // Squared distances of small integers and halves: exact, so ties are exact.
+        let mut nearest: Vec<(String, f64)> = model
+            .values()
+            .map(|r| {
+                let d: f64 = r
+                    .emb
+                    .iter()
+                    .zip(&v)
+                    .map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2))
+                    .sum();
+                (r.id.clone(), d)
+            })
+            .collect();
+        nearest.sort_by(|a, b| a.1.total_cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+        let fusions = [
+            Fusion::Rrf { k: 60.0 },
+            Fusion::Rrf { k: 0.0 },
+            Fusion::Weighted {
+                text: 0.3,
+                vector: 0.7,
+            },
+        ];
+        for fusion in fusions {
+            for (k, offset, candidates) in [(10, 0, 50), (7, 5, 30), (40, 0, 200)] {
+                let ctx = format!("{q}, {fusion:?}, k {k}, offset {offset}, {candidates}");
+                let opts = HybridSearchOptions {
+                    k,
+                    offset,
+                    fusion,
+                    candidates: Some(candidates),
+                    exact: true,
+                    ..HybridSearchOptions::default()
+                };
+                let got = index.search_hybrid(q, &v, &opts).await.unwrap();
+                check_values(&got, &model);
+                // The reference: each part's best `candidates`, fused as documented.
+                let t = &texts[..texts.len().min(candidates)];
+                let n = &nearest[..nearest.len().min(candidates)];
+                let mut fused: std::collections::BTreeMap<
+                    String,
+                    (f64, Option<usize>, Option<usize>),
+                > = Default::default();
+                let best = t.iter().map(|r| f64::from(r.1)).fold(0.0, f64::max);
+                let dist = |sq: f64| sq.sqrt();
+                let (near, far) = (
+                    n.first().map_or(0.0, |r| dist(r.1)),
+                    n.last().map_or(0.0, |r| dist(r.1)),
+                );
+                for (i, (key, score)) in t.iter().enumerate() {
+                    let add = match fusion {
+                        Fusion::Rrf { k } => 1.0 / (f64::from(k) + (i + 1) as f64),
+                        Fusion::Weighted { text, .. } => f64::from(text) * f64::from(*score) / best,
+                    };
+                    let e = fused.entry(key.clone()).or_default();
+                    e.0 += add;
+                    e.1 = Some(i + 1);
+                }
+                for (i, (key, sq)) in n.iter().enumerate() {
+                    let add = match fusion {
+                        Fusion::Rrf { k } => 1.0 / (f64::from(k) + (i + 1) as f64),
+                        Fusion::Weighted { vector, .. } => match far > near {
+                            true => f64::from(vector) * (far - dist(*sq)) / (far - near),
+                            false => f64::from(vector),
+                        },
+                    };
+                    let e = fused.entry(key.clone()).or_default();
+                    e.0 += add;
+                    e.2 = Some(i + 1);
+                }
+                let mut want: Vec<(String, f32, Option<usize>, Option<usize>)> = fused
+                    .into_iter()
+                    .map(|(key, (s, tr, vr))| (key, s as f32, tr, vr))
+                    .collect();
+                want.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+                let want: Vec<_> = want.into_iter().skip(offset).take(k).collect();
+                let got_keys = keys(&got);
+                let want_keys: Vec<String> = want.iter().map(|w| w.0.clone()).collect();
+                assert_eq!(got_keys, want_keys, "{ctx}");
+                let scores = column_of(&got, "_score");
+                let text_ranks = column_of(&got, "_fts_rank");
+                let vector_ranks = column_of(&got, "_vector_rank");
+                for (i, w) in want.iter().enumerate() {
+                    assert!(
+                        (scores[i] - f64::from(w.1)).abs() <= 1e-5 * f64::from(w.1).abs().max(1e-3),
+                        "{ctx}: row {i} fused {} against {}",
+                        scores[i],
+                        w.1
+                    );
+                    let rank = |r: f64| (!r.is_nan()).then_some(r as usize);
+                    assert_eq!(rank(text_ranks[i]), w.2, "{ctx}: row {i}'s text rank");
+                    assert_eq!(rank(vector_ranks[i]), w.3, "{ctx}: row {i}'s vector rank");
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn bad_hybrid_options_are_errors_naming_them() {
+    use lsmsearch::{Fusion, HybridSearchOptions};
+    let (index, _) = spread().await;
+    let cases = [
+        (
+            HybridSearchOptions {
+                fusion: Fusion::Weighted {
+                    text: 0.0,
+                    vector: 0.0,
+                },
+                ..Default::default()
+            },
+            "sum to 0",
+        ),
+        (
+            HybridSearchOptions {
+                fusion: Fusion::Weighted {
+                    text: f32::NAN,
+                    vector: 1.0,
+                },
+                ..Default::default()
+            },
+            "weights",
+        ),
+        (
+            HybridSearchOptions {
+                fusion: Fusion::Rrf { k: -1.0 },
+                ..Default::default()
+            },
+            "k is -1",
+        ),
+        (
+            HybridSearchOptions {
+                candidates: Some(0),
+                ..Default::default()
+            },
+            "candidates",
+        ),
+        (
+            HybridSearchOptions {
+                columns: Some(vec!["nope".into()]),
+                ..Default::default()
+            },
+            "'nope'",
+        ),
+        (
+            HybridSearchOptions {
+                offset: MAX_RESULT_WINDOW,
+                ..Default::default()
+            },
+            "offset + k",
+        ),
+    ];
+    for (opts, says) in cases {
+        let e = index
+            .search_hybrid("body", &[0.0; 4], &opts)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+        assert!(e.message().contains(says), "{says}: {e}");
+    }
+    // A wrong vector or a malformed query: the part's own error.
+    let e = index
+        .search_hybrid("body", &[0.0; 3], &HybridSearchOptions::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+    let e = index
+        .search_hybrid("body AND (", &[0.0; 4], &HybridSearchOptions::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+}

@@ -319,6 +319,35 @@ fn the_command_line_takes_settings_for_the_index_it_opens() {
     ]);
     let v: serde_json::Value = serde_json::from_str(stats.trim()).unwrap();
     assert!(v["generations"].as_array().is_some_and(|g| !g.is_empty()));
+    // A hybrid search, its parts' columns and the one named, as JSON lines: "row 7" ranks k7
+    // first in text, [7, 1, 2, 3] nearest.
+    let hybrid = cli(&[
+        "search",
+        &location,
+        "--fts",
+        "row 7",
+        "--vector",
+        "[7, 1, 2, 3]",
+        "-k",
+        "3",
+        "--columns",
+        "year",
+        "--json",
+    ]);
+    let rows: Vec<serde_json::Value> = hybrid
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 3, "{hybrid}");
+    assert_eq!(rows[0]["id"], "k7", "{hybrid}");
+    assert_eq!(rows[0]["_fts_rank"], 1, "{hybrid}");
+    assert_eq!(rows[0]["_vector_rank"], 1, "{hybrid}");
+    for r in &rows {
+        for c in ["_score", "_distance", "_vector_rank", "year"] {
+            assert!(r.get(c).is_some(), "{c} in {r}");
+        }
+        assert!(r.get("body").is_none(), "only the columns named: {r}");
+    }
 }
 
 /// `scan_stream` returns the rows `scan` does, in the same order, in batches of at most 8,192

@@ -83,6 +83,18 @@ pub trait Search: sealed::Sealed {
         options: &VectorSearchOptions,
     ) -> impl Future<Output = Result<Vec<RecordBatch>>> + Send;
 
+    /// Hybrid search: a full-text part (`query`) and a vector part (`vector`) over one
+    /// snapshot, each ranking its best candidates as its own search would, fused (see
+    /// [`crate::Fusion`]): the top `k` rows by fused `_score` then key, with each part's score
+    /// (`_fts_score`, `_distance`) and rank (`_fts_rank`, `_vector_rank`) and the columns
+    /// asked for.
+    fn search_hybrid(
+        &self,
+        query: &str,
+        vector: &[f32],
+        options: &crate::HybridSearchOptions,
+    ) -> impl Future<Output = Result<Vec<RecordBatch>>> + Send;
+
     /// A point in time of what the handle sees: searches and scans of it see the same rows,
     /// whatever is written after (see [`crate::PointInTime`]).
     fn point_in_time(&self) -> impl Future<Output = Result<crate::PointInTime>> + Send;
@@ -192,6 +204,24 @@ macro_rules! read_methods {
                 self.$($path).+.plan_vector(snapshot, query, options)
             })
             .await
+        }
+
+        /// Hybrid search over what this handle sees (see [`crate::Search::search_hybrid`]).
+        pub async fn search_hybrid(
+            &self,
+            query: &str,
+            vector: &[f32],
+            options: &crate::HybridSearchOptions,
+        ) -> crate::Result<Vec<arrow::array::RecordBatch>> {
+            let mut attempts = 0;
+            loop {
+                let snapshot = self.snapshot().await?;
+                let pit = self.$($path).+.point_in_time(snapshot);
+                match pit.search_hybrid(query, vector, options).await {
+                    Err(e) if self.retry_gone(&e, &mut attempts).await? => {}
+                    other => return other,
+                }
+            }
         }
 
         /// A point in time of what this handle sees: searches and scans of it see the same
@@ -345,6 +375,16 @@ macro_rules! impl_search {
             ) -> impl std::future::Future<Output = crate::Result<Vec<arrow::array::RecordBatch>>>
                    + Send {
                 <$handle>::search_vector(self, query, options)
+            }
+
+            fn search_hybrid(
+                &self,
+                query: &str,
+                vector: &[f32],
+                options: &crate::HybridSearchOptions,
+            ) -> impl std::future::Future<Output = crate::Result<Vec<arrow::array::RecordBatch>>>
+                   + Send {
+                <$handle>::search_hybrid(self, query, vector, options)
             }
 
             fn point_in_time(

@@ -302,7 +302,7 @@ async fn generation_payload(
 }
 
 /// `batch` ([`ranked_schema`]) with the `payload` columns of its rows, as `schema` says.
-async fn take_payload(
+pub(crate) async fn take_payload(
     batch: &RecordBatch,
     sources: &[Source],
     caches: &ReadCaches,

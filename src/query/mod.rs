@@ -4,10 +4,14 @@
 
 pub(crate) mod exec;
 pub(crate) mod fts;
+pub(crate) mod hybrid;
 pub(crate) mod reader;
 pub(crate) mod rerank;
 pub(crate) mod vector;
 
+pub use hybrid::{
+    Fusion, HybridSearchOptions, FTS_RANK_COLUMN, FTS_SCORE_COLUMN, VECTOR_RANK_COLUMN,
+};
 pub use vector::VectorSearchOptions;
 
 use serde::{Deserialize, Serialize};

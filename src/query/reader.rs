@@ -392,6 +392,25 @@ impl PointInTime {
         run(self.plan_vector(query, options).await?).await
     }
 
+    /// Hybrid search (see [`crate::Search::search_hybrid`]) over this point in time.
+    pub async fn search_hybrid(
+        &self,
+        query: &str,
+        vector: &[f32],
+        options: &super::HybridSearchOptions,
+    ) -> Result<Vec<RecordBatch>> {
+        super::hybrid::search(
+            &self.schema,
+            self.text_schema.clone(),
+            &self.settings,
+            self.snapshot.clone(),
+            query,
+            vector,
+            options,
+        )
+        .await
+    }
+
     /// Every live row of this point in time, optionally filtered (see [`crate::Search::scan`]).
     pub async fn scan(&self, options: super::ScanOptions) -> Result<Vec<RecordBatch>> {
         let user = self.user_schema.clone();

@@ -4,8 +4,8 @@ use arrow::array::{Array, ArrayRef, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
 use clap::{Parser, Subcommand};
 use lsmsearch::{
-    Conjunction, Durability, Error, Index, IndexSchema, IndexStats, Key, Location, ScanOptions,
-    SearchOptions, Settings, VectorSearchOptions, WriteOptions,
+    Conjunction, Durability, Error, Fusion, HybridSearchOptions, Index, IndexSchema, IndexStats,
+    Key, Location, ScanOptions, SearchOptions, Settings, VectorSearchOptions, WriteOptions,
 };
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -114,14 +114,16 @@ enum Command {
         #[arg(long)]
         filter: Option<String>,
     },
-    /// Full-text search (BM25 with global statistics over the live rows: key, _score, payload)
-    /// or vector search (exact distances: key, _distance, payload).
+    /// Full-text search (BM25 with global statistics over the live rows: key, _score,
+    /// columns), vector search (exact distances: key, _distance, columns), or both at once: a
+    /// hybrid search fusing the two rankings (key, fused _score, _fts_score, _distance, each
+    /// part's rank, columns).
     Search {
         #[command(flatten)]
         open: Open,
         /// The query, in tantivy's query-parser syntax: terms, AND/OR, "phrases", +required,
-        /// -excluded, field:term, term^2.
-        #[arg(long, conflicts_with_all = ["vector", "vector_file"], required_unless_present_any = ["vector", "vector_file"])]
+        /// -excluded, field:term, term^2. With --vector or --vector-file: a hybrid search.
+        #[arg(long, required_unless_present_any = ["vector", "vector_file"])]
         fts: Option<String>,
         /// A query vector as a JSON array, e.g. '[0.1, 0.2, 0.3]'.
         #[arg(long, conflicts_with = "vector_file")]
@@ -151,6 +153,20 @@ enum Command {
         /// (the vector too, when named). Default: every column but the vector.
         #[arg(long, value_delimiter = ',')]
         columns: Option<Vec<String>>,
+        /// Hybrid search: how the two rankings are fused.
+        #[arg(long, value_enum, default_value = "rrf")]
+        fusion: FusionArg,
+        /// Hybrid search with reciprocal rank fusion: the rank constant.
+        #[arg(long, default_value_t = 60.0)]
+        rrf_k: f32,
+        /// Hybrid search with weighted fusion: the weights of the text and the vector parts'
+        /// normalised scores, e.g. 0.3,0.7 (default 0.5,0.5).
+        #[arg(long, value_delimiter = ',', num_args = 1)]
+        weights: Option<Vec<f32>>,
+        /// Hybrid search: the rows each part contributes (default 2 × (offset + k), at least
+        /// 50).
+        #[arg(long)]
+        candidates: Option<usize>,
     },
     /// Print the physical plan of a full-text search.
     Explain {
@@ -286,36 +302,65 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
             filter,
             and,
             columns,
+            fusion,
+            rrf_k,
+            weights,
+            candidates,
         } => {
-            let query = match (fts, vector, vector_file) {
-                (Some(fts), _, _) => Query::Fts(fts),
-                (None, Some(v), _) => Query::Vector(parse_vector(&v)?),
-                (None, None, Some(f)) => {
+            let vector = match (vector, vector_file) {
+                (Some(v), _) => Some(parse_vector(&v)?),
+                (None, Some(f)) => {
                     let text = std::fs::read_to_string(&f).map_err(|e| {
                         Error::invalid(format!("cannot read '{}': {e}", f.display()))
                     })?;
-                    Query::Vector(parse_vector(&text)?)
+                    Some(parse_vector(&text)?)
                 }
-                (None, None, None) => {
+                (None, None) => None,
+            };
+            let query = match (fts, vector) {
+                (Some(fts), None) => Query::Fts(fts),
+                (None, Some(v)) => Query::Vector(v),
+                (Some(fts), Some(v)) => Query::Hybrid(fts, v),
+                (None, None) => {
                     return Err(Error::invalid("give --fts, --vector or --vector-file"))
                 }
             };
-            let conjunction = if and {
-                Conjunction::And
-            } else {
-                Conjunction::Or
+            let fusion = match (fusion, weights.as_deref()) {
+                (FusionArg::Rrf, None) => Fusion::Rrf { k: rrf_k },
+                (FusionArg::Rrf, Some(_)) => {
+                    return Err(Error::invalid("--weights applies to --fusion weighted"))
+                }
+                (FusionArg::Weighted, None) => Fusion::Weighted {
+                    text: 0.5,
+                    vector: 0.5,
+                },
+                (FusionArg::Weighted, Some([text, vector])) => Fusion::Weighted {
+                    text: *text,
+                    vector: *vector,
+                },
+                (FusionArg::Weighted, Some(w)) => {
+                    return Err(Error::invalid(format!(
+                        "--weights takes two numbers (text, vector), not {}",
+                        w.len()
+                    )))
+                }
             };
-            search(
-                &open,
-                query,
-                (k, offset),
+            let request = SearchRequest {
+                k,
+                offset,
                 filter,
-                conjunction,
-                (ef, exact),
+                conjunction: if and {
+                    Conjunction::And
+                } else {
+                    Conjunction::Or
+                },
+                ef,
+                exact,
                 columns,
-                json,
-            )
-            .await
+                fusion,
+                candidates,
+            };
+            search(&open, query, request, json).await
         }
         Command::Explain {
             open,
@@ -545,43 +590,77 @@ async fn scan(open: &Open, filter: Option<String>) -> lsmsearch::Result<()> {
 enum Query {
     Fts(String),
     Vector(Vec<f32>),
+    Hybrid(String, Vec<f32>),
+}
+
+/// How `lsmsearch search --fts Q --vector V` fuses the two rankings.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum FusionArg {
+    /// Reciprocal rank fusion.
+    Rrf,
+    /// A weighted sum of the parts' normalised scores.
+    Weighted,
+}
+
+/// The options of `lsmsearch search`, whichever kind of search it is.
+struct SearchRequest {
+    k: usize,
+    offset: usize,
+    filter: Option<String>,
+    conjunction: Conjunction,
+    ef: Option<usize>,
+    exact: bool,
+    columns: Option<Vec<String>>,
+    fusion: Fusion,
+    candidates: Option<usize>,
 }
 
 /// `lsmsearch search`.
-#[allow(clippy::too_many_arguments)]
-async fn search(
-    open: &Open,
-    query: Query,
-    (k, offset): (usize, usize),
-    filter: Option<String>,
-    conjunction: Conjunction,
-    (ef, exact): (Option<usize>, bool),
-    columns: Option<Vec<String>>,
-    json: bool,
-) -> lsmsearch::Result<()> {
+async fn search(open: &Open, query: Query, r: SearchRequest, json: bool) -> lsmsearch::Result<()> {
     let index =
         Index::open_read_only(Location::parse(&open.location)?, open.settings.clone()).await?;
     let rows = match query {
         Query::Fts(q) => {
             let opts = SearchOptions {
-                k,
-                filter,
-                conjunction,
-                offset,
-                columns,
+                k: r.k,
+                filter: r.filter,
+                conjunction: r.conjunction,
+                offset: r.offset,
+                columns: r.columns,
             };
-            index.search_fts(&q, &opts).await?
+            index.search_fts(&q, &opts).await
         }
         Query::Vector(v) => {
             let opts = VectorSearchOptions {
-                k,
-                filter,
-                ef,
-                exact,
-                offset,
-                columns,
+                k: r.k,
+                filter: r.filter,
+                ef: r.ef,
+                exact: r.exact,
+                offset: r.offset,
+                columns: r.columns,
             };
-            index.search_vector(&v, &opts).await?
+            index.search_vector(&v, &opts).await
+        }
+        Query::Hybrid(q, v) => {
+            let opts = HybridSearchOptions {
+                k: r.k,
+                offset: r.offset,
+                filter: r.filter,
+                columns: r.columns,
+                fusion: r.fusion,
+                candidates: r.candidates,
+                conjunction: r.conjunction,
+                ef: r.ef,
+                exact: r.exact,
+            };
+            index.search_hybrid(&q, &v, &opts).await
+        }
+    };
+    let rows = match rows {
+        Ok(rows) => rows,
+        Err(e) => {
+            index.close().await?;
+            return Err(e);
         }
     };
     // The block cache's disk tier (when there is one) is written for the next process.
