@@ -196,6 +196,7 @@ impl IndexSchema {
     /// The names of the payload columns, in order: what the benchmarks' searches return
     /// after the key and the score or distance (what every search returned before searches
     /// named their columns), so that figures stay comparable with earlier builds'.
+    #[cfg(feature = "cli")]
     pub(crate) fn payload_names(&self) -> Vec<String> {
         self.payload.iter().map(|p| p.name.clone()).collect()
     }
