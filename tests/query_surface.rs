@@ -527,3 +527,76 @@ async fn bad_hybrid_options_are_errors_naming_them() {
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_point_in_time_keeps_what_it_reads_until_it_goes() {
+    use futures::TryStreamExt;
+    use object_store::ObjectStore;
+    let s = schema();
+    let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    // A hot cache of less than a generation: a compaction opens copies of its own of the
+    // generations the point in time reads, and replaced objects go at once.
+    let index = Index::create(
+        Location::from_store(store.clone(), "idx"),
+        s.clone(),
+        Settings {
+            memtable_max_rows: 10_000,
+            vector_exact_below: 16,
+            compaction: false,
+            compaction_grace_ms: 0,
+            hot_cache_bytes: 1,
+            ..Settings::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut model = Model::new();
+    for g in 0..3i64 {
+        let rows: Vec<Row> = (0..300)
+            .map(|i| Row::new(format!("k{:04}", g * 300 + i), g))
+            .collect();
+        index.append(&batch(&s, &rows)).await.unwrap();
+        model.extend(rows.into_iter().map(|r| (r.id.clone(), r)));
+        index.flush().await.unwrap();
+    }
+    let objects = || async {
+        store
+            .list(Some(&object_store::path::Path::from("idx/generations")))
+            .try_collect::<Vec<_>>()
+            .await
+            .unwrap()
+            .len()
+    };
+    assert_eq!(objects().await, 3);
+    let pit = index.point_in_time().await.unwrap();
+    let keys_only = SearchOptions {
+        columns: Some(Vec::new()),
+        ..SearchOptions::with_k(1_000)
+    };
+    let want = keys(&pit.search_fts("body", &keys_only).await.unwrap());
+    assert_eq!(want.len(), 900);
+    index.compact().await.unwrap();
+    // The compactor deletes what is due every second.
+    tokio::time::sleep(std::time::Duration::from_millis(2_500)).await;
+    assert_eq!(
+        objects().await,
+        4,
+        "the replaced generations stay while held"
+    );
+    // Their rows, read by range now.
+    let rows = pit
+        .search_fts("body", &SearchOptions::with_k(1_000))
+        .await
+        .unwrap();
+    assert_eq!(keys(&rows), want);
+    check_values(&rows, &model);
+    drop((pit, rows));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while objects().await > 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replaced generations stayed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
