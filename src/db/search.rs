@@ -228,7 +228,7 @@ macro_rules! read_methods {
         /// rows, whatever is written after (see [`crate::PointInTime`]).
         pub async fn point_in_time(&self) -> crate::Result<crate::PointInTime> {
             let snapshot = self.snapshot().await?;
-            Ok(self.$($path).+.point_in_time(snapshot))
+            Ok(self.$($path).+.pinned_point_in_time(snapshot))
         }
 
         /// What this handle's caches hold and fetched: opened generations (see

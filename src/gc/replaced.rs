@@ -101,7 +101,9 @@ impl ReplacedGenerations {
             let mut entries = self.entries();
             let mut doomed = Vec::new();
             entries.retain(|r| {
-                let free = r.since.elapsed() >= grace && r.generation.strong_count() == 0;
+                let free = r.since.elapsed() >= grace
+                    && r.generation.strong_count() == 0
+                    && !cache.is_pinned(r.meta.id, r.meta.epoch);
                 if free {
                     doomed.push(r.meta.clone());
                 }

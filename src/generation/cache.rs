@@ -94,6 +94,41 @@ struct Loader {
     decoding: Arc<tokio::sync::Semaphore>,
     /// Generations no list of this handle will name again (see [`GenerationCache::retire`]).
     retired: std::sync::Mutex<Retired>,
+    /// Generations points in time hold, by `(id, epoch)`, with how many hold each: not
+    /// deleted while held, whichever copy of them the cache holds (see [`Pins`]).
+    pinned: std::sync::Mutex<std::collections::HashMap<(u64, u64), usize>>,
+}
+
+/// Generations a point in time holds ([`GenerationCache::pin`]): while it lives, the writer
+/// does not delete their objects, even when the cache has dropped the copy the point in time
+/// reads and a compaction opened another.
+pub(crate) struct Pins {
+    cache: Arc<Loader>,
+    keys: Vec<(u64, u64)>,
+}
+
+impl std::fmt::Debug for Pins {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Pins({} generations)", self.keys.len())
+    }
+}
+
+impl Drop for Pins {
+    fn drop(&mut self) {
+        let mut pinned = self
+            .cache
+            .pinned
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for k in &self.keys {
+            if let Some(n) = pinned.get_mut(k) {
+                *n -= 1;
+                if *n == 0 {
+                    pinned.remove(k);
+                }
+            }
+        }
+    }
 }
 
 /// The most recent [`RETIRED`] retired generations, oldest first. Ids are never reused, so a
@@ -158,6 +193,7 @@ impl GenerationCache {
                     std::thread::available_parallelism().map_or(1, |n| n.get()),
                 )),
                 retired: Default::default(),
+                pinned: Default::default(),
             }),
         }
     }
@@ -205,6 +241,31 @@ impl GenerationCache {
             self.inner.cache.invalidate(&key).await;
         }
         Ok(g)
+    }
+
+    /// Hold the generations `keys` (`(id, epoch)`) until the returned pins are dropped.
+    pub(crate) fn pin(&self, keys: Vec<(u64, u64)>) -> Pins {
+        let mut pinned = self
+            .inner
+            .pinned
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for k in &keys {
+            *pinned.entry(*k).or_insert(0) += 1;
+        }
+        Pins {
+            cache: self.inner.clone(),
+            keys,
+        }
+    }
+
+    /// Whether a point in time holds generation `id` of `epoch`.
+    pub(crate) fn is_pinned(&self, id: u64, epoch: u64) -> bool {
+        self.inner
+            .pinned
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains_key(&(id, epoch))
     }
 
     fn is_retired(&self, key: (u64, u64)) -> bool {

@@ -289,7 +289,7 @@ impl Reader {
             .await
     }
 
-    /// The reads of `snapshot`, for as long as they are wanted.
+    /// The reads of `snapshot`, for one search.
     pub(crate) fn point_in_time(&self, snapshot: Snapshot) -> PointInTime {
         PointInTime {
             schema: self.schema.clone(),
@@ -297,6 +297,25 @@ impl Reader {
             text_schema: self.text_schema.clone(),
             settings: self.settings.clone(),
             snapshot,
+            _pins: None,
+        }
+    }
+
+    /// The reads of `snapshot`, for as long as they are wanted: its generations are held
+    /// until the last clone goes (see [`crate::generation::cache::Pins`]).
+    pub(crate) fn pinned_point_in_time(&self, snapshot: Snapshot) -> PointInTime {
+        let keys = snapshot
+            .sources
+            .iter()
+            .filter_map(|s| match s {
+                Source::Generation(g) => Some((g.meta().id, g.meta().epoch)),
+                Source::Memtable(_) => None,
+            })
+            .collect();
+        let pins = Arc::new(self.generations.pin(keys));
+        PointInTime {
+            _pins: Some(pins),
+            ..self.point_in_time(snapshot)
         }
     }
 
@@ -319,8 +338,9 @@ impl Reader {
 /// clone; it outlives the handle that took it only as long as what it reads stays in the
 /// store.
 ///
-/// It holds what it saw: the memtable rows, and the generations (their hot parts stay in
-/// memory while it lives, whatever the cache's budget). The writer does not delete a
+/// It holds what it saw: the memtable rows (a flushed memtable's with it: its rows, text
+/// index and graph, which no cache budget counts), and the generations (their hot parts stay
+/// in memory while it lives, whatever the cache's budget). The writer does not delete a
 /// generation a compaction replaced while one of its points in time holds it. A read-only
 /// handle's point in time reads what the writer, in another process, deletes
 /// [`crate::Settings::compaction_grace_ms`] after a compaction replaced it: a read of it by
@@ -333,6 +353,8 @@ pub struct PointInTime {
     text_schema: Option<Arc<TextSchema>>,
     settings: Settings,
     snapshot: Snapshot,
+    /// The generations held while it lives (a point in time a user took).
+    _pins: Option<Arc<crate::generation::cache::Pins>>,
 }
 
 impl PointInTime {
