@@ -600,3 +600,52 @@ async fn a_point_in_time_keeps_what_it_reads_until_it_goes() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hybrid_pages_equal_one_larger_hybrid_search() {
+    use lsmsearch::{Fusion, HybridSearchOptions};
+    let (index, _) = spread().await;
+    let v = [20.0, 21.0, -20.0, 0.5];
+    let fusions = [
+        Fusion::Rrf { k: 60.0 },
+        Fusion::Weighted {
+            text: 0.4,
+            vector: 0.6,
+        },
+    ];
+    for fusion in fusions {
+        for exact in [true, false] {
+            let k = 20;
+            let all = keys(
+                &index
+                    .search_hybrid(
+                        "body version 21",
+                        &v,
+                        &HybridSearchOptions {
+                            fusion,
+                            exact,
+                            ..HybridSearchOptions::with_k(4 * k)
+                        },
+                    )
+                    .await
+                    .unwrap(),
+            );
+            let mut paged = Vec::new();
+            for page in 0..4 {
+                let opts = HybridSearchOptions {
+                    fusion,
+                    exact,
+                    offset: page * k,
+                    ..HybridSearchOptions::with_k(k)
+                };
+                paged.extend(keys(
+                    &index
+                        .search_hybrid("body version 21", &v, &opts)
+                        .await
+                        .unwrap(),
+                ));
+            }
+            assert_eq!(paged, all, "{fusion:?}, exact {exact}");
+        }
+    }
+}
