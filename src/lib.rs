@@ -99,7 +99,8 @@ pub use query::{
     MAX_RESULT_WINDOW, SCORE_COLUMN,
 };
 pub use query::{
-    Fusion, HybridSearchOptions, FTS_RANK_COLUMN, FTS_SCORE_COLUMN, VECTOR_RANK_COLUMN,
+    Fusion, HybridSearchOptions, DEFAULT_CANDIDATES, FTS_RANK_COLUMN, FTS_SCORE_COLUMN,
+    VECTOR_RANK_COLUMN,
 };
 pub use schema::{
     IndexSchema, Metric, PayloadColumn, PayloadType, VectorColumn, DELETED_COLUMN, SEQ_COLUMN,

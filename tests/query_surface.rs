@@ -494,6 +494,21 @@ async fn bad_hybrid_options_are_errors_naming_them() {
         ),
         (
             HybridSearchOptions {
+                candidates: Some(25),
+                offset: 20,
+                ..Default::default()
+            },
+            "below offset + k (30)",
+        ),
+        (
+            HybridSearchOptions {
+                candidates: Some(MAX_RESULT_WINDOW + 1),
+                ..Default::default()
+            },
+            "each part ranks at most",
+        ),
+        (
+            HybridSearchOptions {
                 columns: Some(vec!["nope".into()]),
                 ..Default::default()
             },

@@ -77,8 +77,9 @@ pub struct HybridSearchOptions {
     pub columns: Option<Vec<String>>,
     /// How the parts are fused. Default [`Fusion::Rrf`] with `k` 60.
     pub fusion: Fusion,
-    /// Rows each part contributes: its best `candidates`. Default `2 × (offset + k)`, at least
-    /// 50 and at most [`MAX_RESULT_WINDOW`].
+    /// Rows each part contributes: its best `candidates`, at least `offset + k`. Default
+    /// [`DEFAULT_CANDIDATES`], whatever `k` and `offset`: pages and a larger search agree
+    /// while they fuse the same candidates.
     pub candidates: Option<usize>,
     /// Default operator between the text part's terms.
     pub conjunction: Conjunction,
@@ -114,16 +115,24 @@ impl HybridSearchOptions {
     }
 }
 
-/// The candidates each part contributes, checked.
+/// Rows each part of a hybrid search contributes by default.
+pub const DEFAULT_CANDIDATES: usize = 100;
+
+/// The candidates each part contributes, checked against the rows asked for (`window`,
+/// `offset + k`) and [`MAX_RESULT_WINDOW`].
 fn candidates(opts: &HybridSearchOptions, window: usize) -> Result<usize> {
-    match opts.candidates {
-        Some(0) => Err(Error::invalid("candidates must be at least 1")),
-        Some(c) => Ok(c),
-        None => Ok(window
-            .saturating_mul(2)
-            .max(50)
-            .min(MAX_RESULT_WINDOW.max(window))),
+    let c = opts.candidates.unwrap_or(DEFAULT_CANDIDATES);
+    if c < window {
+        return Err(Error::invalid(format!(
+            "candidates is {c}, below offset + k ({window}): a hybrid search fuses each part's best candidates; ask for at least offset + k"
+        )));
     }
+    if c > MAX_RESULT_WINDOW {
+        return Err(Error::invalid(format!(
+            "candidates is {c}: each part ranks at most {MAX_RESULT_WINDOW} rows"
+        )));
+    }
+    Ok(c)
 }
 
 /// The fusion, checked: an error names what is wrong.

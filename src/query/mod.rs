@@ -10,7 +10,8 @@ pub(crate) mod rerank;
 pub(crate) mod vector;
 
 pub use hybrid::{
-    Fusion, HybridSearchOptions, FTS_RANK_COLUMN, FTS_SCORE_COLUMN, VECTOR_RANK_COLUMN,
+    Fusion, HybridSearchOptions, DEFAULT_CANDIDATES, FTS_RANK_COLUMN, FTS_SCORE_COLUMN,
+    VECTOR_RANK_COLUMN,
 };
 pub use vector::VectorSearchOptions;
 

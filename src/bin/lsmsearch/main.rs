@@ -163,8 +163,7 @@ enum Command {
         /// normalised scores, e.g. 0.3,0.7 (default 0.5,0.5).
         #[arg(long, value_delimiter = ',', num_args = 1)]
         weights: Option<Vec<f32>>,
-        /// Hybrid search: the rows each part contributes (default 2 × (offset + k), at least
-        /// 50).
+        /// Hybrid search: the rows each part contributes (default 100; at least offset + k).
         #[arg(long)]
         candidates: Option<usize>,
     },
