@@ -428,3 +428,48 @@ fn fuse(fusion: Fusion, parts: &[Parts]) -> Vec<f32> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_weighted_fusion_of_distances_beyond_f32_stays_a_number() {
+        let parts = [
+            Parts {
+                fts: Some((1, 2.0)),
+                vector: Some((1, 1.0)),
+            },
+            Parts {
+                fts: None,
+                vector: Some((2, 3.0)),
+            },
+            Parts {
+                fts: Some((2, 1.0)),
+                vector: Some((3, f32::INFINITY)),
+            },
+            Parts {
+                fts: None,
+                vector: Some((4, f32::NAN)),
+            },
+        ];
+        let fused = fuse(
+            Fusion::Weighted {
+                text: 0.5,
+                vector: 0.5,
+            },
+            &parts,
+        );
+        assert!(fused.iter().all(|f| f.is_finite()), "{fused:?}");
+        // The finite distances span the scale; one beyond it is the farthest.
+        assert_eq!(fused, [1.0, 0.0, 0.25, 0.0]);
+        let text_only = fuse(
+            Fusion::Weighted {
+                text: 1.0,
+                vector: 0.0,
+            },
+            &parts,
+        );
+        assert_eq!(text_only, [1.0, 0.0, 0.5, 0.0]);
+    }
+}
