@@ -45,8 +45,8 @@ pub enum Fusion {
     /// A weighted sum of each part's normalised score. The full-text part's BM25 score is
     /// divided by the best among its candidates (in 0..=1); the vector part's distance `d`
     /// becomes `(d_max - d) / (d_max - d_min)` over its candidates' distances (1 when they are
-    /// all equal). A part that did not rank a row adds 0. Weights are finite, at least 0,
-    /// and sum to more than 0.
+    /// all equal; a distance beyond f32, infinite or NaN, counts as the farthest). A part
+    /// that did not rank a row adds 0. Weights are finite, at least 0, and sum to more than 0.
     Weighted {
         /// Weight of the full-text part.
         text: f32,
@@ -405,9 +405,12 @@ fn fuse(fusion: Fusion, parts: &[Parts]) -> Vec<f32> {
                 .iter()
                 .filter_map(|p| p.fts.map(|f| f64::from(f.1)))
                 .fold(0.0f64, f64::max);
+            // Over the finite distances; one beyond them (infinite, or NaN) counts as the
+            // farthest.
             let (near, far) = parts
                 .iter()
                 .filter_map(|p| p.vector.map(|v| f64::from(v.1)))
+                .filter(|d| d.is_finite())
                 .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), d| {
                     (lo.min(d), hi.max(d))
                 });
@@ -418,9 +421,13 @@ fn fuse(fusion: Fusion, parts: &[Parts]) -> Vec<f32> {
                         true => f64::from(f.1) / best,
                         false => 0.0,
                     });
-                    let v = p.vector.map_or(0.0, |d| match far > near {
-                        true => (far - f64::from(d.1)) / (far - near),
-                        false => 1.0,
+                    let v = p.vector.map_or(0.0, |d| {
+                        let d = f64::from(d.1);
+                        match (d.is_finite(), far > near) {
+                            (false, _) => 0.0,
+                            (true, true) => (far - d) / (far - near),
+                            (true, false) => 1.0,
+                        }
                     });
                     (f64::from(text) * t + f64::from(vector) * v) as f32
                 })
