@@ -44,7 +44,9 @@ pub trait Search: sealed::Sealed {
 
     /// The physical plan of a full-text search: one `FtsArmExec` leaf with a partition per
     /// source (each arm's top k, with its live rows and the filter applied inside) under a
-    /// `SortPreservingMergeExec(fetch = k)` ordered by `_score` descending then key.
+    /// `SortPreservingMergeExec(fetch = offset + k)` ordered by `_score` descending then key,
+    /// a `GlobalLimitExec` skipping `offset` rows (when there is one) and a `TakeExec`
+    /// reading the columns asked for.
     fn plan_fts(
         &self,
         query: &str,
@@ -52,7 +54,7 @@ pub trait Search: sealed::Sealed {
     ) -> impl Future<Output = Result<Arc<dyn ExecutionPlan>>> + Send;
 
     /// Full-text search with BM25 over global statistics of the snapshot's live rows: the top
-    /// `k` rows as a stream of batches (key, `_score`, payload columns).
+    /// `k` rows as a stream of batches (key, `_score`, the columns asked for).
     fn search_fts_stream(
         &self,
         query: &str,
@@ -68,7 +70,9 @@ pub trait Search: sealed::Sealed {
 
     /// The physical plan of a vector search: one `VectorArmExec` leaf with a partition per
     /// source (each arm's top k by exact distance among its live rows that pass the filter)
-    /// under a `SortPreservingMergeExec(fetch = k)` ordered by `_distance` ascending then key.
+    /// under a `SortPreservingMergeExec(fetch = offset + k)` ordered by `_distance` ascending then
+    /// key, a `GlobalLimitExec` skipping `offset` rows (when there is one) and a `TakeExec`
+    /// reading the columns asked for.
     fn plan_vector(
         &self,
         query: &[f32],
@@ -76,7 +80,7 @@ pub trait Search: sealed::Sealed {
     ) -> impl Future<Output = Result<Arc<dyn ExecutionPlan>>> + Send;
 
     /// Vector k-nearest-neighbour search: the `k` live rows nearest to `query` (key,
-    /// `_distance`, payload columns), with exact f32 distances under the schema's metric.
+    /// `_distance`, the columns asked for), with exact f32 distances under the schema's metric.
     fn search_vector(
         &self,
         query: &[f32],
@@ -162,7 +166,7 @@ macro_rules! read_methods {
         }
 
         /// Full-text search with BM25 over global statistics of the snapshot's live rows: the
-        /// top `k` rows as a stream of batches (key, `_score`, payload columns).
+        /// top `k` rows as a stream of batches (key, `_score`, the columns asked for).
         pub async fn search_fts_stream(
             &self,
             query: &str,
@@ -194,7 +198,7 @@ macro_rules! read_methods {
         }
 
         /// Vector k-nearest-neighbour search: the `k` live rows nearest to `query` (key,
-        /// `_distance`, payload columns), with exact f32 distances under the schema's metric.
+        /// `_distance`, the columns asked for), with exact f32 distances under the schema's metric.
         pub async fn search_vector(
             &self,
             query: &[f32],
