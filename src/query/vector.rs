@@ -37,6 +37,12 @@ pub struct VectorSearchOptions {
     /// Rows to skip before the `k` returned: the rows ranked `offset..offset + k` (by
     /// `_distance`, then key). With an offset, `offset + k` is at most
     /// [`super::MAX_RESULT_WINDOW`]. Default 0.
+    ///
+    /// An exact search's pages equal one larger search. A graph search's do while `offset + k`
+    /// stays within what a generation re-ranks and walks (`Settings::vector_rerank`, default
+    /// 100, and `ef`): past that, a page's search re-ranks and walks more than an earlier
+    /// page's did, and may find rows it did not, so deep pages of approximate search ask for
+    /// `exact` or a larger `ef` and `vector_rerank`.
     pub offset: usize,
     /// The user columns returned after the key and `_distance`, in this order, each once (the
     /// vector too, when named). Default (`None`): every user column but the vector.
