@@ -530,6 +530,27 @@ async fn the_bad_input_matrix() {
         ],
         &["two numbers"],
     );
+    m.cli(
+        "cli: a hybrid flag on a full-text search",
+        &["search", &loc, "--fts", "body", "--candidates", "20"],
+        &["hybrid"],
+    );
+    m.cli(
+        "cli: the rank constant with weighted fusion",
+        &[
+            "search",
+            &loc,
+            "--fts",
+            "body",
+            "--vector",
+            "[1, 2, 3, 4]",
+            "--fusion",
+            "weighted",
+            "--rrf-k",
+            "10",
+        ],
+        &["--rrf-k"],
+    );
     assert!(m.cases >= 25, "only {} cases", m.cases);
     println!(
         "{} bad inputs rejected, the index unchanged by each",
