@@ -153,12 +153,12 @@ enum Command {
         /// (the vector too, when named). Default: every column but the vector.
         #[arg(long, value_delimiter = ',')]
         columns: Option<Vec<String>>,
-        /// Hybrid search: how the two rankings are fused.
-        #[arg(long, value_enum, default_value = "rrf")]
-        fusion: FusionArg,
-        /// Hybrid search with reciprocal rank fusion: the rank constant.
-        #[arg(long, default_value_t = 60.0)]
-        rrf_k: f32,
+        /// Hybrid search: how the two rankings are fused (default rrf).
+        #[arg(long, value_enum)]
+        fusion: Option<FusionArg>,
+        /// Hybrid search with reciprocal rank fusion: the rank constant (default 60).
+        #[arg(long)]
+        rrf_k: Option<f32>,
         /// Hybrid search with weighted fusion: the weights of the text and the vector parts'
         /// normalised scores, e.g. 0.3,0.7 (default 0.5,0.5).
         #[arg(long, value_delimiter = ',', num_args = 1)]
@@ -324,10 +324,22 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
                     return Err(Error::invalid("give --fts, --vector or --vector-file"))
                 }
             };
-            let fusion = match (fusion, weights.as_deref()) {
-                (FusionArg::Rrf, None) => Fusion::Rrf { k: rrf_k },
+            let hybrid_only =
+                fusion.is_some() || rrf_k.is_some() || weights.is_some() || candidates.is_some();
+            if hybrid_only && !matches!(query, Query::Hybrid(..)) {
+                return Err(Error::invalid(
+                    "--fusion, --rrf-k, --weights and --candidates apply to a hybrid search (--fts with --vector or --vector-file)",
+                ));
+            }
+            let fusion = match (fusion.unwrap_or(FusionArg::Rrf), weights.as_deref()) {
+                (FusionArg::Rrf, None) => Fusion::Rrf {
+                    k: rrf_k.unwrap_or(60.0),
+                },
                 (FusionArg::Rrf, Some(_)) => {
                     return Err(Error::invalid("--weights applies to --fusion weighted"))
+                }
+                (FusionArg::Weighted, _) if rrf_k.is_some() => {
+                    return Err(Error::invalid("--rrf-k applies to --fusion rrf"))
                 }
                 (FusionArg::Weighted, None) => Fusion::Weighted {
                     text: 0.5,
