@@ -9,12 +9,16 @@
 use crate::read::pool::QueryPool;
 use crate::read::{ReadCaches, Source};
 use arrow::array::{ArrayRef, AsArray, RecordBatch, UInt32Array, UInt64Array};
+use arrow::compute::SortOptions;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::{EquivalenceProperties, LexOrdering, PhysicalExpr};
+use datafusion::physical_expr::{
+    EquivalenceProperties, LexOrdering, PhysicalExpr, PhysicalSortExpr,
+};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::expressions::col;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
@@ -105,6 +109,57 @@ pub(crate) struct RankedPlan {
     pub(crate) merged: Arc<dyn ExecutionPlan>,
     pub(crate) sources: Vec<Source>,
     pub(crate) caches: Arc<ReadCaches>,
+}
+
+impl RankedPlan {
+    /// The plan of the search: its rows with the user columns `columns` (positions in the
+    /// index's Arrow schema) read after the merge, after the key and `value` (`_score`,
+    /// descending, or `_distance`), ordered by `value` then key.
+    pub(crate) fn take(
+        self,
+        schema: &crate::schema::IndexSchema,
+        value: &str,
+        descending: bool,
+        columns: Vec<usize>,
+    ) -> crate::Result<Arc<dyn ExecutionPlan>> {
+        let out_schema = super::output_schema(schema, value, &columns);
+        let ordering = sort_ordering(&out_schema, descending, value)?;
+        Ok(Arc::new(TakeExec::new(
+            self.merged,
+            self.sources,
+            self.caches,
+            columns.into(),
+            out_schema,
+            ordering,
+        )))
+    }
+}
+
+/// The order of a search's rows in `schema`: `score` (descending or not), then the key (the
+/// first column), as arms, merges and pages keep them.
+pub(crate) fn sort_ordering(
+    schema: &SchemaRef,
+    score_descending: bool,
+    score: &str,
+) -> crate::Result<LexOrdering> {
+    let key = schema.field(0).name().clone();
+    LexOrdering::new(vec![
+        PhysicalSortExpr::new(
+            col(score, schema)?,
+            SortOptions {
+                descending: score_descending,
+                nulls_first: false,
+            },
+        ),
+        PhysicalSortExpr::new(
+            col(&key, schema)?,
+            SortOptions {
+                descending: false,
+                nulls_first: false,
+            },
+        ),
+    ])
+    .ok_or_else(|| crate::Error::internal("empty ordering"))
 }
 
 /// The top of a search: the rows the merge kept ([`ranked_schema`]) with their payload

@@ -3,7 +3,7 @@
 //! merge the arms' top k in DataFusion.
 
 use super::exec::{
-    ranked, ranked_schema, ArmExec, ArmRows, ArmSpec, ArmWork, RankedPlan, TakeExec,
+    ranked, ranked_schema, sort_ordering, ArmExec, ArmRows, ArmSpec, ArmWork, RankedPlan,
 };
 use super::{Conjunction, SearchOptions, SCORE_COLUMN};
 use crate::key::Key;
@@ -14,10 +14,7 @@ use crate::schema::IndexSchema;
 use crate::text::{ColdPiece, DocRows, TailQuery, TextIndex, TextSchema};
 use crate::{Error, Result};
 use arrow::array::{ArrayRef, Float32Array, RecordBatch};
-use arrow::compute::SortOptions;
 use arrow::datatypes::SchemaRef;
-use datafusion::physical_expr::{LexOrdering, PhysicalSortExpr};
-use datafusion::physical_plan::expressions::col;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::ExecutionPlan;
 use std::collections::{BinaryHeap, HashMap};
@@ -140,31 +137,6 @@ pub(crate) fn parse_query(
     Ok(q)
 }
 
-pub(crate) fn sort_ordering(
-    schema: &SchemaRef,
-    score_descending: bool,
-    score: &str,
-) -> Result<LexOrdering> {
-    let key = schema.field(0).name().clone();
-    LexOrdering::new(vec![
-        PhysicalSortExpr::new(
-            col(score, schema)?,
-            SortOptions {
-                descending: score_descending,
-                nulls_first: false,
-            },
-        ),
-        PhysicalSortExpr::new(
-            col(&key, schema)?,
-            SortOptions {
-                descending: false,
-                nulls_first: false,
-            },
-        ),
-    ])
-    .ok_or_else(|| Error::internal("empty ordering"))
-}
-
 /// Log a full-text plan that took 10 ms or more (`lsmsearch::slow`), with the time to its
 /// live rows and to its statistics.
 fn log_slow_plan(total: Duration, t_live: Duration, t_stats: Duration) {
@@ -216,17 +188,7 @@ pub(crate) fn plan(
     opts: &SearchOptions,
 ) -> Result<Arc<dyn ExecutionPlan>> {
     let columns = super::returned_columns(schema, opts.columns.as_deref(), SCORE_COLUMN)?;
-    let out_schema = super::output_schema(schema, SCORE_COLUMN, &columns);
-    let r = plan_ranked(schema, text, snapshot, query, opts)?;
-    let out_ordering = sort_ordering(&out_schema, true, SCORE_COLUMN)?;
-    Ok(Arc::new(TakeExec::new(
-        r.merged,
-        r.sources,
-        r.caches,
-        columns.into(),
-        out_schema,
-        out_ordering,
-    )))
+    plan_ranked(schema, text, snapshot, query, opts)?.take(schema, SCORE_COLUMN, true, columns)
 }
 
 /// The rows of a full-text search over a snapshot, ranked and merged, before their columns

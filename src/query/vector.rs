@@ -2,9 +2,8 @@
 //! applied before each arm's top k, arms merged by `_distance` ascending then key.
 
 use super::exec::{
-    ranked, ranked_schema, ArmExec, ArmRows, ArmSpec, ArmWork, RankedPlan, TakeExec,
+    ranked, ranked_schema, sort_ordering, ArmExec, ArmRows, ArmSpec, ArmWork, RankedPlan,
 };
-use super::fts::sort_ordering;
 use super::rerank::{RerankRound, Ticket};
 use super::DISTANCE_COLUMN;
 use crate::generation::Generation;
@@ -127,17 +126,12 @@ pub(crate) fn plan(
     opts: &VectorSearchOptions,
 ) -> Result<Arc<dyn ExecutionPlan>> {
     let columns = super::returned_columns(schema, opts.columns.as_deref(), DISTANCE_COLUMN)?;
-    let out_schema = super::output_schema(schema, DISTANCE_COLUMN, &columns);
-    let r = plan_ranked(schema, settings, snapshot, query, opts)?;
-    let out_ordering = sort_ordering(&out_schema, false, DISTANCE_COLUMN)?;
-    Ok(Arc::new(TakeExec::new(
-        r.merged,
-        r.sources,
-        r.caches,
-        columns.into(),
-        out_schema,
-        out_ordering,
-    )))
+    plan_ranked(schema, settings, snapshot, query, opts)?.take(
+        schema,
+        DISTANCE_COLUMN,
+        false,
+        columns,
+    )
 }
 
 /// The rows of a vector search over a snapshot, ranked by exact distance and merged, before
