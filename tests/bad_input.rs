@@ -551,6 +551,23 @@ async fn the_bad_input_matrix() {
         ],
         &["--rrf-k"],
     );
+    m.cli(
+        "cli: a NaN minimum score",
+        &["search", &loc, "--fts", "body", "--min-score", "NaN"],
+        &["min_score"],
+    );
+    m.cli(
+        "cli: a negative radius",
+        &[
+            "search",
+            &loc,
+            "--vector",
+            "[1, 2, 3, 4]",
+            "--max-distance",
+            "-1",
+        ],
+        &["max_distance"],
+    );
     assert!(m.cases >= 25, "only {} cases", m.cases);
     println!(
         "{} bad inputs rejected, the index unchanged by each",

@@ -664,3 +664,124 @@ async fn hybrid_pages_equal_one_larger_hybrid_search() {
         }
     }
 }
+
+/// `(key, value of column)` of every row, in order.
+fn valued(batches: &[RecordBatch], column: &str) -> Vec<(String, f32)> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            let k = b.column(0).as_string::<i32>();
+            let v = b
+                .column_by_name(column)
+                .unwrap()
+                .as_primitive::<Float32Type>();
+            (0..b.num_rows())
+                .map(|i| (k.value(i).to_string(), v.value(i)))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thresholds_keep_the_rows_within_them_before_the_top_k() {
+    let (index, model) = spread().await;
+    let bare = |k| SearchOptions {
+        columns: Some(Vec::new()),
+        ..SearchOptions::with_k(k)
+    };
+    let all = valued(
+        &index
+            .search_fts("version 13 body", &bare(5_000))
+            .await
+            .unwrap(),
+        "_score",
+    );
+    // The best score: the rows of version 13 (the others tie below them).
+    let t = all[0].1;
+    let within: Vec<(String, f32)> = all.iter().filter(|r| r.1 >= t).cloned().collect();
+    assert!(
+        within.len() > 20 && within.len() < all.len(),
+        "{}",
+        within.len()
+    );
+    for (k, offset) in [(1_000, 0), (5, 0), (5, 3), (30, 20)] {
+        let opts = SearchOptions {
+            min_score: Some(t),
+            offset,
+            ..bare(k)
+        };
+        let got = valued(
+            &index.search_fts("version 13 body", &opts).await.unwrap(),
+            "_score",
+        );
+        let want: Vec<_> = within.iter().skip(offset).take(k).cloned().collect();
+        assert_eq!(got, want, "min_score {t}, k {k}, offset {offset}");
+    }
+    // A radius: the rows at most that far, as brute force counts them.
+    let v = [20.0, 21.0, -20.0, 0.5];
+    let exact = |k| VectorSearchOptions {
+        exact: true,
+        columns: Some(Vec::new()),
+        ..VectorSearchOptions::with_k(k)
+    };
+    let all = valued(
+        &index.search_vector(&v, &exact(5_000)).await.unwrap(),
+        "_distance",
+    );
+    let r = all[60].1;
+    let brute = model
+        .values()
+        .filter(|row| {
+            let d: f32 = row
+                .emb
+                .iter()
+                .zip(&v)
+                .map(|(a, b)| (a - b) * (a - b))
+                .sum::<f32>()
+                .sqrt();
+            d <= r
+        })
+        .count();
+    for (k, offset) in [(1_000, 0), (7, 4)] {
+        let opts = VectorSearchOptions {
+            max_distance: Some(r),
+            offset,
+            ..exact(k)
+        };
+        let got = valued(&index.search_vector(&v, &opts).await.unwrap(), "_distance");
+        let want: Vec<_> = all
+            .iter()
+            .filter(|d| d.1 <= r)
+            .skip(offset)
+            .take(k)
+            .cloned()
+            .collect();
+        assert_eq!(got, want, "max_distance {r}, k {k}, offset {offset}");
+        if k == 1_000 {
+            assert_eq!(got.len(), brute, "the rows within the radius");
+        }
+    }
+    let opts = VectorSearchOptions {
+        max_distance: Some(r),
+        ..VectorSearchOptions::with_k(1_000)
+    };
+    let graph = valued(&index.search_vector(&v, &opts).await.unwrap(), "_distance");
+    assert!(!graph.is_empty() && graph.iter().all(|d| d.1 <= r));
+    // Thresholds that are not numbers, or below what a score or a distance can be.
+    for t in [f32::NAN, f32::INFINITY, -1.0] {
+        let opts = SearchOptions {
+            min_score: Some(t),
+            ..SearchOptions::default()
+        };
+        let e = index.search_fts("body", &opts).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+        assert!(e.message().contains("min_score"), "{e}");
+        let opts = VectorSearchOptions {
+            max_distance: Some(t),
+            ..VectorSearchOptions::default()
+        };
+        let e = index.search_vector(&v, &opts).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+        assert!(e.message().contains("max_distance"), "{e}");
+    }
+}

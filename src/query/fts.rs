@@ -203,6 +203,11 @@ pub(crate) fn plan_ranked(
     let ts =
         text.ok_or_else(|| Error::invalid("full-text search on an index without text columns"))?;
     let window = super::result_window(opts.k, opts.offset)?;
+    if let Some(t) = opts.min_score.filter(|t| !(t.is_finite() && *t >= 0.0)) {
+        return Err(Error::invalid(format!(
+            "min_score is {t}: it must be a finite number at least 0"
+        )));
+    }
     let query: Arc<dyn Query> = Arc::from(parse_query(ts, query, opts.conjunction)?);
     let user = schema.arrow_schema();
     let filter = opts
@@ -287,7 +292,11 @@ pub(crate) fn plan_ranked(
     ));
     let merged = Arc::new(SortPreservingMergeExec::new(ordering, leaf).with_fetch(Some(window)));
     Ok(RankedPlan {
-        merged: super::page(merged, opts.offset, opts.k),
+        merged: super::page(
+            super::within(merged, SCORE_COLUMN, opts.min_score, true)?,
+            opts.offset,
+            opts.k,
+        ),
         sources: all_sources,
         caches,
     })

@@ -198,6 +198,7 @@ pub(crate) async fn search(
         offset: 0,
         filter: opts.filter.clone(),
         conjunction: opts.conjunction,
+        min_score: None,
         columns: Some(Vec::new()),
     };
     let vector_opts = VectorSearchOptions {
@@ -206,6 +207,7 @@ pub(crate) async fn search(
         filter: opts.filter.clone(),
         ef: opts.ef,
         exact: opts.exact,
+        max_distance: None,
         columns: Some(Vec::new()),
     };
     // Both parts planned at once, then run at once.

@@ -44,6 +44,9 @@ pub struct SearchOptions {
     pub filter: Option<String>,
     /// Default operator between query terms. Default [`Conjunction::Or`].
     pub conjunction: Conjunction,
+    /// Return only rows scoring at least this (finite, at least 0), as if the others did not
+    /// match: applied before the top `k` and the offset. Default none.
+    pub min_score: Option<f32>,
     /// Rows to skip before the `k` returned: the rows ranked `offset..offset + k` (by
     /// `_score` descending, then key), so consecutive pages over one snapshot equal one
     /// search for their rows. With an offset, `offset + k` is at most [`MAX_RESULT_WINDOW`].
@@ -62,6 +65,7 @@ impl Default for SearchOptions {
             k: 10,
             filter: None,
             conjunction: Conjunction::Or,
+            min_score: None,
             offset: 0,
             columns: None,
         }
@@ -160,6 +164,34 @@ pub(crate) fn result_window(k: usize, offset: usize) -> crate::Result<usize> {
             "offset + k is {offset} + {k}: a page ends at row {MAX_RESULT_WINDOW} at most (a scan reads any number of rows)"
         ))),
     }
+}
+
+/// The rows of `merged` (ranked by `value`, see [`exec::ranked_schema`]) within `bound`: a
+/// score at least it (`at_least`) or a distance at most it. The rows within form a prefix of
+/// the ranking, so the top `offset + k` of them are those of every row, cut there.
+pub(crate) fn within(
+    merged: std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+    value: &str,
+    bound: Option<f32>,
+    at_least: bool,
+) -> crate::Result<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+    use datafusion::logical_expr::Operator;
+    use datafusion::physical_expr::expressions::{col, lit, BinaryExpr};
+    let Some(bound) = bound else {
+        return Ok(merged);
+    };
+    let op = match at_least {
+        true => Operator::GtEq,
+        false => Operator::LtEq,
+    };
+    let predicate = std::sync::Arc::new(BinaryExpr::new(
+        col(value, &merged.schema())?,
+        op,
+        lit(bound),
+    ));
+    Ok(std::sync::Arc::new(
+        datafusion::physical_plan::filter::FilterExec::try_new(predicate, merged)?,
+    ))
 }
 
 /// The rows of `merged` (ordered, at most `offset + k` of them) past the first `offset`.

@@ -33,6 +33,10 @@ pub struct VectorSearchOptions {
     pub ef: Option<usize>,
     /// Scan every arm exactly (brute force) instead of walking the generations' graphs.
     pub exact: bool,
+    /// Return only rows at most this far from the query (a radius; finite, and at least 0
+    /// but for the `dot` metric, whose distances are negated products): applied before the
+    /// top `k` and the offset. Default none.
+    pub max_distance: Option<f32>,
     /// Rows to skip before the `k` returned: the rows ranked `offset..offset + k` (by
     /// `_distance`, then key). With an offset, `offset + k` is at most
     /// [`super::MAX_RESULT_WINDOW`]. Default 0.
@@ -55,6 +59,7 @@ impl Default for VectorSearchOptions {
             filter: None,
             ef: None,
             exact: false,
+            max_distance: None,
             offset: 0,
             columns: None,
         }
@@ -68,6 +73,19 @@ impl VectorSearchOptions {
             k,
             ..Default::default()
         }
+    }
+}
+
+/// Check a radius (`max_distance`) under `metric`: finite, and at least 0 but for `dot`.
+fn check_radius(metric: Metric, max_distance: Option<f32>) -> Result<()> {
+    match max_distance {
+        Some(r) if !r.is_finite() => Err(Error::invalid(format!(
+            "max_distance is {r}: it must be a finite number"
+        ))),
+        Some(r) if r < 0.0 && metric != Metric::Dot => Err(Error::invalid(format!(
+            "max_distance is {r}: {metric:?} distances are at least 0"
+        ))),
+        _ => Ok(()),
     }
 }
 
@@ -147,6 +165,7 @@ pub(crate) fn plan_ranked(
     let window = super::result_window(opts.k, opts.offset)?;
     let vcol = schema.vector.as_ref().expect("checked above");
     let metric = vcol.metric;
+    check_radius(metric, opts.max_distance)?;
     let user = schema.arrow_schema();
     let vidx = user
         .index_of(&vcol.column)
@@ -240,7 +259,11 @@ pub(crate) fn plan_ranked(
     ));
     let merged = Arc::new(SortPreservingMergeExec::new(ordering, leaf).with_fetch(Some(window)));
     Ok(RankedPlan {
-        merged: super::page(merged, opts.offset, opts.k),
+        merged: super::page(
+            super::within(merged, DISTANCE_COLUMN, opts.max_distance, false)?,
+            opts.offset,
+            opts.k,
+        ),
         sources: all_sources,
         caches,
     })

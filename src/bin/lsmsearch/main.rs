@@ -153,6 +153,13 @@ enum Command {
         /// (the vector too, when named). Default: every column but the vector.
         #[arg(long, value_delimiter = ',')]
         columns: Option<Vec<String>>,
+        /// Full-text search: only rows scoring at least this.
+        #[arg(long, allow_negative_numbers = true)]
+        min_score: Option<f32>,
+        /// Vector search: only rows at most this far from the query vector (a radius; negative
+        /// under the dot metric, whose distances are negated products).
+        #[arg(long, allow_negative_numbers = true)]
+        max_distance: Option<f32>,
         /// Hybrid search: how the two rankings are fused (default rrf).
         #[arg(long, value_enum)]
         fusion: Option<FusionArg>,
@@ -301,6 +308,8 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
             filter,
             and,
             columns,
+            min_score,
+            max_distance,
             fusion,
             rrf_k,
             weights,
@@ -329,6 +338,16 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
             if hybrid_only && !matches!(query, Query::Hybrid(..)) {
                 return Err(Error::invalid(
                     "--fusion, --rrf-k, --weights and --candidates apply to a hybrid search (--fts with --vector or --vector-file)",
+                ));
+            }
+            if min_score.is_some() && !matches!(query, Query::Fts(..)) {
+                return Err(Error::invalid(
+                    "--min-score applies to a full-text search (--fts alone)",
+                ));
+            }
+            if max_distance.is_some() && !matches!(query, Query::Vector(..)) {
+                return Err(Error::invalid(
+                    "--max-distance applies to a vector search (--vector or --vector-file alone)",
                 ));
             }
             let fusion = match (fusion.unwrap_or(FusionArg::Rrf), weights.as_deref()) {
@@ -368,6 +387,8 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
                 ef,
                 exact,
                 columns,
+                min_score,
+                max_distance,
                 fusion,
                 candidates,
             };
@@ -622,6 +643,8 @@ struct SearchRequest {
     ef: Option<usize>,
     exact: bool,
     columns: Option<Vec<String>>,
+    min_score: Option<f32>,
+    max_distance: Option<f32>,
     fusion: Fusion,
     candidates: Option<usize>,
 }
@@ -636,6 +659,7 @@ async fn search(open: &Open, query: Query, r: SearchRequest, json: bool) -> lsms
                 k: r.k,
                 filter: r.filter,
                 conjunction: r.conjunction,
+                min_score: r.min_score,
                 offset: r.offset,
                 columns: r.columns,
             };
@@ -647,6 +671,7 @@ async fn search(open: &Open, query: Query, r: SearchRequest, json: bool) -> lsms
                 filter: r.filter,
                 ef: r.ef,
                 exact: r.exact,
+                max_distance: r.max_distance,
                 offset: r.offset,
                 columns: r.columns,
             };
