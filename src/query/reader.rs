@@ -227,15 +227,7 @@ impl Reader {
         snapshot: Snapshot,
         filter: Option<&str>,
     ) -> Result<Vec<RecordBatch>> {
-        let cursor = self.scan_cursor(snapshot, filter)?;
-        tokio::task::spawn_blocking(move || cursor.collect()).await?
-    }
-
-    /// A cursor over the snapshot's live rows that pass `filter` (compiled here).
-    fn scan_cursor(&self, snapshot: Snapshot, filter: Option<&str>) -> Result<ScanCursor> {
-        let user = self.user_schema.clone();
-        let filter = filter.map(|f| compile_filter(&user, f)).transpose()?;
-        Ok(snapshot.scan(user, filter, SCAN_BATCH_ROWS))
+        collect_scan(&self.user_schema, snapshot, filter).await
     }
 
     /// Every live row of the snapshot, optionally filtered, as a stream of batches of at most
@@ -246,7 +238,7 @@ impl Reader {
         snapshot: Snapshot,
         filter: Option<&str>,
     ) -> Result<SendableRecordBatchStream> {
-        let cursor = self.scan_cursor(snapshot, filter)?;
+        let cursor = scan_cursor(&self.user_schema, snapshot, filter)?;
         let batches = futures::stream::try_unfold(cursor, |mut cursor| async move {
             let (next, cursor) = tokio::task::spawn_blocking(move || {
                 let next = cursor.next();
@@ -435,15 +427,30 @@ impl PointInTime {
 
     /// Every live row of this point in time, optionally filtered (see [`crate::Search::scan`]).
     pub async fn scan(&self, options: super::ScanOptions) -> Result<Vec<RecordBatch>> {
-        let user = self.user_schema.clone();
-        let filter = options
-            .filter
-            .as_deref()
-            .map(|f| compile_filter(&user, f))
-            .transpose()?;
-        let cursor = self.snapshot.clone().scan(user, filter, SCAN_BATCH_ROWS);
-        tokio::task::spawn_blocking(move || cursor.collect()).await?
+        collect_scan(
+            &self.user_schema,
+            self.snapshot.clone(),
+            options.filter.as_deref(),
+        )
+        .await
     }
+}
+
+/// A cursor over `snapshot`'s live rows that pass `filter` (compiled here against `user`, the
+/// Arrow schema of returned rows).
+fn scan_cursor(user: &SchemaRef, snapshot: Snapshot, filter: Option<&str>) -> Result<ScanCursor> {
+    let filter = filter.map(|f| compile_filter(user, f)).transpose()?;
+    Ok(snapshot.scan(user.clone(), filter, SCAN_BATCH_ROWS))
+}
+
+/// Every live row of `snapshot` that passes `filter`, collected on a blocking thread.
+async fn collect_scan(
+    user: &SchemaRef,
+    snapshot: Snapshot,
+    filter: Option<&str>,
+) -> Result<Vec<RecordBatch>> {
+    let cursor = scan_cursor(user, snapshot, filter)?;
+    tokio::task::spawn_blocking(move || cursor.collect()).await?
 }
 
 /// Rows per batch of a scan.
