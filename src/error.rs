@@ -29,6 +29,9 @@ pub enum ErrorKind {
     Unavailable,
     /// The handle was closed.
     Closed,
+    /// A query passed its deadline (see [`crate::SearchOptions::timeout`]) and was stopped;
+    /// nothing was changed. The message says which query and how long it was given.
+    Timeout,
     /// A bug or an unexpected internal state.
     Internal,
 }
@@ -41,6 +44,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::Data => "data corruption",
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::Closed => "closed",
+            ErrorKind::Timeout => "timed out",
             ErrorKind::Internal => "internal error",
         };
         f.write_str(s)
@@ -99,6 +103,9 @@ pub(crate) enum Reason {
     /// The handle was closed.
     #[error("the index handle is closed")]
     Closed,
+    /// A query passed its deadline.
+    #[error("{0}")]
+    Timeout(String),
     /// A bug or an unexpected internal state.
     #[error("{0}")]
     Internal(String),
@@ -146,6 +153,7 @@ impl From<Reason> for Error {
             Reason::Store { .. } => ErrorKind::Unavailable,
             Reason::Io(_) => ErrorKind::Unavailable,
             Reason::Closed => ErrorKind::Closed,
+            Reason::Timeout(_) => ErrorKind::Timeout,
             Reason::Internal(_) => ErrorKind::Internal,
             Reason::Text(_) => ErrorKind::Internal,
             Reason::Other { kind, .. } => *kind,
@@ -189,6 +197,11 @@ impl Error {
     pub fn context(mut self, ctx: impl fmt::Display) -> Self {
         self.msg = format!("{ctx}: {}", self.msg);
         self
+    }
+
+    /// A `Timeout` error: a query passed its deadline.
+    pub(crate) fn timeout(msg: impl Into<String>) -> Self {
+        Reason::Timeout(msg.into()).into()
     }
 
     /// An `Invalid` error: the caller's input was rejected.

@@ -568,6 +568,16 @@ async fn the_bad_input_matrix() {
         ],
         &["max_distance"],
     );
+    m.cli(
+        "cli: a timeout of 0",
+        &["search", &loc, "--fts", "body", "--timeout-ms", "0"],
+        &["timeout"],
+    );
+    m.cli(
+        "cli: a count of a vector search",
+        &["search", &loc, "--vector", "[1, 2, 3, 4]", "--count"],
+        &["--count"],
+    );
     assert!(m.cases >= 25, "only {} cases", m.cases);
     println!(
         "{} bad inputs rejected, the index unchanged by each",

@@ -785,3 +785,214 @@ async fn thresholds_keep_the_rows_within_them_before_the_top_k() {
         assert!(e.message().contains("max_distance"), "{e}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_equal_a_brute_force_count_of_the_live_rows() {
+    let (index, mut model) = spread().await;
+    for id in ["k0003", "k0250", "k0420", "k0610", "k0777"] {
+        index.delete(&[lsmsearch::Key::from(id)]).await.unwrap();
+        model.remove(id);
+    }
+    let docs = model
+        .iter()
+        .map(|(k, r)| (k.clone(), vec![Some(r.body.clone())]))
+        .collect();
+    let reference = common::fts::Reference::new(&["body"], &docs);
+    // A row matches when its body holds any of the terms (every one, for `all`).
+    let brute = |terms: &[&str], all: bool, min_year: Option<i64>| {
+        model
+            .values()
+            .filter(|r| {
+                let words: Vec<String> = r.body.split(' ').map(|w| w.to_lowercase()).collect();
+                let has = |t: &&str| words.iter().any(|w| w == t);
+                let text = match all {
+                    true => terms.iter().all(has),
+                    false => terms.iter().any(has),
+                };
+                text && min_year.is_none_or(|y| r.year >= y)
+            })
+            .count() as u64
+    };
+    let pit = index.point_in_time().await.unwrap();
+    let cases: [(&str, &[&str], bool, Option<i64>); 5] = [
+        ("version", &["version"], false, None),
+        ("13 OR 21 OR 2", &["13", "21", "2"], false, None),
+        ("13 21 2", &["13", "21", "2"], false, Some(20)),
+        ("version k0150", &["version", "k0150"], true, None),
+        ("nothing", &["nothing"], false, None),
+    ];
+    for (q, terms, all, min_year) in cases {
+        let opts = SearchOptions {
+            k: 1,
+            conjunction: match all {
+                true => lsmsearch::Conjunction::And,
+                false => lsmsearch::Conjunction::Or,
+            },
+            filter: min_year.map(|y| format!("year >= {y}")),
+            ..SearchOptions::default()
+        };
+        let want = brute(terms, all, min_year);
+        assert_eq!(index.count_fts(q, &opts).await.unwrap(), want, "{q}");
+        assert_eq!(
+            pit.count_fts(q, &opts).await.unwrap(),
+            want,
+            "{q} (point in time)"
+        );
+    }
+    // With min_score: the rows the reference scores at least it.
+    let all = reference.search("13 OR 21 OR 2", false);
+    let t = all[all.len() / 2].1;
+    let want = all.iter().filter(|r| r.1 >= t).count() as u64;
+    let opts = SearchOptions {
+        min_score: Some(t),
+        ..SearchOptions::default()
+    };
+    assert_eq!(index.count_fts("13 OR 21 OR 2", &opts).await.unwrap(), want);
+    // Writes after a point in time change the handle's count, not the point in time's.
+    let before = pit
+        .count_fts("version", &SearchOptions::default())
+        .await
+        .unwrap();
+    index
+        .append(&batch(&schema(), &[Row::new("new-row", 1)]))
+        .await
+        .unwrap();
+    index.flush().await.unwrap();
+    let opts = SearchOptions::default();
+    assert_eq!(index.count_fts("version", &opts).await.unwrap(), before + 1);
+    assert_eq!(pit.count_fts("version", &opts).await.unwrap(), before);
+    // Bad input: the same errors as a search.
+    let bad = SearchOptions {
+        min_score: Some(f32::NAN),
+        ..SearchOptions::default()
+    };
+    let e = index.count_fts("version", &bad).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+    let e = index.count_fts("nope:x", &opts).await.unwrap_err();
+    assert!(e.message().contains("nope"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_past_its_timeout_stops_with_an_error_saying_so() {
+    use lsmsearch::{HybridSearchOptions, LatencyConfig, LatencyStore};
+    use std::time::{Duration, Instant};
+    let inner: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let s = schema();
+    let index = Index::create(
+        Location::from_store(inner.clone(), "idx"),
+        s.clone(),
+        Settings {
+            compaction: false,
+            ..Settings::default()
+        },
+    )
+    .await
+    .unwrap();
+    for g in 0..3 {
+        let rows: Vec<Row> = (0..50).map(|i| Row::new(format!("k{g}-{i}"), i)).collect();
+        index.append(&batch(&s, &rows)).await.unwrap();
+        index.flush().await.unwrap();
+    }
+    index.close().await.unwrap();
+    // Every read of the store takes 400 ms: a cold search takes longer than its timeout.
+    let slow = LatencyStore::new(
+        inner,
+        LatencyConfig {
+            read: Duration::from_millis(400),
+            ..LatencyConfig::default()
+        },
+    );
+    // A new handle for each search: nothing of the index in memory yet.
+    let open = || async {
+        Index::open_read_only(
+            Location::from_store(slow.clone(), "idx"),
+            Settings::default(),
+        )
+        .await
+        .unwrap()
+    };
+    let timeout = Some(Duration::from_millis(30));
+    let v = [1.0f32, 2.0, -1.0, 0.5];
+    let check = |e: lsmsearch::Error, what: &str, t: Instant| {
+        assert_eq!(e.kind(), ErrorKind::Timeout, "{what}: {e}");
+        assert!(e.message().contains(what), "{what}: {e}");
+        assert!(e.message().contains("30.0 ms"), "{what}: {e}");
+        // Stopped at its deadline, not after the reads it was waiting for.
+        assert!(
+            t.elapsed() < Duration::from_millis(390),
+            "{what}: {:?}",
+            t.elapsed()
+        );
+    };
+    let fts = SearchOptions {
+        timeout,
+        ..SearchOptions::default()
+    };
+    let ro = open().await;
+    let t = Instant::now();
+    check(
+        ro.search_fts("version", &fts).await.unwrap_err(),
+        "full-text",
+        t,
+    );
+    let ro = open().await;
+    let t = Instant::now();
+    // A count reads no rows, but a filter's column.
+    let filtered = SearchOptions {
+        filter: Some("year >= 0".into()),
+        ..fts.clone()
+    };
+    let e = ro.count_fts("version", &filtered).await.unwrap_err();
+    check(e, "full-text count", t);
+    let vopts = VectorSearchOptions {
+        timeout,
+        exact: true,
+        ..VectorSearchOptions::default()
+    };
+    let ro = open().await;
+    let t = Instant::now();
+    check(ro.search_vector(&v, &vopts).await.unwrap_err(), "vector", t);
+    let hopts = HybridSearchOptions {
+        timeout,
+        ..HybridSearchOptions::default()
+    };
+    let ro = open().await;
+    let t = Instant::now();
+    check(
+        ro.search_hybrid("version", &v, &hopts).await.unwrap_err(),
+        "hybrid",
+        t,
+    );
+    let ro = open().await;
+    let t = Instant::now();
+    let e = match ro.search_fts_stream("version", &fts).await {
+        Err(e) => e,
+        Ok(stream) => {
+            let mut stream = stream;
+            let mut err = None;
+            while let Some(b) = futures::StreamExt::next(&mut stream).await {
+                if let Err(e) = b {
+                    err = Some(lsmsearch::Error::from(e));
+                    break;
+                }
+            }
+            err.expect("the stream ended before its timeout")
+        }
+    };
+    check(e, "full-text", t);
+    // A timeout of 0 is refused; with time enough, the same searches answer.
+    let zero = SearchOptions {
+        timeout: Some(Duration::ZERO),
+        ..SearchOptions::default()
+    };
+    let e = ro.search_fts("version", &zero).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+    assert!(e.message().contains("timeout"), "{e}");
+    let ample = SearchOptions {
+        timeout: Some(Duration::from_secs(60)),
+        ..SearchOptions::default()
+    };
+    let got = ro.search_fts("version", &ample).await.unwrap();
+    assert_eq!(got.iter().map(|b| b.num_rows()).sum::<usize>(), 10);
+    assert_eq!(ro.count_fts("version", &ample).await.unwrap(), 150);
+}

@@ -348,6 +348,31 @@ fn the_command_line_takes_settings_for_the_index_it_opens() {
         }
         assert!(r.get("body").is_none(), "only the columns named: {r}");
     }
+    // A count with the rows: every row holds "row"; 10 of them printed after the count.
+    let counted = cli(&[
+        "search",
+        &location,
+        "--fts",
+        "row",
+        "--count",
+        "--json",
+        "--timeout-ms",
+        "60000",
+    ]);
+    let mut lines = counted.lines();
+    let first: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+    assert_eq!(first, serde_json::json!({ "count": 35 }), "{counted}");
+    assert_eq!(lines.count(), 10, "{counted}");
+    let table = cli(&[
+        "search",
+        &location,
+        "--fts",
+        "row 7",
+        "--count",
+        "--min-score",
+        "1",
+    ]);
+    assert!(table.starts_with("1 live row matches"), "{table}");
 }
 
 /// `scan_stream` returns the rows `scan` does, in the same order, in batches of at most 8,192

@@ -99,6 +99,15 @@ pub trait Search: sealed::Sealed {
         options: &crate::HybridSearchOptions,
     ) -> impl Future<Output = Result<Vec<RecordBatch>>> + Send;
 
+    /// The exact number of live rows matching a full-text query, its filter and its
+    /// `min_score` (its `k`, `offset` and `columns` play no part). Counted over one snapshot:
+    /// to count the rows of a search's pages, count on its [`crate::PointInTime`].
+    fn count_fts(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+    ) -> impl Future<Output = Result<u64>> + Send;
+
     /// A point in time of what the handle sees: searches and scans of it see the same rows,
     /// whatever is written after (see [`crate::PointInTime`]).
     fn point_in_time(&self) -> impl Future<Output = Result<crate::PointInTime>> + Send;
@@ -172,7 +181,19 @@ macro_rules! read_methods {
             query: &str,
             options: &crate::query::SearchOptions,
         ) -> crate::Result<datafusion::execution::SendableRecordBatchStream> {
-            crate::query::reader::stream(self.plan_fts(query, options).await?)
+            let started = tokio::time::Instant::now();
+            let plan = crate::query::within_deadline(
+                "full-text",
+                options.timeout,
+                self.plan_fts(query, options),
+            )
+            .await?;
+            Ok(crate::query::stream_within(
+                crate::query::reader::stream(plan)?,
+                "full-text",
+                options.timeout,
+                started,
+            ))
         }
 
         /// Full-text search, collected (see [`crate::Search::search_fts_stream`]).
@@ -181,7 +202,7 @@ macro_rules! read_methods {
             query: &str,
             options: &crate::query::SearchOptions,
         ) -> crate::Result<Vec<arrow::array::RecordBatch>> {
-            self.run_search("full-text", |snapshot| {
+            self.run_search("full-text", options.timeout, |snapshot| {
                 self.$($path).+.plan_fts(snapshot, query, options)
             })
             .await
@@ -204,7 +225,7 @@ macro_rules! read_methods {
             query: &[f32],
             options: &crate::query::VectorSearchOptions,
         ) -> crate::Result<Vec<arrow::array::RecordBatch>> {
-            self.run_search("vector", |snapshot| {
+            self.run_search("vector", options.timeout, |snapshot| {
                 self.$($path).+.plan_vector(snapshot, query, options)
             })
             .await
@@ -217,15 +238,39 @@ macro_rules! read_methods {
             vector: &[f32],
             options: &crate::HybridSearchOptions,
         ) -> crate::Result<Vec<arrow::array::RecordBatch>> {
-            let mut attempts = 0;
-            loop {
-                let snapshot = self.snapshot().await?;
-                let pit = self.$($path).+.point_in_time(snapshot);
-                match pit.search_hybrid(query, vector, options).await {
-                    Err(e) if self.retry_gone(&e, &mut attempts).await? => {}
-                    other => return other,
+            crate::query::within_deadline("hybrid", options.timeout, async {
+                let mut attempts = 0;
+                loop {
+                    let snapshot = self.snapshot().await?;
+                    let pit = self.$($path).+.point_in_time(snapshot);
+                    match pit.search_hybrid(query, vector, options).await {
+                        Err(e) if self.retry_gone(&e, &mut attempts).await? => {}
+                        other => return other,
+                    }
                 }
-            }
+            })
+            .await
+        }
+
+        /// The exact number of live rows matching a full-text query (see
+        /// [`crate::Search::count_fts`]).
+        pub async fn count_fts(
+            &self,
+            query: &str,
+            options: &crate::query::SearchOptions,
+        ) -> crate::Result<u64> {
+            crate::query::within_deadline("full-text count", options.timeout, async {
+                let mut attempts = 0;
+                loop {
+                    let snapshot = self.snapshot().await?;
+                    let pit = self.$($path).+.point_in_time(snapshot);
+                    match pit.count_fts(query, options).await {
+                        Err(e) if self.retry_gone(&e, &mut attempts).await? => {}
+                        other => return other,
+                    }
+                }
+            })
+            .await
         }
 
         /// A point in time of what this handle sees: searches and scans of it see the same
@@ -242,12 +287,14 @@ macro_rules! read_methods {
             self.$($path).+.cache_stats().await
         }
 
-        /// A search: a snapshot, the plan `plan` makes of it, run to completion. One slower
+        /// A search: a snapshot, the plan `plan` makes of it, run to completion within
+        /// `timeout` (see [`crate::SearchOptions::timeout`]). One slower
         /// than 20 ms is logged at debug level (target `lsmsearch::slow`) with the time it took
         /// to take its snapshot, to plan and to run.
         async fn run_search<F>(
             &self,
             kind: &str,
+            timeout: Option<std::time::Duration>,
             plan: impl Fn(crate::read::Snapshot) -> F,
         ) -> crate::Result<Vec<arrow::array::RecordBatch>>
         where
@@ -255,13 +302,16 @@ macro_rules! read_methods {
                 Output = crate::Result<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>>,
             >,
         {
-            let mut attempts = 0;
-            loop {
-                match self.run_search_once(kind, &plan).await {
-                    Err(e) if self.retry_gone(&e, &mut attempts).await? => {}
-                    other => return other,
+            crate::query::within_deadline(kind, timeout, async {
+                let mut attempts = 0;
+                loop {
+                    match self.run_search_once(kind, &plan).await {
+                        Err(e) if self.retry_gone(&e, &mut attempts).await? => {}
+                        other => return other,
+                    }
                 }
-            }
+            })
+            .await
         }
 
         /// One attempt of [`Self::run_search`].
@@ -389,6 +439,14 @@ macro_rules! impl_search {
             ) -> impl std::future::Future<Output = crate::Result<Vec<arrow::array::RecordBatch>>>
                    + Send {
                 <$handle>::search_hybrid(self, query, vector, options)
+            }
+
+            fn count_fts(
+                &self,
+                query: &str,
+                options: &crate::query::SearchOptions,
+            ) -> impl std::future::Future<Output = crate::Result<u64>> + Send {
+                <$handle>::count_fts(self, query, options)
             }
 
             fn point_in_time(

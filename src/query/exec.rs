@@ -30,7 +30,9 @@ use std::sync::Arc;
 const SLOW_ARM_MS: f64 = 10.0;
 
 /// The work of one arm: search its source and return its top rows, sorted.
-pub(crate) type ArmWork = Arc<dyn Fn() -> crate::Result<ArmRows> + Send + Sync>;
+/// It checks `Stop` between pieces of its work: a dropped query stops its running arms.
+pub(crate) type ArmWork =
+    Arc<dyn Fn(&crate::read::pool::Stop) -> crate::Result<ArmRows> + Send + Sync>;
 
 /// The column of an arm's rows naming their source (its position in the snapshot).
 pub(crate) const SOURCE_COLUMN: &str = "_source";
@@ -523,9 +525,9 @@ impl ExecutionPlan for ArmExec {
         let work = arm.work.clone();
         let (kind, description) = (self.kind, arm.description.clone());
         // Queued on the pool now; a stream dropped before its arm starts skips the arm.
-        let arm = self.pool.run(move || {
+        let arm = self.pool.run(move |stop| {
             let t = std::time::Instant::now();
-            let out = work();
+            let out = work(stop);
             let ms = t.elapsed().as_secs_f64() * 1e3;
             if ms >= SLOW_ARM_MS {
                 tracing::debug!(target: "lsmsearch::slow", "{kind} arm took {ms:.1} ms: {description}");

@@ -7,6 +7,7 @@ use super::exec::{
 };
 use super::{Conjunction, SearchOptions, SCORE_COLUMN};
 use crate::key::Key;
+use crate::read::pool::Stop;
 use crate::read::{
     compile_filter, filter_rows, past_view, DeadRowCache, LiveRows, Snapshot, Source,
 };
@@ -191,15 +192,29 @@ pub(crate) fn plan(
     plan_ranked(schema, text, snapshot, query, opts)?.take(schema, SCORE_COLUMN, true, columns)
 }
 
-/// The rows of a full-text search over a snapshot, ranked and merged, before their columns
-/// are read ([`RankedPlan`]).
-pub(crate) fn plan_ranked(
+/// A full-text query made ready to run over a snapshot: parsed, its global statistics
+/// computed, its postings and its filter's columns read, and each source's eligible rows
+/// (live, passing the filter) known. Searches, counts, explanations and highlights start
+/// here.
+pub(crate) struct Prepared {
+    /// The rows a search ranks: `offset + k`.
+    window: usize,
+    scoring: SharedScoring,
+    /// Per source: the source, its text index, its eligible rows and its live rows.
+    parts: Vec<(Source, TextIndex, LiveRows, usize)>,
+    pool: Arc<crate::read::pool::QueryPool>,
+    caches: Arc<crate::read::ReadCaches>,
+    sources: Vec<Source>,
+}
+
+/// Prepare `query` over `snapshot` (see [`Prepared`]), its options checked.
+pub(crate) fn prepare(
     schema: &IndexSchema,
     text: Option<&Arc<TextSchema>>,
     snapshot: Snapshot,
     query: &str,
     opts: &SearchOptions,
-) -> Result<RankedPlan> {
+) -> Result<Prepared> {
     let ts =
         text.ok_or_else(|| Error::invalid("full-text search on an index without text columns"))?;
     let window = super::result_window(opts.k, opts.offset)?;
@@ -215,9 +230,6 @@ pub(crate) fn plan_ranked(
         .as_deref()
         .map(|f| compile_filter(&user, f))
         .transpose()?;
-    let out_schema = super::output_schema(schema, SCORE_COLUMN, &[]);
-    let ranked = ranked_schema(&out_schema);
-    let ordering = sort_ordering(&ranked, true, SCORE_COLUMN)?;
 
     let started = std::time::Instant::now();
     // Live rows, then each source's text index (a memtable's is caught up here), its live
@@ -248,7 +260,6 @@ pub(crate) fn plan_ranked(
         .unzip();
     let scoring = scoring(query.as_ref(), ts, &stats, &indexes)?;
 
-    let mut arms: Vec<ArmSpec> = Vec::with_capacity(sources.len());
     // The query's postings and the filter's columns are read at once: one round, not two.
     let (warmed, filter_rows) = pool.install(|| {
         rayon::join(
@@ -258,19 +269,56 @@ pub(crate) fn plan_ranked(
     });
     warmed?;
     let filter_rows = filter_rows?;
-    let all_sources = sources.clone();
-    for (src, ((((source, ti), live), live_rows), fm)) in sources
-        .into_iter()
+    let parts = sources
+        .iter()
+        .cloned()
         .zip(indexes)
         .zip(live)
         .zip(live_rows)
         .zip(filter_rows)
-        .enumerate()
-    {
-        let eligible = match fm {
-            Some(fm) => live.and(&fm),
-            None => live,
-        };
+        .map(|((((source, ti), live), live_rows), fm)| {
+            let eligible = match fm {
+                Some(fm) => live.and(&fm),
+                None => live,
+            };
+            (source, ti, eligible, live_rows)
+        })
+        .collect();
+    log_slow_plan(started.elapsed(), t_live, t_stats);
+    Ok(Prepared {
+        window,
+        scoring,
+        parts,
+        pool,
+        caches,
+        sources,
+    })
+}
+
+/// The rows of a full-text search over a snapshot, ranked and merged, before their columns
+/// are read ([`RankedPlan`]).
+pub(crate) fn plan_ranked(
+    schema: &IndexSchema,
+    text: Option<&Arc<TextSchema>>,
+    snapshot: Snapshot,
+    query: &str,
+    opts: &SearchOptions,
+) -> Result<RankedPlan> {
+    let prepared = prepare(schema, text, snapshot, query, opts)?;
+    let out_schema = super::output_schema(schema, SCORE_COLUMN, &[]);
+    let ranked = ranked_schema(&out_schema);
+    let ordering = sort_ordering(&ranked, true, SCORE_COLUMN)?;
+    let Prepared {
+        window,
+        scoring,
+        parts,
+        pool,
+        caches,
+        sources,
+        ..
+    } = prepared;
+    let mut arms: Vec<ArmSpec> = Vec::with_capacity(parts.len());
+    for (src, (source, ti, eligible, live_rows)) in parts.into_iter().enumerate() {
         let candidates = eligible.count();
         let description = format!(
             "source={}, rows={}, live={live_rows}, candidates={candidates}, k={}",
@@ -282,7 +330,6 @@ pub(crate) fn plan_ranked(
         let work = arm_work(source, ti, &scoring, eligible, k, src, &ranked);
         arms.push(ArmSpec { description, work });
     }
-    log_slow_plan(started.elapsed(), t_live, t_stats);
     let leaf = Arc::new(ArmExec::new(
         "FtsArmExec",
         ranked,
@@ -297,8 +344,45 @@ pub(crate) fn plan_ranked(
             opts.offset,
             opts.k,
         ),
-        sources: all_sources,
+        sources,
         caches,
+    })
+}
+
+/// The exact number of live rows of `snapshot` matching `query` and `opts`' filter (and
+/// scoring at least its `min_score`), counted over every source concurrently on the query
+/// pool. `k`, `offset` and `columns` play no part. Stops between segments when `stop` says
+/// the query went.
+pub(crate) fn count(
+    schema: &IndexSchema,
+    text: Option<&Arc<TextSchema>>,
+    snapshot: Snapshot,
+    query: &str,
+    opts: &SearchOptions,
+    stop: &Stop,
+) -> Result<u64> {
+    use rayon::prelude::*;
+    let prepared = prepare(schema, text, snapshot, query, opts)?;
+    let Some(weight) = prepared.scoring.0.as_deref() else {
+        return Ok(0);
+    };
+    let tail = prepared.scoring.1.as_deref();
+    let floor = opts.min_score.unwrap_or(f32::MIN);
+    prepared.pool.install(|| {
+        prepared
+            .parts
+            .par_iter()
+            .map(|(_, ti, eligible, _)| {
+                let mut n = 0u64;
+                let scoring = Scoring { weight, tail, stop };
+                each_match(ti, scoring, &mut |row, score| {
+                    if score >= floor && eligible.admits(row) {
+                        n += 1;
+                    }
+                })?;
+                Ok(n)
+            })
+            .sum()
     })
 }
 
@@ -458,10 +542,11 @@ impl TopRows<'_> {
 }
 
 /// How an arm scores: the query's weight, and what scores a memtable's rows past its last
-/// commit when the query allows it (see [`TailQuery`]).
+/// commit when the query allows it (see [`TailQuery`]); and what tells it the query went.
 struct Scoring<'a> {
     weight: &'a dyn Weight,
     tail: Option<&'a TailQuery>,
+    stop: &'a Stop,
 }
 
 /// The work of one arm over `source` (number `src` of the snapshot): its best `k` eligible
@@ -480,13 +565,14 @@ fn arm_work(
         Some(weight) if k > 0 => {
             let weight = weight.clone();
             let tail_query = scoring.1.clone();
-            Arc::new(move || {
+            Arc::new(move |stop| {
                 search_arm(
                     &source,
                     &ti,
                     Scoring {
                         weight: weight.as_ref(),
                         tail: tail_query.as_deref(),
+                        stop,
                     },
                     &eligible,
                     k,
@@ -495,7 +581,7 @@ fn arm_work(
                 )
             })
         }
-        _ => Arc::new(move || Ok(ArmRows::Done(RecordBatch::new_empty(ranked.clone())))),
+        _ => Arc::new(move |_| Ok(ArmRows::Done(RecordBatch::new_empty(ranked.clone())))),
     }
 }
 
@@ -524,10 +610,32 @@ fn search_arm(
             top.push(score, row);
         }
     };
-    let Scoring { weight, tail } = scoring;
+    each_match(ti, scoring, &mut offer)?;
+    let rows: Vec<Ranked> = top.heap.into_sorted_vec();
+    let ords: Vec<usize> = rows.iter().map(|r| r.row).collect();
+    let scores: ArrayRef = Arc::new(Float32Array::from_iter_values(rows.iter().map(|r| r.score)));
+    Ok(ArmRows::Done(ranked(
+        source,
+        src,
+        &ords,
+        scores,
+        ranked_schema,
+    )?))
+}
+
+/// Call `offer` with every row of `ti` that `scoring` matches and its score: each segment of
+/// the index, and its rows past the last commit (from their postings in memory when the query
+/// compiles for them, otherwise from a tantivy segment of them). Stops between segments when
+/// `stop` says the query went.
+fn each_match(
+    ti: &TextIndex,
+    scoring: Scoring<'_>,
+    offer: &mut dyn FnMut(usize, f32),
+) -> Result<()> {
+    let Scoring { weight, tail, stop } = scoring;
     let tail_readers = match tail {
         Some(tail) => {
-            ti.score_tail(tail, &mut offer);
+            ti.score_tail(tail, offer);
             Vec::new()
         }
         None => ti.tail_readers()?,
@@ -540,22 +648,14 @@ fn search_arm(
         segments.push((seg, DocRows::of_segment(seg)?));
     }
     for (seg, rows) in segments {
+        stop.check()?;
         weight.for_each(seg, &mut |doc, score| {
             if let Some(row) = rows.get(doc) {
                 offer(row, score);
             }
         })?;
     }
-    let rows: Vec<Ranked> = top.heap.into_sorted_vec();
-    let ords: Vec<usize> = rows.iter().map(|r| r.row).collect();
-    let scores: ArrayRef = Arc::new(Float32Array::from_iter_values(rows.iter().map(|r| r.score)));
-    Ok(ArmRows::Done(ranked(
-        source,
-        src,
-        &ords,
-        scores,
-        ranked_schema,
-    )?))
+    Ok(())
 }
 
 #[cfg(test)]

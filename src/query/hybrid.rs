@@ -87,11 +87,16 @@ pub struct HybridSearchOptions {
     pub ef: Option<usize>,
     /// Rank the vector part exactly (brute force) instead of walking graphs.
     pub exact: bool,
+    /// How long the search may take, from its call to its last row: past it the search stops
+    /// its arms and fails with an [`crate::ErrorKind::Timeout`] error naming the search and
+    /// the time it was given (at least 1 ms). Default none.
+    pub timeout: Option<std::time::Duration>,
 }
 
 impl Default for HybridSearchOptions {
     fn default() -> Self {
         HybridSearchOptions {
+            timeout: None,
             k: 10,
             offset: 0,
             filter: None,
@@ -200,6 +205,7 @@ pub(crate) async fn search(
         conjunction: opts.conjunction,
         min_score: None,
         columns: Some(Vec::new()),
+        timeout: None,
     };
     let vector_opts = VectorSearchOptions {
         k: candidates,
@@ -209,6 +215,7 @@ pub(crate) async fn search(
         exact: opts.exact,
         max_distance: None,
         columns: Some(Vec::new()),
+        timeout: None,
     };
     // Both parts planned at once, then run at once.
     let (s1, t1, q1) = (schema.clone(), text.clone(), query.to_string());

@@ -57,11 +57,16 @@ pub struct SearchOptions {
     /// a column is an error). Read for the top `k` only, after the merge. Default (`None`):
     /// every user column but the vector.
     pub columns: Option<Vec<String>>,
+    /// How long the search may take, from its call to its last row: past it the search stops
+    /// its arms and fails with an [`crate::ErrorKind::Timeout`] error naming the search and
+    /// the time it was given (at least 1 ms). Default none.
+    pub timeout: Option<std::time::Duration>,
 }
 
 impl Default for SearchOptions {
     fn default() -> Self {
         SearchOptions {
+            timeout: None,
             k: 10,
             filter: None,
             conjunction: Conjunction::Or,
@@ -208,4 +213,69 @@ pub(crate) fn page(
             Some(k),
         )),
     }
+}
+
+/// Run `search` (a `what` search: "full-text", "vector", ...) within `timeout` when one is
+/// given: past it the search is dropped, which stops its arms (those not started are skipped,
+/// those running stop at their next check), and the error says which search passed what time.
+/// Planning work already under way on a blocking thread finishes there, its result unused.
+pub(crate) async fn within_deadline<T>(
+    what: &str,
+    timeout: Option<std::time::Duration>,
+    search: impl std::future::Future<Output = crate::Result<T>>,
+) -> crate::Result<T> {
+    let Some(t) = timeout else {
+        return search.await;
+    };
+    check_timeout(timeout)?;
+    match tokio::time::timeout(t, search).await {
+        Ok(r) => r,
+        Err(_) => Err(passed(what, t)),
+    }
+}
+
+/// The error of a `what` search past its `timeout`.
+fn passed(what: &str, timeout: std::time::Duration) -> crate::Error {
+    crate::Error::timeout(format!(
+        "the {what} search passed its timeout of {:.1} ms and was stopped",
+        timeout.as_secs_f64() * 1e3
+    ))
+}
+
+/// An error when `timeout` is zero.
+pub(crate) fn check_timeout(timeout: Option<std::time::Duration>) -> crate::Result<()> {
+    match timeout {
+        Some(t) if t.is_zero() => Err(crate::Error::invalid(
+            "timeout is 0: a search needs some time (at least 1 ms), or no timeout",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `stream` (a `what` search's rows) ending with a timeout error, once `deadline` passes
+/// before its last batch; dropping it stops the search's work as dropping `stream` does.
+pub(crate) fn stream_within(
+    stream: datafusion::execution::SendableRecordBatchStream,
+    what: &'static str,
+    timeout: Option<std::time::Duration>,
+    started: tokio::time::Instant,
+) -> datafusion::execution::SendableRecordBatchStream {
+    use datafusion::error::DataFusionError;
+    use futures::StreamExt;
+    let Some(t) = timeout else {
+        return stream;
+    };
+    let schema = stream.schema();
+    let sleep = Box::pin(tokio::time::sleep_until(started + t));
+    let limited = futures::stream::unfold(Some((stream, sleep)), move |state| async move {
+        let (mut stream, mut sleep) = state?;
+        tokio::select! {
+            next = stream.next() => next.map(|b| (b, Some((stream, sleep)))),
+            _ = &mut sleep => Some((
+                Err(DataFusionError::External(Box::new(passed(what, t)))),
+                None,
+            )),
+        }
+    });
+    Box::pin(datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(schema, limited))
 }

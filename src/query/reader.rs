@@ -375,7 +375,31 @@ impl PointInTime {
         query: &str,
         options: &SearchOptions,
     ) -> Result<Vec<RecordBatch>> {
-        run(self.plan_fts(query, options).await?).await
+        super::within_deadline("full-text", options.timeout, async {
+            run(self.plan_fts(query, options).await?).await
+        })
+        .await
+    }
+
+    /// The exact number of live rows matching a full-text query (see
+    /// [`crate::Search::count_fts`]) at this point in time.
+    pub async fn count_fts(&self, query: &str, options: &SearchOptions) -> Result<u64> {
+        let (schema, text, snapshot) = (
+            self.schema.clone(),
+            self.text_schema.clone(),
+            self.snapshot.clone(),
+        );
+        let query = query.to_string();
+        let options = options.clone();
+        let timeout = options.timeout;
+        super::within_deadline("full-text count", timeout, async move {
+            let (stop, _guard) = crate::read::pool::Stop::with_guard();
+            tokio::task::spawn_blocking(move || {
+                fts::count(&schema, text.as_ref(), snapshot, &query, &options, &stop)
+            })
+            .await?
+        })
+        .await
     }
 
     /// The physical plan of a vector search (see [`crate::Search::plan_vector`]).
@@ -403,7 +427,10 @@ impl PointInTime {
         query: &[f32],
         options: &VectorSearchOptions,
     ) -> Result<Vec<RecordBatch>> {
-        run(self.plan_vector(query, options).await?).await
+        super::within_deadline("vector", options.timeout, async {
+            run(self.plan_vector(query, options).await?).await
+        })
+        .await
     }
 
     /// Hybrid search (see [`crate::Search::search_hybrid`]) over this point in time.
@@ -413,7 +440,7 @@ impl PointInTime {
         vector: &[f32],
         options: &super::HybridSearchOptions,
     ) -> Result<Vec<RecordBatch>> {
-        super::hybrid::search(
+        let search = super::hybrid::search(
             &self.schema,
             self.text_schema.clone(),
             &self.settings,
@@ -421,8 +448,8 @@ impl PointInTime {
             query,
             vector,
             options,
-        )
-        .await
+        );
+        super::within_deadline("hybrid", options.timeout, search).await
     }
 
     /// Every live row of this point in time, optionally filtered (see [`crate::Search::scan`]).

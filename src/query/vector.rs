@@ -50,11 +50,16 @@ pub struct VectorSearchOptions {
     /// The user columns returned after the key and `_distance`, in this order, each once (the
     /// vector too, when named). Default (`None`): every user column but the vector.
     pub columns: Option<Vec<String>>,
+    /// How long the search may take, from its call to its last row: past it the search stops
+    /// its arms and fails with an [`crate::ErrorKind::Timeout`] error naming the search and
+    /// the time it was given (at least 1 ms). Default none.
+    pub timeout: Option<std::time::Duration>,
 }
 
 impl Default for VectorSearchOptions {
     fn default() -> Self {
         VectorSearchOptions {
+            timeout: None,
             k: 10,
             filter: None,
             ef: None,
@@ -317,7 +322,8 @@ struct ArmParts {
 /// The work of one arm: its top k from its graph (or a scan), ranked exactly, the rows of a
 /// generation whose vectors are in its object re-ranked from vectors read after the arm.
 fn arm_work(p: ArmParts) -> ArmWork {
-    Arc::new(move || {
+    Arc::new(move |stop| {
+        stop.check()?;
         let arm = Arm {
             source: &p.source,
             eligible: &p.eligible,

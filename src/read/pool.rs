@@ -27,6 +27,30 @@ impl Drop for CancelOnDrop {
     }
 }
 
+/// Whether the query an arm belongs to still wants its answer: no once the arm's stream was
+/// dropped (the query was cancelled, or passed its deadline). An arm checks between pieces of
+/// its work (a full-text arm, between segments) and stops with an error no one reads.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Stop(Arc<AtomicBool>);
+
+impl Stop {
+    /// A stop and what sets it when dropped (held by the future of the query it belongs to).
+    pub(crate) fn with_guard() -> (Stop, impl Drop + Send) {
+        let flag = Arc::new(AtomicBool::new(false));
+        (Stop(flag.clone()), CancelOnDrop(flag))
+    }
+
+    /// An error when the query no longer wants the answer.
+    pub(crate) fn check(&self) -> Result<()> {
+        match self.0.load(Ordering::Relaxed) {
+            true => Err(Error::timeout(
+                "the query was stopped: its stream was dropped",
+            )),
+            false => Ok(()),
+        }
+    }
+}
+
 impl QueryPool {
     /// A pool of `threads` threads (0: one per core).
     pub(crate) fn new(threads: usize) -> Result<Arc<QueryPool>> {
@@ -52,7 +76,7 @@ impl QueryPool {
     /// the work starts (a cancelled query) skips it. A panic in `work` is an internal error.
     pub(crate) fn run<T: Send + 'static>(
         &self,
-        work: impl FnOnce() -> Result<T> + Send + 'static,
+        work: impl FnOnce(&Stop) -> Result<T> + Send + 'static,
     ) -> impl std::future::Future<Output = Result<T>> + Send + 'static {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let cancelled = Arc::new(AtomicBool::new(false));
@@ -61,7 +85,8 @@ impl QueryPool {
             if flag.load(Ordering::Relaxed) {
                 return;
             }
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
+            let stop = Stop(flag);
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&stop)))
                 .unwrap_or_else(|_| Err(Error::internal("a search arm panicked")));
             let _ = tx.send(r);
         });
@@ -83,25 +108,50 @@ mod tests {
         let pool = QueryPool::new(1).unwrap();
         // Hold the only thread so the next job waits in the queue.
         let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
-        let busy = pool.run(move || {
+        let busy = pool.run(move |_| {
             let _ = hold_rx.recv();
             Ok(())
         });
         let ran = Arc::new(AtomicBool::new(false));
         let r = ran.clone();
-        drop(pool.run(move || {
+        drop(pool.run(move |_| {
             r.store(true, Ordering::SeqCst);
             Ok(())
         }));
         hold_tx.send(()).unwrap();
         busy.await.unwrap();
-        let after = pool.run(|| Ok(7));
+        let after = pool.run(|_| Ok(7));
         assert_eq!(after.await.unwrap(), 7);
         assert!(!ran.load(Ordering::SeqCst), "a cancelled arm ran");
         let e = pool
-            .run(|| -> Result<()> { panic!("boom") })
+            .run(|_| -> Result<()> { panic!("boom") })
             .await
             .unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::Internal);
+    }
+
+    #[tokio::test]
+    async fn a_running_arm_sees_its_stream_dropped() {
+        let pool = QueryPool::new(1).unwrap();
+        let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let (seen_tx, seen_rx) = std::sync::mpsc::channel::<(bool, bool)>();
+        let arm = pool.run(move |stop| {
+            let before = stop.check().is_ok();
+            let _ = started_tx.send(());
+            let _ = go_rx.recv();
+            let _ = seen_tx.send((before, stop.check().is_err()));
+            Ok(())
+        });
+        let polled = tokio::spawn(arm);
+        started_rx.recv().unwrap();
+        polled.abort();
+        let _ = polled.await;
+        go_tx.send(()).unwrap();
+        let (wanted_before, stopped_after) = seen_rx.recv().unwrap();
+        assert!(wanted_before, "the arm was stopped before its stream went");
+        assert!(stopped_after, "the arm did not see its stream dropped");
+        let e = Stop(Arc::new(AtomicBool::new(true))).check().unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Timeout, "{e}");
     }
 }

@@ -173,6 +173,14 @@ enum Command {
         /// Hybrid search: the rows each part contributes (default 100; at least offset + k).
         #[arg(long)]
         candidates: Option<usize>,
+        /// Stop the search after this many milliseconds, with an error saying so.
+        #[arg(long)]
+        timeout_ms: Option<u64>,
+        /// Full-text search: also print the exact number of live rows that match (and pass
+        /// the filter and --min-score), counted on the search's snapshot: a line before the
+        /// table, or a first JSON line {"count": N} with --json.
+        #[arg(long)]
+        count: bool,
     },
     /// Print the physical plan of a full-text search.
     Explain {
@@ -314,6 +322,8 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
             rrf_k,
             weights,
             candidates,
+            timeout_ms,
+            count,
         } => {
             let vector = match (vector, vector_file) {
                 (Some(v), _) => Some(parse_vector(&v)?),
@@ -343,6 +353,11 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
             if min_score.is_some() && !matches!(query, Query::Fts(..)) {
                 return Err(Error::invalid(
                     "--min-score applies to a full-text search (--fts alone)",
+                ));
+            }
+            if count && !matches!(query, Query::Fts(..)) {
+                return Err(Error::invalid(
+                    "--count applies to a full-text search (--fts alone)",
                 ));
             }
             if max_distance.is_some() && !matches!(query, Query::Vector(..)) {
@@ -391,6 +406,8 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
                 max_distance,
                 fusion,
                 candidates,
+                timeout: timeout_ms.map(std::time::Duration::from_millis),
+                count,
             };
             search(&open, query, request, json).await
         }
@@ -647,13 +664,38 @@ struct SearchRequest {
     max_distance: Option<f32>,
     fusion: Fusion,
     candidates: Option<usize>,
+    timeout: Option<std::time::Duration>,
+    count: bool,
 }
 
 /// `lsmsearch search`.
 async fn search(open: &Open, query: Query, r: SearchRequest, json: bool) -> lsmsearch::Result<()> {
     let index =
         Index::open_read_only(Location::parse(&open.location)?, open.settings.clone()).await?;
+    let mut matched = None;
     let rows = match query {
+        Query::Fts(q) if r.count => {
+            let opts = SearchOptions {
+                k: r.k,
+                filter: r.filter,
+                conjunction: r.conjunction,
+                min_score: r.min_score,
+                offset: r.offset,
+                columns: r.columns,
+                timeout: r.timeout,
+            };
+            // The count and the rows of one snapshot.
+            match index.point_in_time().await {
+                Ok(pit) => match pit.count_fts(&q, &opts).await {
+                    Ok(n) => {
+                        matched = Some(n);
+                        pit.search_fts(&q, &opts).await
+                    }
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(e),
+            }
+        }
         Query::Fts(q) => {
             let opts = SearchOptions {
                 k: r.k,
@@ -662,6 +704,7 @@ async fn search(open: &Open, query: Query, r: SearchRequest, json: bool) -> lsms
                 min_score: r.min_score,
                 offset: r.offset,
                 columns: r.columns,
+                timeout: r.timeout,
             };
             index.search_fts(&q, &opts).await
         }
@@ -674,6 +717,7 @@ async fn search(open: &Open, query: Query, r: SearchRequest, json: bool) -> lsms
                 max_distance: r.max_distance,
                 offset: r.offset,
                 columns: r.columns,
+                timeout: r.timeout,
             };
             index.search_vector(&v, &opts).await
         }
@@ -688,6 +732,7 @@ async fn search(open: &Open, query: Query, r: SearchRequest, json: bool) -> lsms
                 conjunction: r.conjunction,
                 ef: r.ef,
                 exact: r.exact,
+                timeout: r.timeout,
             };
             index.search_hybrid(&q, &v, &opts).await
         }
@@ -702,8 +747,17 @@ async fn search(open: &Open, query: Query, r: SearchRequest, json: bool) -> lsms
     // The block cache's disk tier (when there is one) is written for the next process.
     index.close().await?;
     if json {
+        if let Some(n) = matched {
+            println!("{}", serde_json::json!({ "count": n }));
+        }
         print_json_lines(&rows)
     } else {
+        if let Some(n) = matched {
+            match n {
+                1 => println!("1 live row matches"),
+                n => println!("{n} live rows match"),
+            }
+        }
         let shown = rows
             .iter()
             .map(|b| shortened(b, SHOWN_CHARS))
