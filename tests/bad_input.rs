@@ -574,6 +574,24 @@ async fn the_bad_input_matrix() {
         &["timeout"],
     );
     m.cli(
+        "cli: highlights of a vector search",
+        &["search", &loc, "--vector", "[1, 2, 3, 4]", "--highlight"],
+        &["--highlight"],
+    );
+    m.cli(
+        "cli: one highlight marker",
+        &[
+            "search",
+            &loc,
+            "--fts",
+            "body",
+            "--highlight",
+            "--highlight-tags",
+            "[",
+        ],
+        &["--highlight-tags"],
+    );
+    m.cli(
         "cli: a count of a vector search",
         &["search", &loc, "--vector", "[1, 2, 3, 4]", "--count"],
         &["--count"],

@@ -996,3 +996,132 @@ async fn a_search_past_its_timeout_stops_with_an_error_saying_so() {
     assert_eq!(got.iter().map(|b| b.num_rows()).sum::<usize>(), 10);
     assert_eq!(ro.count_fts("version", &ample).await.unwrap(), 150);
 }
+
+/// Whether two tantivy explanations (as JSON) say the same: the same descriptions and
+/// contexts (but for the number of a term's field: the reference index has a key field
+/// first), values equal within 1e-5 relative.
+fn same_explanation(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    let unnumbered = |s: &str| -> String {
+        let mut out = String::new();
+        let mut rest = s;
+        while let Some(at) = rest.find("field=") {
+            out.push_str(&rest[..at + 6]);
+            rest = rest[at + 6..].trim_start_matches(|c: char| c.is_ascii_digit());
+        }
+        out + rest
+    };
+    match (a, b) {
+        (Value::String(x), Value::String(y)) => unnumbered(x) == unnumbered(y),
+        (Value::Number(x), Value::Number(y)) => {
+            let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+            (x - y).abs() <= 1e-5 * x.abs().max(y.abs()).max(1.0)
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| same_explanation(v, w)))
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(v, w)| same_explanation(v, w))
+        }
+        _ => a == b,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn highlights_and_explanations_equal_one_tantivy_index_of_the_live_rows() {
+    let (index, mut model) = spread().await;
+    for id in ["k0003", "k0250", "k0420", "k0610", "k0777"] {
+        index.delete(&[lsmsearch::Key::from(id)]).await.unwrap();
+        model.remove(id);
+    }
+    let docs = model
+        .iter()
+        .map(|(k, r)| (k.clone(), vec![Some(r.body.clone())]))
+        .collect();
+    let reference = common::fts::Reference::new(&["body"], &docs);
+    let queries = [
+        "version 13",
+        "k0150 OR 21 OR 2",
+        "\"version 13\"",
+        "body +of 5",
+    ];
+    for q in queries {
+        for (max_chars, tags) in [(150, ("<b>", "</b>")), (12, ("[", "]"))] {
+            let opts = SearchOptions {
+                k: 30,
+                columns: Some(vec!["year".into()]),
+                highlight: Some(lsmsearch::Highlight {
+                    max_chars,
+                    pre_tag: tags.0.into(),
+                    post_tag: tags.1.into(),
+                    ..lsmsearch::Highlight::default()
+                }),
+                explain: true,
+                ..SearchOptions::default()
+            };
+            let got = index.search_fts(q, &opts).await.unwrap();
+            assert_eq!(
+                names(&got),
+                ["id", "_score", "year", "_highlight_body", "_explanation"],
+                "{q}: the text read for snippets is not returned"
+            );
+            let rows = keys(&got);
+            assert_eq!(rows.len(), 30.min(reference.search(q, false).len()), "{q}");
+            let scores = column_of(&got, "_score");
+            let mut i = 0;
+            for b in &got {
+                let h = b
+                    .column_by_name("_highlight_body")
+                    .unwrap()
+                    .as_string::<i32>();
+                let e = b.column_by_name("_explanation").unwrap().as_string::<i32>();
+                for j in 0..b.num_rows() {
+                    let key = &rows[i];
+                    let want = reference.snippet(q, 0, &model[key].body, max_chars, tags);
+                    let got_snippet = h.is_valid(j).then(|| h.value(j).to_string());
+                    assert_eq!(got_snippet, want, "{q}: {key}'s snippet");
+                    let ours: serde_json::Value = serde_json::from_str(e.value(j)).unwrap();
+                    let value = ours["value"].as_f64().unwrap();
+                    assert!(
+                        (value - scores[i]).abs() <= 1e-5 * scores[i].abs().max(1.0),
+                        "{q}: {key} explained as {value}, scored {}",
+                        scores[i]
+                    );
+                    let theirs = reference.explain(q, key).unwrap();
+                    assert!(
+                        same_explanation(&ours, &theirs),
+                        "{q}: {key}: {ours} against {theirs}"
+                    );
+                    i += 1;
+                }
+            }
+        }
+    }
+    // Bad input: a highlighted column that is no text column, a snippet of 0 characters.
+    for (h, what) in [
+        (
+            lsmsearch::Highlight {
+                columns: Some(vec!["year".into()]),
+                ..lsmsearch::Highlight::default()
+            },
+            "year",
+        ),
+        (
+            lsmsearch::Highlight {
+                max_chars: 0,
+                ..lsmsearch::Highlight::default()
+            },
+            "max_chars",
+        ),
+    ] {
+        let opts = SearchOptions {
+            highlight: Some(h),
+            ..SearchOptions::default()
+        };
+        let e = index.search_fts("version", &opts).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+        assert!(e.message().contains(what), "{e}");
+    }
+}

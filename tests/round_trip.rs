@@ -373,6 +373,29 @@ fn the_command_line_takes_settings_for_the_index_it_opens() {
         "1",
     ]);
     assert!(table.starts_with("1 live row matches"), "{table}");
+    // Snippets and explanations as JSON.
+    let annotated = cli(&[
+        "search",
+        &location,
+        "--fts",
+        "row 7",
+        "-k",
+        "1",
+        "--highlight",
+        "--highlight-tags",
+        "[,]",
+        "--explain",
+        "--json",
+    ]);
+    let row: serde_json::Value = serde_json::from_str(annotated.trim()).unwrap();
+    assert_eq!(row["_highlight_body"], "[row] [7]", "{annotated}");
+    let explained: serde_json::Value =
+        serde_json::from_str(row["_explanation"].as_str().unwrap()).unwrap();
+    let (value, score) = (
+        explained["value"].as_f64().unwrap(),
+        row["_score"].as_f64().unwrap(),
+    );
+    assert!((value - score).abs() <= 1e-5 * score, "{annotated}");
 }
 
 /// `scan_stream` returns the rows `scan` does, in the same order, in batches of at most 8,192

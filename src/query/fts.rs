@@ -2,6 +2,7 @@
 //! run one tantivy search per arm with its live rows and filter applied inside the collector,
 //! merge the arms' top k in DataFusion.
 
+use super::annotate::{AnnotationInputs, Annotations};
 use super::exec::{
     ranked, ranked_schema, sort_ordering, ArmExec, ArmRows, ArmSpec, ArmWork, RankedPlan,
 };
@@ -189,7 +190,31 @@ pub(crate) fn plan(
     opts: &SearchOptions,
 ) -> Result<Arc<dyn ExecutionPlan>> {
     let columns = super::returned_columns(schema, opts.columns.as_deref(), SCORE_COLUMN)?;
-    plan_ranked(schema, text, snapshot, query, opts)?.take(schema, SCORE_COLUMN, true, columns)
+    let prepared = prepare(schema, text, snapshot, query, opts)?;
+    let annotations = match text {
+        Some(ts) => Annotations::new(
+            AnnotationInputs {
+                schema,
+                text: ts,
+                query: prepared.query.as_ref(),
+                doc_freq: &prepared.stats.doc_freq,
+                weight: prepared.scoring.0.clone(),
+                indexes: prepared.parts.iter().map(|p| p.1.clone()).collect(),
+            },
+            &columns,
+            opts.highlight.as_ref(),
+            opts.explain,
+            &super::output_schema(schema, SCORE_COLUMN, &columns),
+        )?,
+        None => None,
+    };
+    ranked_plan(schema, prepared, opts)?.take_annotated(
+        schema,
+        SCORE_COLUMN,
+        true,
+        columns,
+        annotations,
+    )
 }
 
 /// A full-text query made ready to run over a snapshot: parsed, its global statistics
@@ -199,6 +224,10 @@ pub(crate) fn plan(
 pub(crate) struct Prepared {
     /// The rows a search ranks: `offset + k`.
     window: usize,
+    /// The parsed query.
+    query: Arc<dyn Query>,
+    /// BM25 statistics of the snapshot's live rows for the query's terms.
+    stats: GlobalStats,
     scoring: SharedScoring,
     /// Per source: the source, its text index, its eligible rows and its live rows.
     parts: Vec<(Source, TextIndex, LiveRows, usize)>,
@@ -287,6 +316,8 @@ pub(crate) fn prepare(
     log_slow_plan(started.elapsed(), t_live, t_stats);
     Ok(Prepared {
         window,
+        query,
+        stats,
         scoring,
         parts,
         pool,
@@ -304,7 +335,15 @@ pub(crate) fn plan_ranked(
     query: &str,
     opts: &SearchOptions,
 ) -> Result<RankedPlan> {
-    let prepared = prepare(schema, text, snapshot, query, opts)?;
+    ranked_plan(schema, prepare(schema, text, snapshot, query, opts)?, opts)
+}
+
+/// The rows of a prepared full-text search, ranked and merged ([`RankedPlan`]).
+fn ranked_plan(
+    schema: &IndexSchema,
+    prepared: Prepared,
+    opts: &SearchOptions,
+) -> Result<RankedPlan> {
     let out_schema = super::output_schema(schema, SCORE_COLUMN, &[]);
     let ranked = ranked_schema(&out_schema);
     let ordering = sort_ordering(&ranked, true, SCORE_COLUMN)?;

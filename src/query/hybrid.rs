@@ -206,6 +206,8 @@ pub(crate) async fn search(
         min_score: None,
         columns: Some(Vec::new()),
         timeout: None,
+        highlight: None,
+        explain: false,
     };
     let vector_opts = VectorSearchOptions {
         k: candidates,

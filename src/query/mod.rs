@@ -2,6 +2,7 @@
 //! one arm per source with its live rows and filter applied inside, and the DataFusion plan
 //! (one leaf with a partition per arm → `SortPreservingMergeExec(fetch = k)`).
 
+pub(crate) mod annotate;
 pub(crate) mod exec;
 pub(crate) mod fts;
 pub(crate) mod hybrid;
@@ -9,6 +10,7 @@ pub(crate) mod reader;
 pub(crate) mod rerank;
 pub(crate) mod vector;
 
+pub use annotate::{Highlight, EXPLANATION_COLUMN, HIGHLIGHT_PREFIX};
 pub use hybrid::{
     Fusion, HybridSearchOptions, DEFAULT_CANDIDATES, FTS_RANK_COLUMN, FTS_SCORE_COLUMN,
     VECTOR_RANK_COLUMN,
@@ -61,6 +63,14 @@ pub struct SearchOptions {
     /// its arms and fails with an [`crate::ErrorKind::Timeout`] error naming the search and
     /// the time it was given (at least 1 ms). Default none.
     pub timeout: Option<std::time::Duration>,
+    /// Snippets of the matched text columns, each a column `_highlight_<name>` after the
+    /// returned columns (see [`Highlight`]). Default none.
+    pub highlight: Option<Highlight>,
+    /// Each row's score explained, as a column `_explanation` (last): tantivy's
+    /// `Explanation` as JSON, built with the global statistics of the live rows (document
+    /// frequencies, field lengths, term frequencies), whose `value` is the row's `_score`.
+    /// Default false.
+    pub explain: bool,
 }
 
 impl Default for SearchOptions {
@@ -73,6 +83,8 @@ impl Default for SearchOptions {
             min_score: None,
             offset: 0,
             columns: None,
+            highlight: None,
+            explain: false,
         }
     }
 }

@@ -62,6 +62,52 @@ impl Reference {
     }
 }
 
+impl Reference {
+    /// `key`'s score for `query` explained by tantivy, as JSON (`None`: no match).
+    #[allow(dead_code)]
+    pub fn explain(&self, query: &str, key: &str) -> Option<serde_json::Value> {
+        let parser = QueryParser::for_index(&self.index, self.fields.clone());
+        let q = parser.parse_query(query).unwrap();
+        let searcher = self.index.reader().unwrap().searcher();
+        let n = (searcher.num_docs() as usize).max(1);
+        let hits = searcher
+            .search(&q, &TopDocs::with_limit(n).order_by_score())
+            .unwrap();
+        let at = hits.into_iter().find_map(|(_, a)| {
+            let d: TantivyDocument = searcher.doc(a).unwrap();
+            (d.get_first(self.id).unwrap().as_str() == Some(key)).then_some(a)
+        })?;
+        let e = q.explain(&searcher, at).unwrap();
+        Some(serde_json::to_value(&e).unwrap())
+    }
+
+    /// The snippet tantivy's `SnippetGenerator` makes of `text` in text column `column` for
+    /// `query`: at most `max_chars`, matched terms between `pre` and `post` (`None`: no term).
+    #[allow(dead_code)]
+    pub fn snippet(
+        &self,
+        query: &str,
+        column: usize,
+        text: &str,
+        max_chars: usize,
+        (pre, post): (&str, &str),
+    ) -> Option<String> {
+        let parser = QueryParser::for_index(&self.index, self.fields.clone());
+        let q = parser.parse_query(query).unwrap();
+        let searcher = self.index.reader().unwrap().searcher();
+        let mut g =
+            tantivy::snippet::SnippetGenerator::create(&searcher, q.as_ref(), self.fields[column])
+                .unwrap();
+        g.set_max_num_chars(max_chars);
+        let mut snippet = g.snippet(text);
+        if snippet.is_empty() {
+            return None;
+        }
+        snippet.set_snippet_prefix_postfix(pre, post);
+        Some(snippet.to_html())
+    }
+}
+
 fn close_with(a: f32, b: f32, floor: f32) -> bool {
     (a - b).abs() <= 1e-5 * a.abs().max(b.abs()).max(floor)
 }

@@ -181,6 +181,23 @@ enum Command {
         /// table, or a first JSON line {"count": N} with --json.
         #[arg(long)]
         count: bool,
+        /// Full-text search: a snippet of each matched text column, the matched terms marked
+        /// (columns _highlight_<name>).
+        #[arg(long)]
+        highlight: bool,
+        /// With --highlight: the text columns to highlight, comma-separated (default all).
+        #[arg(long, value_delimiter = ',', requires = "highlight")]
+        highlight_columns: Option<Vec<String>>,
+        /// With --highlight: the longest snippet, in characters (default 150).
+        #[arg(long, requires = "highlight")]
+        highlight_chars: Option<usize>,
+        /// With --highlight: the markers around a matched term, e.g. '[[,]]' (default
+        /// <b>,</b>).
+        #[arg(long, value_delimiter = ',', num_args = 1, requires = "highlight")]
+        highlight_tags: Option<Vec<String>>,
+        /// Full-text search: each row's score explained (column _explanation, JSON).
+        #[arg(long)]
+        explain: bool,
     },
     /// Print the physical plan of a full-text search.
     Explain {
@@ -324,6 +341,11 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
             candidates,
             timeout_ms,
             count,
+            highlight,
+            highlight_columns,
+            highlight_chars,
+            highlight_tags,
+            explain,
         } => {
             let vector = match (vector, vector_file) {
                 (Some(v), _) => Some(parse_vector(&v)?),
@@ -353,6 +375,16 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
             if min_score.is_some() && !matches!(query, Query::Fts(..)) {
                 return Err(Error::invalid(
                     "--min-score applies to a full-text search (--fts alone)",
+                ));
+            }
+            if (highlight || explain) && !matches!(query, Query::Fts(..)) {
+                return Err(Error::invalid(
+                    "--highlight and --explain apply to a full-text search (--fts alone)",
+                ));
+            }
+            if highlight_tags.as_ref().is_some_and(|t| t.len() != 2) {
+                return Err(Error::invalid(
+                    "--highlight-tags takes two markers: before,after",
                 ));
             }
             if count && !matches!(query, Query::Fts(..)) {
@@ -408,6 +440,17 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
                 candidates,
                 timeout: timeout_ms.map(std::time::Duration::from_millis),
                 count,
+                highlight: highlight.then(|| lsmsearch::Highlight {
+                    columns: highlight_columns,
+                    max_chars: highlight_chars.unwrap_or(150),
+                    pre_tag: highlight_tags
+                        .as_ref()
+                        .map_or("<b>".into(), |t| t[0].clone()),
+                    post_tag: highlight_tags
+                        .as_ref()
+                        .map_or("</b>".into(), |t| t[1].clone()),
+                }),
+                explain,
             };
             search(&open, query, request, json).await
         }
@@ -666,6 +709,8 @@ struct SearchRequest {
     candidates: Option<usize>,
     timeout: Option<std::time::Duration>,
     count: bool,
+    highlight: Option<lsmsearch::Highlight>,
+    explain: bool,
 }
 
 /// `lsmsearch search`.
@@ -683,6 +728,8 @@ async fn search(open: &Open, query: Query, r: SearchRequest, json: bool) -> lsms
                 offset: r.offset,
                 columns: r.columns,
                 timeout: r.timeout,
+                highlight: r.highlight,
+                explain: r.explain,
             };
             // The count and the rows of one snapshot.
             match index.point_in_time().await {
@@ -705,6 +752,8 @@ async fn search(open: &Open, query: Query, r: SearchRequest, json: bool) -> lsms
                 offset: r.offset,
                 columns: r.columns,
                 timeout: r.timeout,
+                highlight: r.highlight,
+                explain: r.explain,
             };
             index.search_fts(&q, &opts).await
         }
