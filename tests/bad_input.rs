@@ -574,6 +574,16 @@ async fn the_bad_input_matrix() {
         &["timeout"],
     );
     m.cli(
+        "cli: malformed SQL",
+        &["sql", &loc, "SELECT FROM WHERE"],
+        &["SQL"],
+    );
+    m.cli(
+        "cli: SQL naming a column the index lacks",
+        &["sql", &loc, "SELECT nope FROM docs"],
+        &["nope"],
+    );
+    m.cli(
         "cli: highlights of a vector search",
         &["search", &loc, "--vector", "[1, 2, 3, 4]", "--highlight"],
         &["--highlight"],

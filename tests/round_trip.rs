@@ -396,6 +396,17 @@ fn the_command_line_takes_settings_for_the_index_it_opens() {
         row["_score"].as_f64().unwrap(),
     );
     assert!((value - score).abs() <= 1e-5 * score, "{annotated}");
+    // SQL: a facet count over a search, as JSON lines, under another table name.
+    let facets = cli(&[
+        "sql",
+        &location,
+        "SELECT year, count(*) AS n FROM fts('t', 'row', 100) GROUP BY year",
+        "--table",
+        "t",
+        "--json",
+    ]);
+    let row: serde_json::Value = serde_json::from_str(facets.trim()).unwrap();
+    assert_eq!(row, serde_json::json!({"year": 2000, "n": 35}), "{facets}");
 }
 
 /// `scan_stream` returns the rows `scan` does, in the same order, in batches of at most 8,192

@@ -238,25 +238,11 @@ impl Reader {
         snapshot: Snapshot,
         filter: Option<&str>,
     ) -> Result<SendableRecordBatchStream> {
-        let cursor = scan_cursor(&self.user_schema, snapshot, filter)?;
-        let batches = futures::stream::try_unfold(cursor, |mut cursor| async move {
-            let (next, cursor) = tokio::task::spawn_blocking(move || {
-                let next = cursor.next();
-                (next, cursor)
-            })
-            .await
-            .map_err(crate::Error::from)?;
-            match next {
-                Some(Ok(batch)) => Ok(Some((batch, cursor))),
-                Some(Err(e)) => Err(e),
-                None => Ok(None),
-            }
-        });
-        let batches = futures::TryStreamExt::map_err(batches, |e: crate::Error| {
-            datafusion::error::DataFusionError::External(Box::new(e))
-        });
-        let user = self.user_schema.clone();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(user, batches)))
+        Ok(cursor_stream(scan_cursor(
+            &self.user_schema,
+            snapshot,
+            filter,
+        )?))
     }
 
     /// The physical plan of a full-text search over the snapshot.
@@ -350,6 +336,29 @@ pub struct PointInTime {
 }
 
 impl PointInTime {
+    /// The index schema.
+    pub fn schema(&self) -> &IndexSchema {
+        &self.schema
+    }
+
+    /// The live rows of this point in time, reading the user columns `columns` only (see
+    /// [`Snapshot::scan_columns`]), as a stream of batches built as it is polled.
+    pub(crate) fn scan_columns(
+        &self,
+        columns: Vec<usize>,
+        keep: usize,
+        filter: Option<Arc<dyn datafusion::physical_expr::PhysicalExpr>>,
+    ) -> SendableRecordBatchStream {
+        let cursor = self.snapshot.clone().scan_columns(
+            &self.user_schema,
+            columns,
+            keep,
+            filter,
+            SCAN_BATCH_ROWS,
+        );
+        cursor_stream(cursor)
+    }
+
     /// The physical plan of a full-text search (see [`crate::Search::plan_fts`]).
     pub async fn plan_fts(
         &self,
@@ -468,6 +477,29 @@ impl PointInTime {
 fn scan_cursor(user: &SchemaRef, snapshot: Snapshot, filter: Option<&str>) -> Result<ScanCursor> {
     let filter = filter.map(|f| compile_filter(user, f)).transpose()?;
     Ok(snapshot.scan(user.clone(), filter, SCAN_BATCH_ROWS))
+}
+
+/// The batches of `cursor` as a stream, each built on a blocking thread when the stream is
+/// polled for it.
+fn cursor_stream(cursor: ScanCursor) -> SendableRecordBatchStream {
+    let schema = cursor.schema();
+    let batches = futures::stream::try_unfold(cursor, |mut cursor| async move {
+        let (next, cursor) = tokio::task::spawn_blocking(move || {
+            let next = cursor.next();
+            (next, cursor)
+        })
+        .await
+        .map_err(crate::Error::from)?;
+        match next {
+            Some(Ok(batch)) => Ok(Some((batch, cursor))),
+            Some(Err(e)) => Err(e),
+            None => Ok(None),
+        }
+    });
+    let batches = futures::TryStreamExt::map_err(batches, |e: crate::Error| {
+        datafusion::error::DataFusionError::External(Box::new(e))
+    });
+    Box::pin(RecordBatchStreamAdapter::new(schema, batches))
 }
 
 /// Every live row of `snapshot` that passes `filter`, collected on a blocking thread.

@@ -188,10 +188,39 @@ impl Snapshot {
         filter: Option<Arc<dyn PhysicalExpr>>,
         batch_rows: usize,
     ) -> ScanCursor {
+        let all = (0..user_schema.fields().len()).collect();
+        let keep = user_schema.fields().len();
+        self.scan_columns(&user_schema, all, keep, filter, batch_rows)
+    }
+
+    /// A cursor over the live rows reading the user columns `columns` (positions in
+    /// `user_schema`) only, filtered by `filter` (compiled against those columns, in that
+    /// order), returning the first `keep` of them (the others were read for the filter).
+    pub(crate) fn scan_columns(
+        self,
+        user_schema: &SchemaRef,
+        columns: Vec<usize>,
+        keep: usize,
+        filter: Option<Arc<dyn PhysicalExpr>>,
+        batch_rows: usize,
+    ) -> ScanCursor {
+        let read_schema = match columns.iter().copied().eq(0..user_schema.fields().len()) {
+            true => user_schema.clone(),
+            false => Arc::new(user_schema.project(&columns).unwrap_or_else(|_| {
+                arrow::datatypes::Schema::new(
+                    columns
+                        .iter()
+                        .filter_map(|c| user_schema.fields().get(*c).cloned())
+                        .collect::<Vec<_>>(),
+                )
+            })),
+        };
         ScanCursor {
             snapshot: self,
             live: None,
-            user_schema,
+            read_schema,
+            columns,
+            keep,
             filter,
             batch_rows: batch_rows.max(1),
             source: 0,
@@ -205,7 +234,11 @@ pub(crate) struct ScanCursor {
     snapshot: Snapshot,
     /// Computed by the first batch (on the thread that builds it, never the caller's).
     live: Option<Vec<LiveRows>>,
-    user_schema: SchemaRef,
+    /// The columns read (positions in the user schema), their schema, and how many of them
+    /// (the first) a batch returns.
+    columns: Vec<usize>,
+    read_schema: SchemaRef,
+    keep: usize,
     filter: Option<Arc<dyn PhysicalExpr>>,
     batch_rows: usize,
     /// The source being read, and the row of it to go on from.
@@ -240,14 +273,37 @@ impl Iterator for ScanCursor {
 }
 
 impl ScanCursor {
+    /// The schema of the batches it returns.
+    pub(crate) fn schema(&self) -> SchemaRef {
+        match self.keep < self.columns.len() {
+            true => {
+                let keep: Vec<usize> = (0..self.keep).collect();
+                Arc::new(self.read_schema.project(&keep).unwrap_or_else(|_| {
+                    arrow::datatypes::Schema::new(self.read_schema.fields()[..self.keep].to_vec())
+                }))
+            }
+            false => self.read_schema.clone(),
+        }
+    }
+
     /// Rows `ords` of `source`, projected and filtered.
     fn batch(&self, source: &Source, ords: &[usize]) -> Result<RecordBatch> {
-        let all: Vec<usize> = (0..self.user_schema.fields().len()).collect();
-        let columns = source.take(ords, &all)?;
-        let rows = RecordBatch::try_new(self.user_schema.clone(), columns)?;
-        Ok(match &self.filter {
+        let columns = match self.columns.is_empty() {
+            true => Vec::new(),
+            false => source.take(ords, &self.columns)?,
+        };
+        let rows = RecordBatch::try_new_with_options(
+            self.read_schema.clone(),
+            columns,
+            &arrow::array::RecordBatchOptions::new().with_row_count(Some(ords.len())),
+        )?;
+        let rows = match &self.filter {
             Some(f) => arrow::compute::filter_record_batch(&rows, &filter::evaluate(f, &rows)?)?,
             None => rows,
+        };
+        Ok(match self.keep < self.columns.len() {
+            true => rows.project(&(0..self.keep).collect::<Vec<_>>())?,
+            false => rows,
         })
     }
 }

@@ -213,6 +213,19 @@ enum Command {
         #[arg(long)]
         filter: Option<String>,
     },
+    /// Run one SQL statement over the index, registered as the table `docs` (or --table),
+    /// with the search table functions fts(table, query, k), knn(table, vector, k) and
+    /// hybrid(table, query, vector, k), e.g. "SELECT year, count(*) FROM fts('docs',
+    /// 'shock wave', 1000) GROUP BY year". Prints a table, or JSON lines with --json.
+    Sql {
+        #[command(flatten)]
+        open: Open,
+        /// The statement.
+        statement: String,
+        /// The name the index has in the statement.
+        #[arg(long, default_value = "docs")]
+        table: String,
+    },
     /// Print generations, memtable rows, pending WAL objects and the writer epoch.
     Stats {
         #[command(flatten)]
@@ -460,6 +473,11 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
             k,
             filter,
         } => explain(&open, &fts, k, filter, json).await,
+        Command::Sql {
+            open,
+            statement,
+            table,
+        } => sql(&open, &statement, &table, json).await,
         Command::Stats { open } => {
             let index =
                 Index::open_read_only(Location::parse(&open.location)?, open.settings).await?;
@@ -795,25 +813,13 @@ async fn search(open: &Open, query: Query, r: SearchRequest, json: bool) -> lsms
     };
     // The block cache's disk tier (when there is one) is written for the next process.
     index.close().await?;
-    if json {
-        if let Some(n) = matched {
-            println!("{}", serde_json::json!({ "count": n }));
-        }
-        print_json_lines(&rows)
-    } else {
-        if let Some(n) = matched {
-            match n {
-                1 => println!("1 live row matches"),
-                n => println!("{n} live rows match"),
-            }
-        }
-        let shown = rows
-            .iter()
-            .map(|b| shortened(b, SHOWN_CHARS))
-            .collect::<lsmsearch::Result<Vec<_>>>()?;
-        println!("{}", arrow::util::pretty::pretty_format_batches(&shown)?);
-        Ok(())
+    match (matched, json) {
+        (Some(n), true) => println!("{}", serde_json::json!({ "count": n })),
+        (Some(1), false) => println!("1 live row matches"),
+        (Some(n), false) => println!("{n} live rows match"),
+        (None, _) => {}
     }
+    print_rows(&rows, json)
 }
 
 /// Characters of a text value a table shows (`--json` prints them whole).
@@ -843,6 +849,42 @@ fn shortened(batch: &RecordBatch, chars: usize) -> lsmsearch::Result<RecordBatch
 }
 
 /// `lsmsearch explain`.
+/// `lsmsearch sql`.
+async fn sql(open: &Open, statement: &str, table: &str, json: bool) -> lsmsearch::Result<()> {
+    let index = std::sync::Arc::new(
+        Index::open_read_only(Location::parse(&open.location)?, open.settings.clone()).await?,
+    );
+    let ctx = datafusion::prelude::SessionContext::new();
+    lsmsearch::sql::register(&ctx, table, index.clone())?;
+    let rows = lsmsearch::sql::query(&ctx, statement).await;
+    drop(ctx);
+    index.close().await?;
+    let rows = rows?;
+    // A plan is shown whole.
+    let explained = rows
+        .first()
+        .is_some_and(|b| b.schema().column_with_name("plan").is_some());
+    if explained && !json {
+        println!("{}", arrow::util::pretty::pretty_format_batches(&rows)?);
+        return Ok(());
+    }
+    print_rows(&rows, json)
+}
+
+/// Rows as JSON lines, or as a table with long texts cut.
+fn print_rows(rows: &[arrow::array::RecordBatch], json: bool) -> lsmsearch::Result<()> {
+    if json {
+        print_json_lines(rows)
+    } else {
+        let shown = rows
+            .iter()
+            .map(|b| shortened(b, SHOWN_CHARS))
+            .collect::<lsmsearch::Result<Vec<_>>>()?;
+        println!("{}", arrow::util::pretty::pretty_format_batches(&shown)?);
+        Ok(())
+    }
+}
+
 async fn explain(
     open: &Open,
     fts: &str,
