@@ -111,7 +111,8 @@ impl Options {
 pub struct Run {
     /// Generations in the index (plus a memtable).
     pub generations: usize,
-    /// `fts`, `vector` or `filtered`.
+    /// `fts`, `vector`, `filtered`, `fts+text` (the text of the rows returned too) or
+    /// `hybrid`.
     pub query: String,
     /// `cold` or `warm`.
     pub mode: String,
@@ -151,6 +152,18 @@ pub struct Report {
     pub slope_ms_per_generation: std::collections::BTreeMap<String, f64>,
     /// Seconds spent building each index, by generation count.
     pub build_seconds: std::collections::BTreeMap<usize, f64>,
+    /// Per generation count: the share of a hybrid search's top 10 (graphs walked) that the
+    /// same search with exact vectors returns, over the corpus's queries.
+    #[serde(default)]
+    pub hybrid_overlap: std::collections::BTreeMap<usize, f64>,
+    /// Per generation count: warm p50 of a full-text search returning its rows' text, less
+    /// that of the same search without it (ms).
+    #[serde(default)]
+    pub text_cost_ms: std::collections::BTreeMap<usize, f64>,
+    /// Per generation count: warm p50 of a hybrid search over the slower of a full-text and
+    /// a vector search's (each of 10 rows).
+    #[serde(default)]
+    pub hybrid_ratio: std::collections::BTreeMap<usize, f64>,
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
@@ -186,7 +199,11 @@ pub fn slope(points: &[(f64, f64)]) -> f64 {
 #[derive(Debug, Clone)]
 enum Query {
     Fts(String, Option<String>),
+    /// A full-text search returning the text of its rows too.
+    FtsText(String),
     Vector(Vec<f32>, bool),
+    /// A hybrid search (reciprocal rank fusion, 100 candidates a part, the graphs walked).
+    Hybrid(String, Vec<f32>),
 }
 
 impl Query {
@@ -200,6 +217,15 @@ impl Query {
                 };
                 index.search_fts(q, &opts).await?
             }
+            Query::FtsText(q) => {
+                let mut columns = index.schema().text.clone();
+                columns.extend(index.schema().payload_names());
+                let opts = SearchOptions {
+                    columns: Some(columns),
+                    ..SearchOptions::with_k(10)
+                };
+                index.search_fts(q, &opts).await?
+            }
             Query::Vector(v, exact) => {
                 let opts = VectorSearchOptions {
                     exact: *exact,
@@ -207,6 +233,13 @@ impl Query {
                     ..VectorSearchOptions::with_k(10)
                 };
                 index.search_vector(v, &opts).await?
+            }
+            Query::Hybrid(q, v) => {
+                let opts = crate::HybridSearchOptions {
+                    columns: Some(index.schema().payload_names()),
+                    ..crate::HybridSearchOptions::with_k(10)
+                };
+                index.search_hybrid(q, v, &opts).await?
             }
         };
         Ok(batches.iter().map(|b| b.num_rows()).sum())
@@ -515,6 +548,9 @@ pub async fn run(o: &Options) -> Result<Report> {
         runs: Vec::new(),
         slope_ms_per_generation: Default::default(),
         build_seconds: Default::default(),
+        hybrid_overlap: Default::default(),
+        text_cost_ms: Default::default(),
+        hybrid_ratio: Default::default(),
     };
     let say = |line: String| {
         if o.print {
@@ -545,6 +581,16 @@ pub async fn run(o: &Options) -> Result<Report> {
                 .iter()
                 .map(|q| Query::Vector(embedder.embed(q, 0, 0.0), false))
                 .collect();
+            let fts_text: Vec<Query> = corpus
+                .queries()
+                .iter()
+                .map(|q| Query::FtsText(q.clone()))
+                .collect();
+            let hybrid: Vec<Query> = corpus
+                .queries()
+                .iter()
+                .map(|q| Query::Hybrid(q.clone(), embedder.embed(q, 0, 0.0)))
+                .collect();
             for &g in &o.gens {
                 let dir = o.out.join(format!("index-{g}"));
                 let flushed = o.docs.saturating_sub(1000);
@@ -561,12 +607,24 @@ pub async fn run(o: &Options) -> Result<Report> {
                 report.build_seconds.insert(g, secs);
                 let (loc, store) =
                     Location::parse(&dir.display().to_string())?.with_latency(latency);
-                for (name, qs) in [("fts", &fts), ("vector", &vector), ("filtered", &filtered)] {
+                let kinds = [
+                    ("fts", &fts),
+                    ("vector", &vector),
+                    ("filtered", &filtered),
+                    ("fts+text", &fts_text),
+                    ("hybrid", &hybrid),
+                ];
+                for (name, qs) in kinds {
                     for r in measure(&loc, &store, g, name, qs, o).await? {
                         print(&r);
                         report.runs.push(r);
                     }
                 }
+                let overlap = hybrid_overlap(&loc, &hybrid).await?;
+                say(format!(
+                    "{g:>5} hybrid overlap@10, graphs walked against exact vectors: {overlap:.3}"
+                ));
+                report.hybrid_overlap.insert(g, overlap);
                 if !o.reuse {
                     let _ = std::fs::remove_dir_all(&dir);
                 }
@@ -579,6 +637,7 @@ pub async fn run(o: &Options) -> Result<Report> {
             }
         }
     }
+    query_surface_costs(&mut report, &say);
     report.slope_ms_per_generation = slopes(&report.runs);
     say(String::new());
     say("slope of p50 against generations (ms per generation):".to_string());
@@ -599,6 +658,80 @@ pub async fn run(o: &Options) -> Result<Report> {
         }
     }
     Ok(report)
+}
+
+/// The share of each hybrid query's top 10 (the graphs walked) that the same search with
+/// exact vector search returns, averaged over `queries`.
+async fn hybrid_overlap(loc: &Location, queries: &[Query]) -> Result<f64> {
+    let ro = Index::open_read_only(loc.clone(), Settings::default()).await?;
+    let keys = |batches: Vec<arrow::array::RecordBatch>| -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        for b in batches {
+            let k = arrow::compute::cast(b.column(0), &arrow::datatypes::DataType::Utf8)?;
+            let k = arrow::array::AsArray::as_string::<i32>(&k);
+            out.extend(k.iter().flatten().map(str::to_string));
+        }
+        Ok(out)
+    };
+    let (mut sum, mut n) = (0.0, 0usize);
+    for q in queries {
+        let Query::Hybrid(text, v) = q else { continue };
+        let opts = |exact| crate::HybridSearchOptions {
+            exact,
+            columns: Some(Vec::new()),
+            ..crate::HybridSearchOptions::with_k(10)
+        };
+        let graph = keys(ro.search_hybrid(text, v, &opts(false)).await?)?;
+        let exact = keys(ro.search_hybrid(text, v, &opts(true)).await?)?;
+        if exact.is_empty() {
+            continue;
+        }
+        let shared = graph.iter().filter(|k| exact.contains(k)).count();
+        sum += shared as f64 / exact.len() as f64;
+        n += 1;
+    }
+    Ok(match n {
+        0 => 1.0,
+        n => sum / n as f64,
+    })
+}
+
+/// What the query surface costs, from the warm runs: the text of the top 10 over a
+/// full-text search without it, and a hybrid search over the slower of its two parts.
+fn query_surface_costs(report: &mut Report, say: &dyn Fn(String)) {
+    let p50 = |g: usize, q: &str| {
+        report
+            .runs
+            .iter()
+            .find(|r| r.generations == g && r.query == q && r.mode == "warm")
+            .map(|r| r.p50_ms)
+    };
+    let gens: std::collections::BTreeSet<usize> =
+        report.runs.iter().map(|r| r.generations).collect();
+    let mut lines = Vec::new();
+    for g in gens {
+        let (Some(fts), Some(text), Some(vector), Some(hybrid)) = (
+            p50(g, "fts"),
+            p50(g, "fts+text"),
+            p50(g, "vector"),
+            p50(g, "hybrid"),
+        ) else {
+            continue;
+        };
+        let ratio = hybrid / fts.max(vector).max(1e-9);
+        report.text_cost_ms.insert(g, text - fts);
+        report.hybrid_ratio.insert(g, ratio);
+        lines.push(format!("{g:>5} {:>+12.3} {ratio:>14.2}", text - fts));
+    }
+    if !lines.is_empty() {
+        say(String::new());
+        say("warm p50: text of the top 10 (ms added), hybrid over its slower part".to_string());
+        say(format!(
+            "{:>5} {:>12} {:>14}",
+            "gens", "text ms", "hybrid ratio"
+        ));
+        lines.into_iter().for_each(say);
+    }
 }
 
 /// `latency.png`: draw the report's p50 latencies against G into `path` (PNG, log-scaled G axis).
