@@ -1,6 +1,6 @@
 //! `lsmsearch demo`: a guided tour on a local directory.
 
-use arrow::array::AsArray;
+use arrow::array::{Array, AsArray};
 use arrow::array::{FixedSizeListArray, Float32Array, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::Float32Type;
 use arrow::datatypes::{DataType, Field};
@@ -92,6 +92,31 @@ fn batch(index: &Index, rng: &mut StdRng, ids: &[usize], version: usize) -> Reco
     .expect("the demo batch matches the schema")
 }
 
+/// One line per row of a search: key, `value` (score or distance) and title.
+fn hit_lines(rows: &[RecordBatch], value: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for b in rows {
+        let ids = b.column(0).as_string::<i32>();
+        let (Some(values), Some(titles)) = (b.column_by_name(value), b.column_by_name("title"))
+        else {
+            continue;
+        };
+        let (values, titles) = (
+            values.as_primitive::<Float32Type>(),
+            titles.as_string::<i32>(),
+        );
+        for i in 0..b.num_rows() {
+            out.push(format!(
+                "  {} {value} {:.3}  \"{}\"",
+                ids.value(i),
+                values.value(i),
+                titles.value(i)
+            ));
+        }
+    }
+    out
+}
+
 fn count(rows: &[RecordBatch]) -> usize {
     rows.iter().map(|b| b.num_rows()).sum()
 }
@@ -179,21 +204,50 @@ pub async fn run(dir: Option<PathBuf>, json: bool) -> lsmsearch::Result<()> {
             ..Default::default()
         };
         let hits = index.search_fts(query, &opts).await?;
-        let mut found = Vec::new();
-        for b in &hits {
-            let ids = b.column(0).as_string::<i32>();
-            let scores = b.column(1).as_primitive::<Float32Type>();
-            for i in 0..b.num_rows() {
-                found.push(format!("{} ({:.3})", ids.value(i), scores.value(i)));
-            }
-        }
         let f = filter
             .map(|f| format!(" --filter \"{f}\""))
             .unwrap_or_default();
-        say(format!(
-            "search --fts '{query}'{f} -k 3: {}",
-            found.join(", ")
-        ));
+        say(format!("search --fts '{query}'{f} -k 3:"));
+        hit_lines(&hits, "_score").into_iter().for_each(&say);
+    }
+    // The same words and a vector: nearest neighbours, then both fused (reciprocal rank
+    // fusion), each row with its title.
+    let v: Vec<f32> = (0..DIM).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let shown = format!("[{:.2}, {:.2}, ...]", v[0], v[1]);
+    let nearest = index
+        .search_vector(&v, &lsmsearch::VectorSearchOptions::with_k(3))
+        .await?;
+    say(format!("search --vector '{shown}' -k 3:"));
+    hit_lines(&nearest, "_distance").into_iter().for_each(&say);
+    let fused = index
+        .search_hybrid(
+            "shock boundary layer",
+            &v,
+            &lsmsearch::HybridSearchOptions::with_k(3),
+        )
+        .await?;
+    say(format!(
+        "search --fts 'shock boundary layer' --vector '{shown}' -k 3 (hybrid):"
+    ));
+    hit_lines(&fused, "_score").into_iter().for_each(&say);
+    let opts = SearchOptions {
+        k: 1,
+        highlight: Some(lsmsearch::Highlight {
+            columns: Some(vec!["body".into()]),
+            max_chars: 60,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let snippet = index.search_fts("shock boundary layer", &opts).await?;
+    if let Some(h) = snippet
+        .first()
+        .and_then(|b| b.column_by_name("_highlight_body"))
+    {
+        let h = h.as_string::<i32>();
+        if !h.is_empty() && h.is_valid(0) {
+            say(format!("search ... --highlight: {}", h.value(0)));
+        }
     }
     let stats = index.stats();
     index.close().await?;
@@ -209,6 +263,10 @@ pub async fn run(dir: Option<PathBuf>, json: bool) -> lsmsearch::Result<()> {
         println!();
         println!("try: lsmsearch search {location} --fts 'wake vortex' -k 5");
         println!("     lsmsearch explain {location} --fts 'wake vortex'");
+        println!("     lsmsearch search {location} --fts 'wake vortex' --highlight --count");
+        println!(
+            "     lsmsearch sql {location} \"SELECT year, count(*) FROM fts('docs', 'wake vortex', 100) GROUP BY year\""
+        );
         println!("     lsmsearch scan {location} --filter \"year = 1998\" | head");
     }
     Ok(())
