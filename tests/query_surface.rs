@@ -357,19 +357,8 @@ async fn hybrid_search_equals_fusing_one_tantivy_index_and_brute_force() {
         let v = [x, x + 1.0, -x, 0.5];
         let texts = reference.search(q, false);
         // Squared distances of small integers and halves: exact, so ties are exact.
-        let mut nearest: Vec<(String, f64)> = model
-            .values()
-            .map(|r| {
-                let d: f64 = r
-                    .emb
-                    .iter()
-                    .zip(&v)
-                    .map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2))
-                    .sum();
-                (r.id.clone(), d)
-            })
-            .collect();
-        nearest.sort_by(|a, b| a.1.total_cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+        let nearest =
+            common::fusion::brute_force(model.values().map(|r| (&r.id, r.emb.as_slice())), &v);
         let fusions = [
             Fusion::Rrf { k: 60.0 },
             Fusion::Rrf { k: 0.0 },
@@ -392,45 +381,9 @@ async fn hybrid_search_equals_fusing_one_tantivy_index_and_brute_force() {
                 let got = index.search_hybrid(q, &v, &opts).await.unwrap();
                 check_values(&got, &model);
                 // The reference: each part's best `candidates`, fused as documented.
-                let t = &texts[..texts.len().min(candidates)];
-                let n = &nearest[..nearest.len().min(candidates)];
-                let mut fused: std::collections::BTreeMap<
-                    String,
-                    (f64, Option<usize>, Option<usize>),
-                > = Default::default();
-                let best = t.iter().map(|r| f64::from(r.1)).fold(0.0, f64::max);
-                let dist = |sq: f64| sq.sqrt();
-                let (near, far) = (
-                    n.first().map_or(0.0, |r| dist(r.1)),
-                    n.last().map_or(0.0, |r| dist(r.1)),
+                let want = common::fusion::reference_fusion(
+                    &texts, &nearest, fusion, candidates, offset, k,
                 );
-                for (i, (key, score)) in t.iter().enumerate() {
-                    let add = match fusion {
-                        Fusion::Rrf { k } => 1.0 / (f64::from(k) + (i + 1) as f64),
-                        Fusion::Weighted { text, .. } => f64::from(text) * f64::from(*score) / best,
-                    };
-                    let e = fused.entry(key.clone()).or_default();
-                    e.0 += add;
-                    e.1 = Some(i + 1);
-                }
-                for (i, (key, sq)) in n.iter().enumerate() {
-                    let add = match fusion {
-                        Fusion::Rrf { k } => 1.0 / (f64::from(k) + (i + 1) as f64),
-                        Fusion::Weighted { vector, .. } => match far > near {
-                            true => f64::from(vector) * (far - dist(*sq)) / (far - near),
-                            false => f64::from(vector),
-                        },
-                    };
-                    let e = fused.entry(key.clone()).or_default();
-                    e.0 += add;
-                    e.2 = Some(i + 1);
-                }
-                let mut want: Vec<(String, f32, Option<usize>, Option<usize>)> = fused
-                    .into_iter()
-                    .map(|(key, (s, tr, vr))| (key, s as f32, tr, vr))
-                    .collect();
-                want.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-                let want: Vec<_> = want.into_iter().skip(offset).take(k).collect();
                 let got_keys = keys(&got);
                 let want_keys: Vec<String> = want.iter().map(|w| w.0.clone()).collect();
                 assert_eq!(got_keys, want_keys, "{ctx}");

@@ -12,6 +12,7 @@ use std::sync::Arc;
 pub mod fashion;
 pub mod faulty;
 pub mod fts;
+pub mod fusion;
 pub mod scenarios;
 pub mod sim;
 
