@@ -286,3 +286,35 @@ async fn bad_sql_is_an_error_naming_what_was_wrong() {
     // Nothing changed.
     assert_eq!(common::live(&index).await, model);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_function_returns_every_row_whatever_the_batches_and_partitions() {
+    // Small batches and several partitions: the search's rows come in many batches, which
+    // DataFusion may spread over partitions under the search's own plan.
+    let (index, _model, _) = docs().await;
+    let config = datafusion::prelude::SessionConfig::new()
+        .with_batch_size(4)
+        .with_target_partitions(4);
+    let ctx = SessionContext::new_with_config(config);
+    lsmsearch::sql::register(&ctx, "docs", index.clone()).unwrap();
+    for (statement, want) in [
+        ("SELECT id, _score FROM fts('docs', 'version', 30)", 30),
+        (
+            "SELECT id, _distance FROM knn('docs', [1, 2, -1, 0.5], 25)",
+            25,
+        ),
+    ] {
+        let got = sql(&ctx, statement).await;
+        assert_eq!(
+            got.iter().map(|b| b.num_rows()).sum::<usize>(),
+            want,
+            "{statement}"
+        );
+    }
+    let got = sql(&ctx, "SELECT id, _score FROM fts('docs', 'version 13', 30)").await;
+    let want = index
+        .search_fts("version 13", &SearchOptions::with_k(30))
+        .await
+        .unwrap();
+    assert_eq!(rows_of(&got, "_score"), rows_of(&want, "_score"));
+}
