@@ -254,6 +254,21 @@ impl ExecutionPlan for TakeExec {
         "TakeExec"
     }
 
+    /// One input partition, in order: the merged rows are read from partition 0 alone, so
+    /// an optimizer must not split them (a SQL plan around a search would otherwise spread
+    /// their batches over partitions, and rows would be lost).
+    fn required_input_distribution(&self) -> Vec<datafusion::physical_plan::Distribution> {
+        vec![datafusion::physical_plan::Distribution::SinglePartition]
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
     fn properties(&self) -> &Arc<PlanProperties> {
         &self.properties
     }
@@ -298,6 +313,12 @@ impl ExecutionPlan for TakeExec {
         if partition != 0 {
             return Err(DataFusionError::Internal(format!(
                 "TakeExec has one partition, asked for {partition}"
+            )));
+        }
+        let parts = self.input.properties().partitioning.partition_count();
+        if parts != 1 {
+            return Err(DataFusionError::Internal(format!(
+                "TakeExec reads one input partition, its input has {parts}"
             )));
         }
         let input = self.input.execute(0, context)?;
