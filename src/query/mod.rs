@@ -291,3 +291,24 @@ pub(crate) fn stream_within(
     });
     Box::pin(datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(schema, limited))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_timeout_too_long_for_the_clock_is_no_timeout() {
+        let schema = std::sync::Arc::new(arrow::datatypes::Schema::empty());
+        let empty: datafusion::execution::SendableRecordBatchStream = Box::pin(
+            datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
+                schema,
+                futures::stream::empty(),
+            ),
+        );
+        let t = Some(std::time::Duration::MAX);
+        let mut s = stream_within(empty, "full-text", t, tokio::time::Instant::now());
+        assert!(futures::StreamExt::next(&mut s).await.is_none());
+        let r = within_deadline("full-text", t, async { Ok(7) }).await;
+        assert_eq!(r.unwrap(), 7);
+    }
+}
