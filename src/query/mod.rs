@@ -274,11 +274,12 @@ pub(crate) fn stream_within(
 ) -> datafusion::execution::SendableRecordBatchStream {
     use datafusion::error::DataFusionError;
     use futures::StreamExt;
-    let Some(t) = timeout else {
+    // A deadline past what the clock counts is none.
+    let Some((t, deadline)) = timeout.and_then(|t| Some((t, started.checked_add(t)?))) else {
         return stream;
     };
     let schema = stream.schema();
-    let sleep = Box::pin(tokio::time::sleep_until(started + t));
+    let sleep = Box::pin(tokio::time::sleep_until(deadline));
     let limited = futures::stream::unfold(Some((stream, sleep)), move |state| async move {
         let (mut stream, mut sleep) = state?;
         tokio::select! {
