@@ -814,6 +814,13 @@ async fn counts_equal_a_brute_force_count_of_the_live_rows() {
     let opts = SearchOptions::default();
     assert_eq!(index.count_fts("version", &opts).await.unwrap(), before + 1);
     assert_eq!(pit.count_fts("version", &opts).await.unwrap(), before);
+    // A count's k and offset play no part.
+    let unpaged = SearchOptions {
+        k: 0,
+        offset: 50_000,
+        ..SearchOptions::default()
+    };
+    assert_eq!(index.count_fts("version", &unpaged).await.unwrap(), before + 1);
     // Bad input: the same errors as a search.
     let bad = SearchOptions {
         min_score: Some(f32::NAN),
