@@ -401,7 +401,13 @@ pub(crate) fn count(
     stop: &Stop,
 ) -> Result<u64> {
     use rayon::prelude::*;
-    let prepared = prepare(schema, text, snapshot, query, opts)?;
+    // A count ranks nothing: its k and offset play no part.
+    let unpaged = SearchOptions {
+        k: 1,
+        offset: 0,
+        ..opts.clone()
+    };
+    let prepared = prepare(schema, text, snapshot, query, &unpaged)?;
     let Some(weight) = prepared.scoring.0.as_deref() else {
         return Ok(0);
     };
