@@ -645,7 +645,7 @@ fn search_arm(
     ranked_schema: &SchemaRef,
 ) -> Result<ArmRows> {
     let mut top = TopRows {
-        heap: BinaryHeap::with_capacity(k + 1),
+        heap: BinaryHeap::with_capacity(super::heap_capacity(k)),
         k,
         source,
         floor: f32::MIN,

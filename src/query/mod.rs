@@ -166,6 +166,13 @@ pub(crate) fn output_schema(
 /// its `k`; a scan reads any number of rows.
 pub const MAX_RESULT_WINDOW: usize = 10_000;
 
+/// The room an arm's heap of its best `k` rows starts with: `k + 1`, at most 1,024, as
+/// a search without an offset may ask for any `k` (up to every match) and an arm's heap grows
+/// to what its matches fill, not to what `k` says.
+pub(crate) fn heap_capacity(k: usize) -> usize {
+    k.saturating_add(1).min(1024)
+}
+
 /// The rows a search of `k` rows past `offset` ranks, `offset + k`, checked: an error names
 /// what is wrong.
 pub(crate) fn result_window(k: usize, offset: usize) -> crate::Result<usize> {

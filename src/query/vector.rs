@@ -398,7 +398,7 @@ fn rerank_later(
     ArmRows::Later(Box::pin(async move {
         let rows = rows.await;
         let dim = query.len();
-        let mut heap: BinaryHeap<Hit> = BinaryHeap::with_capacity(k + 1);
+        let mut heap: BinaryHeap<Hit> = BinaryHeap::with_capacity(super::heap_capacity(k));
         // An exact search re-ranks every admitted row: read in chunks, so what it holds at
         // once is bounded whatever the generation's size.
         let chunk = (RERANK_CHUNK_BYTES / (dim.max(1) * 4)).max(1);
@@ -492,7 +492,7 @@ fn rank_read(
     src: usize,
     ranked_schema: &SchemaRef,
 ) -> Result<arrow::array::RecordBatch> {
-    let mut heap = BinaryHeap::with_capacity(k + 1);
+    let mut heap = BinaryHeap::with_capacity(super::heap_capacity(k));
     push_hits(&mut heap, g, rows, &vectors, query, metric, k);
     finish_hits(heap, g, src, ranked_schema)
 }
@@ -597,7 +597,7 @@ impl Arm<'_> {
             })
             .collect();
         let single = columns.len() == 1;
-        let mut heap: BinaryHeap<Hit> = BinaryHeap::with_capacity(self.k + 1);
+        let mut heap: BinaryHeap<Hit> = BinaryHeap::with_capacity(super::heap_capacity(self.k));
         for ord in rows {
             if !self.eligible.admits(ord) {
                 continue;
