@@ -672,15 +672,15 @@ fn search_arm(
 /// the index, and its rows past the last commit (from their postings in memory when the query
 /// compiles for them, otherwise from a tantivy segment of them). Stops between segments when
 /// `stop` says the query went.
-fn each_match(
+fn each_match<F: FnMut(usize, f32)>(
     ti: &TextIndex,
     scoring: Scoring<'_>,
-    offer: &mut dyn FnMut(usize, f32),
+    offer: &mut F,
 ) -> Result<()> {
     let Scoring { weight, tail, stop } = scoring;
     let tail_readers = match tail {
         Some(tail) => {
-            ti.score_tail(tail, offer);
+            ti.score_tail(tail, &mut *offer);
             Vec::new()
         }
         None => ti.tail_readers()?,
