@@ -820,7 +820,10 @@ async fn counts_equal_a_brute_force_count_of_the_live_rows() {
         offset: 50_000,
         ..SearchOptions::default()
     };
-    assert_eq!(index.count_fts("version", &unpaged).await.unwrap(), before + 1);
+    assert_eq!(
+        index.count_fts("version", &unpaged).await.unwrap(),
+        before + 1
+    );
     // Bad input: the same errors as a search.
     let bad = SearchOptions {
         min_score: Some(f32::NAN),

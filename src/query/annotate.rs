@@ -29,7 +29,8 @@ pub struct Highlight {
     /// The text columns to highlight, each as a column `_highlight_<name>` after the returned
     /// columns (in this order). Default (`None`): every text column of the index.
     pub columns: Option<Vec<String>>,
-    /// The longest fragment, in characters (at least 1). Default 150.
+    /// The longest fragment, in bytes of UTF-8 as tantivy measures it (at least 1; a
+    /// fragment of non-ASCII text holds fewer characters). Default 150.
     pub max_chars: usize,
     /// What comes before a matched term. Default `<b>`.
     pub pre_tag: String,

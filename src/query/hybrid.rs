@@ -87,9 +87,13 @@ pub struct HybridSearchOptions {
     pub ef: Option<usize>,
     /// Rank the vector part exactly (brute force) instead of walking graphs.
     pub exact: bool,
-    /// How long the search may take, from its call to its last row: past it the search stops
-    /// its arms and fails with an [`crate::ErrorKind::Timeout`] error naming the search and
-    /// the time it was given (at least 1 ms). Default none.
+    /// How long the search may take, from its call to its last row: past it the search fails
+    /// with an [`crate::ErrorKind::Timeout`] error naming the search and the time it was
+    /// given (at least 1 ms), and its work is dropped: arms not started never run, a running
+    /// full-text arm stops at its next segment (a generation is one segment: it finishes), and
+    /// planning already under way (statistics, reads) finishes on its thread, its result
+    /// unused. It bounds the searches (`search_*`, `count_fts`), not `plan_*` nor the SQL
+    /// table functions. Default none.
     pub timeout: Option<std::time::Duration>,
 }
 

@@ -59,9 +59,13 @@ pub struct SearchOptions {
     /// a column is an error). Read for the top `k` only, after the merge. Default (`None`):
     /// every user column but the vector.
     pub columns: Option<Vec<String>>,
-    /// How long the search may take, from its call to its last row: past it the search stops
-    /// its arms and fails with an [`crate::ErrorKind::Timeout`] error naming the search and
-    /// the time it was given (at least 1 ms). Default none.
+    /// How long the search may take, from its call to its last row: past it the search fails
+    /// with an [`crate::ErrorKind::Timeout`] error naming the search and the time it was
+    /// given (at least 1 ms), and its work is dropped: arms not started never run, a running
+    /// full-text arm stops at its next segment (a generation is one segment: it finishes), and
+    /// planning already under way (statistics, reads) finishes on its thread, its result
+    /// unused. It bounds the searches (`search_*`, `count_fts`), not `plan_*` nor the SQL
+    /// table functions. Default none.
     pub timeout: Option<std::time::Duration>,
     /// Snippets of the matched text columns, each a column `_highlight_<name>` after the
     /// returned columns (see [`Highlight`]). Default none.
@@ -237,7 +241,8 @@ pub(crate) fn page(
 /// Run `search` (a `what` search: "full-text", "vector", ...) within `timeout` when one is
 /// given: past it the search is dropped, which stops its arms (those not started are skipped,
 /// those running stop at their next check), and the error says which search passed what time.
-/// Planning work already under way on a blocking thread finishes there, its result unused.
+/// Planning work already under way (on a blocking thread and the query pool) finishes
+/// there, its result unused.
 pub(crate) async fn within_deadline<T>(
     what: &str,
     timeout: Option<std::time::Duration>,

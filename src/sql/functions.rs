@@ -44,6 +44,8 @@ pub struct KnnFunction;
 /// fusion (k 60, 100 candidates a part): the key, the fused `_score`, `_fts_score`,
 /// `_distance`, `_fts_rank`, `_vector_rank` and every user column. The same rows as
 /// [`crate::Search::search_hybrid`] with default options.
+/// The search runs when the statement's physical plan is made (an `EXPLAIN` of it runs it
+/// too); its rows are then served from memory.
 #[derive(Debug)]
 pub struct HybridFunction;
 
@@ -347,7 +349,8 @@ fn hybrid_schema(schema: &SchemaRef, leading: usize, opts: &HybridSearchOptions)
 
 /// Plans SQL array literals of numbers (`[0.1, -2, 3e-1]`) as list literals of 64-bit
 /// floats, so a query vector can be written in SQL (DataFusion plans array literals only with
-/// its nested-expression functions, which this crate does not build).
+/// its nested-expression functions, which this crate does not build). In a session where it
+/// is registered, every array literal of numbers is such a list (`[1, 2]` too).
 #[derive(Debug)]
 pub struct VectorLiterals;
 

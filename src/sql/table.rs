@@ -18,7 +18,8 @@ use std::sync::Arc;
 type TakePointInTime = Arc<dyn Fn() -> BoxFuture<'static, Result<PointInTime>> + Send + Sync>;
 
 /// An index as a DataFusion table: its live rows, read from a point in time taken when a
-/// query scans it (every scan of one query's plan sees the rows of the moment it runs).
+/// statement's physical plan is made (`TableProvider::scan`): a plan run later, or again,
+/// reads the rows of that moment, and holds that point in time's generations while it lives.
 /// Projections and filters are pushed into the scan: only the columns a query reads are
 /// read, and a filter is applied as the rows are read (`EXPLAIN` shows both on
 /// `IndexScanExec`). Rows come newest source first, as [`crate::Search::scan`] returns them.

@@ -173,7 +173,8 @@ enum Command {
         /// Hybrid search: the rows each part contributes (default 100; at least offset + k).
         #[arg(long)]
         candidates: Option<usize>,
-        /// Stop the search after this many milliseconds, with an error saying so.
+        /// Stop the search after this many milliseconds, with an error saying so (with
+        /// --count, the count and the search each have this long).
         #[arg(long)]
         timeout_ms: Option<u64>,
         /// Full-text search: also print the exact number of live rows that match (and pass
