@@ -288,6 +288,23 @@ fn explain_rows(
             segs.push((seg, rows));
         }
         for (n, (seg, doc_rows)) in segs.iter().enumerate() {
+            // A generation's table of rows is in row order: each row found by a binary
+            // search; a row it misses (a table out of order), and the rows of a memtable's
+            // segments, by a pass over the segment's documents.
+            let mut left = 0;
+            if let DocRows::Table(table) = doc_rows {
+                for (row, at) in rows.iter_mut() {
+                    match table.binary_search(&(*row as u32)) {
+                        Ok(doc) => *at = (n, doc as tantivy::DocId),
+                        Err(_) => left += 1,
+                    }
+                }
+            } else {
+                left = rows.len();
+            }
+            if left == 0 {
+                continue;
+            }
             for doc in 0..seg.max_doc() {
                 if let Some(at) = doc_rows.get(doc).and_then(|r| rows.get_mut(&r)) {
                     *at = (n, doc);
