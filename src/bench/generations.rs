@@ -563,73 +563,7 @@ pub async fn run(o: &Options) -> Result<Report> {
     ));
     let print = |r: &Run| say(r.line());
     match o.shape {
-        Shape::Generations => {
-            let corpus = Corpus::load(o.data.as_deref())?;
-            let mut embedder = Embedder::new(o.dim);
-            let fts: Vec<Query> = corpus
-                .queries()
-                .iter()
-                .map(|q| Query::Fts(q.clone(), None))
-                .collect();
-            let filtered: Vec<Query> = corpus
-                .queries()
-                .iter()
-                .map(|q| Query::Fts(q.clone(), Some("bucket < 10".into())))
-                .collect();
-            let vector: Vec<Query> = corpus
-                .queries()
-                .iter()
-                .map(|q| Query::Vector(embedder.embed(q, 0, 0.0), false))
-                .collect();
-            let fts_text: Vec<Query> = corpus
-                .queries()
-                .iter()
-                .map(|q| Query::FtsText(q.clone()))
-                .collect();
-            let hybrid: Vec<Query> = corpus
-                .queries()
-                .iter()
-                .map(|q| Query::Hybrid(q.clone(), embedder.embed(q, 0, 0.0)))
-                .collect();
-            for &g in &o.gens {
-                let dir = o.out.join(format!("index-{g}"));
-                let flushed = o.docs.saturating_sub(1000);
-                let generations = (0..g)
-                    .map(|i| (i + 1) * flushed / g - i * flushed / g)
-                    .collect();
-                let b = Build {
-                    schema: Corpus::schema(Some(o.dim)),
-                    total: o.docs,
-                    generations,
-                    rows: Box::new(|from, n| corpus.batch(Some(&mut embedder), from, n)),
-                };
-                let secs = build(&dir, b, o.progress, o.reuse, o.compaction).await?;
-                report.build_seconds.insert(g, secs);
-                let (loc, store) =
-                    Location::parse(&dir.display().to_string())?.with_latency(latency);
-                let kinds = [
-                    ("fts", &fts),
-                    ("vector", &vector),
-                    ("filtered", &filtered),
-                    ("fts+text", &fts_text),
-                    ("hybrid", &hybrid),
-                ];
-                for (name, qs) in kinds {
-                    for r in measure(&loc, &store, g, name, qs, o).await? {
-                        print(&r);
-                        report.runs.push(r);
-                    }
-                }
-                let overlap = hybrid_overlap(&loc, &hybrid).await?;
-                say(format!(
-                    "{g:>5} hybrid overlap@10, graphs walked against exact vectors: {overlap:.3}"
-                ));
-                report.hybrid_overlap.insert(g, overlap);
-                if !o.reuse {
-                    let _ = std::fs::remove_dir_all(&dir);
-                }
-            }
-        }
+        Shape::Generations => generations_shape(o, &mut report, latency, &say).await?,
         Shape::ManySmall | Shape::WideVectors => {
             for r in vector_shape(o, &mut report, latency).await? {
                 print(&r);
@@ -658,6 +592,81 @@ pub async fn run(o: &Options) -> Result<Report> {
         }
     }
     Ok(report)
+}
+
+/// The default shape: the corpus in G generations for each G of `o.gens`, every query kind
+/// measured cold and warm, with the hybrid search's overlap with exact vectors.
+async fn generations_shape(
+    o: &Options,
+    report: &mut Report,
+    latency: LatencyConfig,
+    say: &dyn Fn(String),
+) -> Result<()> {
+    let corpus = Corpus::load(o.data.as_deref())?;
+    let mut embedder = Embedder::new(o.dim);
+    let fts: Vec<Query> = corpus
+        .queries()
+        .iter()
+        .map(|q| Query::Fts(q.clone(), None))
+        .collect();
+    let filtered: Vec<Query> = corpus
+        .queries()
+        .iter()
+        .map(|q| Query::Fts(q.clone(), Some("bucket < 10".into())))
+        .collect();
+    let vector: Vec<Query> = corpus
+        .queries()
+        .iter()
+        .map(|q| Query::Vector(embedder.embed(q, 0, 0.0), false))
+        .collect();
+    let fts_text: Vec<Query> = corpus
+        .queries()
+        .iter()
+        .map(|q| Query::FtsText(q.clone()))
+        .collect();
+    let hybrid: Vec<Query> = corpus
+        .queries()
+        .iter()
+        .map(|q| Query::Hybrid(q.clone(), embedder.embed(q, 0, 0.0)))
+        .collect();
+    for &g in &o.gens {
+        let dir = o.out.join(format!("index-{g}"));
+        let flushed = o.docs.saturating_sub(1000);
+        let generations = (0..g)
+            .map(|i| (i + 1) * flushed / g - i * flushed / g)
+            .collect();
+        let b = Build {
+            schema: Corpus::schema(Some(o.dim)),
+            total: o.docs,
+            generations,
+            rows: Box::new(|from, n| corpus.batch(Some(&mut embedder), from, n)),
+        };
+        let secs = build(&dir, b, o.progress, o.reuse, o.compaction).await?;
+        report.build_seconds.insert(g, secs);
+        let (loc, store) = Location::parse(&dir.display().to_string())?.with_latency(latency);
+        let kinds = [
+            ("fts", &fts),
+            ("vector", &vector),
+            ("filtered", &filtered),
+            ("fts+text", &fts_text),
+            ("hybrid", &hybrid),
+        ];
+        for (name, qs) in kinds {
+            for r in measure(&loc, &store, g, name, qs, o).await? {
+                say(r.line());
+                report.runs.push(r);
+            }
+        }
+        let overlap = hybrid_overlap(&loc, &hybrid).await?;
+        say(format!(
+            "{g:>5} hybrid overlap@10, graphs walked against exact vectors: {overlap:.3}"
+        ));
+        report.hybrid_overlap.insert(g, overlap);
+        if !o.reuse {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+    Ok(())
 }
 
 /// The share of each hybrid query's top 10 (the graphs walked) that the same search with
