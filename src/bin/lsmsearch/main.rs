@@ -738,30 +738,6 @@ async fn search(open: &Open, query: Query, r: SearchRequest, json: bool) -> lsms
         Index::open_read_only(Location::parse(&open.location)?, open.settings.clone()).await?;
     let mut matched = None;
     let rows = match query {
-        Query::Fts(q) if r.count => {
-            let opts = SearchOptions {
-                k: r.k,
-                filter: r.filter,
-                conjunction: r.conjunction,
-                min_score: r.min_score,
-                offset: r.offset,
-                columns: r.columns,
-                timeout: r.timeout,
-                highlight: r.highlight,
-                explain: r.explain,
-            };
-            // The count and the rows of one snapshot.
-            match index.point_in_time().await {
-                Ok(pit) => match pit.count_fts(&q, &opts).await {
-                    Ok(n) => {
-                        matched = Some(n);
-                        pit.search_fts(&q, &opts).await
-                    }
-                    Err(e) => Err(e),
-                },
-                Err(e) => Err(e),
-            }
-        }
         Query::Fts(q) => {
             let opts = SearchOptions {
                 k: r.k,
@@ -774,7 +750,18 @@ async fn search(open: &Open, query: Query, r: SearchRequest, json: bool) -> lsms
                 highlight: r.highlight,
                 explain: r.explain,
             };
-            index.search_fts(&q, &opts).await
+            match r.count {
+                // The count and the rows of one snapshot.
+                true => {
+                    let counted = async {
+                        let pit = index.point_in_time().await?;
+                        matched = Some(pit.count_fts(&q, &opts).await?);
+                        pit.search_fts(&q, &opts).await
+                    };
+                    counted.await
+                }
+                false => index.search_fts(&q, &opts).await,
+            }
         }
         Query::Vector(v) => {
             let opts = VectorSearchOptions {
