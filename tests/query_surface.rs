@@ -44,6 +44,21 @@ async fn spread() -> (Index, Model) {
     (index, model)
 }
 
+/// [`spread`] with a key deleted in every source, and one tantivy index of the live rows.
+async fn spread_with_deletes() -> (Index, Model, common::fts::Reference) {
+    let (index, mut model) = spread().await;
+    for id in ["k0003", "k0250", "k0420", "k0610", "k0777"] {
+        index.delete(&[lsmsearch::Key::from(id)]).await.unwrap();
+        model.remove(id);
+    }
+    let docs = model
+        .iter()
+        .map(|(k, r)| (k.clone(), vec![Some(r.body.clone())]))
+        .collect();
+    let reference = common::fts::Reference::new(&["body"], &docs);
+    (index, model, reference)
+}
+
 /// The keys of a search's rows, in order.
 fn keys(batches: &[RecordBatch]) -> Vec<String> {
     batches
@@ -342,17 +357,7 @@ fn column_of(batches: &[RecordBatch], column: &str) -> Vec<f64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hybrid_search_equals_fusing_one_tantivy_index_and_brute_force() {
     use lsmsearch::{Fusion, HybridSearchOptions};
-    let (index, mut model) = spread().await;
-    // Deletes in every source.
-    for id in ["k0003", "k0250", "k0420", "k0610", "k0777"] {
-        index.delete(&[lsmsearch::Key::from(id)]).await.unwrap();
-        model.remove(id);
-    }
-    let docs = model
-        .iter()
-        .map(|(k, r)| (k.clone(), vec![Some(r.body.clone())]))
-        .collect();
-    let reference = common::fts::Reference::new(&["body"], &docs);
+    let (index, model, reference) = spread_with_deletes().await;
     for (q, x) in [("version 13", 13.0f32), ("k0150 OR 21 OR 2", 21.0)] {
         let v = [x, x + 1.0, -x, 0.5];
         let texts = reference.search(q, false);
@@ -741,16 +746,7 @@ async fn thresholds_keep_the_rows_within_them_before_the_top_k() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counts_equal_a_brute_force_count_of_the_live_rows() {
-    let (index, mut model) = spread().await;
-    for id in ["k0003", "k0250", "k0420", "k0610", "k0777"] {
-        index.delete(&[lsmsearch::Key::from(id)]).await.unwrap();
-        model.remove(id);
-    }
-    let docs = model
-        .iter()
-        .map(|(k, r)| (k.clone(), vec![Some(r.body.clone())]))
-        .collect();
-    let reference = common::fts::Reference::new(&["body"], &docs);
+    let (index, model, reference) = spread_with_deletes().await;
     // A row matches when its body holds any of the terms (every one, for `all`).
     let brute = |terms: &[&str], all: bool, min_year: Option<i64>| {
         model
@@ -994,16 +990,7 @@ fn same_explanation(a: &serde_json::Value, b: &serde_json::Value) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn highlights_and_explanations_equal_one_tantivy_index_of_the_live_rows() {
-    let (index, mut model) = spread().await;
-    for id in ["k0003", "k0250", "k0420", "k0610", "k0777"] {
-        index.delete(&[lsmsearch::Key::from(id)]).await.unwrap();
-        model.remove(id);
-    }
-    let docs = model
-        .iter()
-        .map(|(k, r)| (k.clone(), vec![Some(r.body.clone())]))
-        .collect();
-    let reference = common::fts::Reference::new(&["body"], &docs);
+    let (index, model, reference) = spread_with_deletes().await;
     let queries = [
         "version 13",
         "k0150 OR 21 OR 2",
