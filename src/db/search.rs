@@ -238,17 +238,11 @@ macro_rules! read_methods {
             vector: &[f32],
             options: &crate::HybridSearchOptions,
         ) -> crate::Result<Vec<arrow::array::RecordBatch>> {
-            crate::query::within_deadline("hybrid", options.timeout, async {
-                let mut attempts = 0;
-                loop {
-                    let snapshot = self.snapshot().await?;
-                    let pit = self.$($path).+.point_in_time(snapshot);
-                    match pit.search_hybrid(query, vector, options).await {
-                        Err(e) if self.retry_gone(&e, &mut attempts).await? => {}
-                        other => return other,
-                    }
-                }
-            })
+            crate::query::within_deadline(
+                "hybrid",
+                options.timeout,
+                self.on_point_in_time(|pit| async move { pit.search_hybrid(query, vector, options).await }),
+            )
             .await
         }
 
@@ -259,17 +253,11 @@ macro_rules! read_methods {
             query: &str,
             options: &crate::query::SearchOptions,
         ) -> crate::Result<u64> {
-            crate::query::within_deadline("full-text count", options.timeout, async {
-                let mut attempts = 0;
-                loop {
-                    let snapshot = self.snapshot().await?;
-                    let pit = self.$($path).+.point_in_time(snapshot);
-                    match pit.count_fts(query, options).await {
-                        Err(e) if self.retry_gone(&e, &mut attempts).await? => {}
-                        other => return other,
-                    }
-                }
-            })
+            crate::query::within_deadline(
+                "full-text count",
+                options.timeout,
+                self.on_point_in_time(|pit| async move { pit.count_fts(query, options).await }),
+            )
             .await
         }
 
@@ -312,6 +300,23 @@ macro_rules! read_methods {
                 }
             })
             .await
+        }
+
+        /// `read` of a point in time of a new snapshot, tried again (on a new snapshot) when
+        /// what it read was gone (see `retry_gone`).
+        async fn on_point_in_time<T, F, Fut>(&self, read: F) -> crate::Result<T>
+        where
+            F: Fn(crate::PointInTime) -> Fut,
+            Fut: std::future::Future<Output = crate::Result<T>>,
+        {
+            let mut attempts = 0;
+            loop {
+                let snapshot = self.snapshot().await?;
+                match read(self.$($path).+.point_in_time(snapshot)).await {
+                    Err(e) if self.retry_gone(&e, &mut attempts).await? => {}
+                    other => return other,
+                }
+            }
         }
 
         /// One attempt of [`Self::run_search`].
