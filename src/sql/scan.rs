@@ -53,7 +53,7 @@ pub(super) fn plan(
     let schema = Arc::new(read_schema.project(&(0..keep).collect::<Vec<_>>())?);
     let shown = predicate.as_ref().map(|p| p.to_string());
     Ok(Arc::new(IndexScanExec::new(
-        pit, read, keep, filter, shown, limit, schema, user,
+        pit, read, keep, filter, shown, limit, schema,
     )))
 }
 
@@ -67,13 +67,10 @@ pub(crate) struct IndexScanExec {
     /// The filter as the query wrote it, for the plan.
     shown: Option<String>,
     limit: Option<usize>,
-    /// The names of the columns returned, for the plan.
-    names: Vec<String>,
     properties: Arc<PlanProperties>,
 }
 
 impl IndexScanExec {
-    #[allow(clippy::too_many_arguments)]
     fn new(
         pit: PointInTime,
         read: Vec<usize>,
@@ -82,7 +79,6 @@ impl IndexScanExec {
         shown: Option<String>,
         limit: Option<usize>,
         schema: SchemaRef,
-        user: &SchemaRef,
     ) -> Self {
         let properties = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(schema),
@@ -90,10 +86,6 @@ impl IndexScanExec {
             EmissionType::Incremental,
             Boundedness::Bounded,
         ));
-        let names = read[..keep]
-            .iter()
-            .map(|c| user.field(*c).name().clone())
-            .collect();
         IndexScanExec {
             pit,
             read,
@@ -101,21 +93,29 @@ impl IndexScanExec {
             filter,
             shown,
             limit,
-            names,
             properties,
         }
     }
 }
 
+impl IndexScanExec {
+    /// The names of the columns it returns, for the plan.
+    fn names(&self) -> String {
+        let schema = self.properties.eq_properties.schema();
+        let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        names.join(", ")
+    }
+}
+
 impl fmt::Debug for IndexScanExec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "IndexScanExec: projection=[{}]", self.names.join(", "))
+        write!(f, "IndexScanExec: projection=[{}]", self.names())
     }
 }
 
 impl DisplayAs for IndexScanExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "IndexScanExec: projection=[{}]", self.names.join(", "))?;
+        write!(f, "IndexScanExec: projection=[{}]", self.names())?;
         if let Some(p) = &self.shown {
             write!(f, ", filter={p}")?;
         }
