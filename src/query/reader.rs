@@ -365,6 +365,25 @@ impl PointInTime {
         query: &str,
         options: &SearchOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.fts_blocking(query, options, fts::plan).await
+    }
+
+    /// `work` of this point in time's schemas and snapshot, `query` and `options`, on a
+    /// blocking thread (a full-text plan or count reads and computes).
+    async fn fts_blocking<T: Send + 'static>(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+        work: impl FnOnce(
+                &IndexSchema,
+                Option<&Arc<TextSchema>>,
+                Snapshot,
+                &str,
+                &SearchOptions,
+            ) -> Result<T>
+            + Send
+            + 'static,
+    ) -> Result<T> {
         let (schema, text, snapshot) = (
             self.schema.clone(),
             self.text_schema.clone(),
@@ -373,7 +392,7 @@ impl PointInTime {
         let query = query.to_string();
         let options = options.clone();
         tokio::task::spawn_blocking(move || {
-            fts::plan(&schema, text.as_ref(), snapshot, &query, &options)
+            work(&schema, text.as_ref(), snapshot, &query, &options)
         })
         .await?
     }
@@ -393,20 +412,16 @@ impl PointInTime {
     /// The exact number of live rows matching a full-text query (see
     /// [`crate::Search::count_fts`]) at this point in time.
     pub async fn count_fts(&self, query: &str, options: &SearchOptions) -> Result<u64> {
-        let (schema, text, snapshot) = (
-            self.schema.clone(),
-            self.text_schema.clone(),
-            self.snapshot.clone(),
-        );
-        let query = query.to_string();
-        let options = options.clone();
-        let timeout = options.timeout;
-        super::within_deadline("full-text count", timeout, async move {
+        super::within_deadline("full-text count", options.timeout, async {
             let (stop, _guard) = crate::read::pool::Stop::with_guard();
-            tokio::task::spawn_blocking(move || {
-                fts::count(&schema, text.as_ref(), snapshot, &query, &options, &stop)
-            })
-            .await?
+            let count = move |schema: &IndexSchema,
+                              text: Option<&Arc<TextSchema>>,
+                              snapshot: Snapshot,
+                              query: &str,
+                              options: &SearchOptions| {
+                fts::count(schema, text, snapshot, query, options, &stop)
+            };
+            self.fts_blocking(query, options, count).await
         })
         .await
     }
