@@ -11,42 +11,9 @@ use lsmsearch::{
 };
 use std::sync::Arc;
 
-/// An index of three generations and a memtable (keys updated across them), its generations
-/// read by range (their vectors too), and the live rows.
-async fn spread() -> (Index, Model) {
-    let s = schema();
-    let index = Index::create(
-        Location::from_store(Arc::new(object_store::memory::InMemory::new()), "idx"),
-        s.clone(),
-        Settings {
-            memtable_max_rows: 10_000,
-            vector_exact_below: 16,
-            compaction: false,
-            ..Settings::default()
-        },
-    )
-    .await
-    .unwrap();
-    let mut model = Model::new();
-    for g in 0..4i64 {
-        let rows: Vec<Row> = (0..300)
-            .map(|i| Row::new(format!("k{:04}", g * 200 + i), g * 10 + i % 7))
-            .collect();
-        index.append(&batch(&s, &rows)).await.unwrap();
-        for r in rows {
-            model.insert(r.id.clone(), r);
-        }
-        if g < 3 {
-            index.flush().await.unwrap();
-        }
-    }
-    assert_eq!(index.stats().generations.len(), 3);
-    (index, model)
-}
-
-/// [`spread`] with a key deleted in every source, and one tantivy index of the live rows.
+/// [`common::spread`] with a key deleted in every source, and one tantivy index of the live rows.
 async fn spread_with_deletes() -> (Index, Model, common::fts::Reference) {
-    let (index, mut model) = spread().await;
+    let (index, mut model) = common::spread().await;
     for id in ["k0003", "k0250", "k0420", "k0610", "k0777"] {
         index.delete(&[lsmsearch::Key::from(id)]).await.unwrap();
         model.remove(id);
@@ -107,7 +74,7 @@ fn check_values(batches: &[RecordBatch], model: &Model) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_search_returns_the_columns_it_names_from_every_source() {
-    let (index, model) = spread().await;
+    let (index, model) = common::spread().await;
     let query = [20.0, 21.0, -20.0, 0.5];
     // Default: every column but the vector, the text included.
     let fts = index
@@ -159,7 +126,7 @@ async fn a_search_returns_the_columns_it_names_from_every_source() {
 
 #[tokio::test]
 async fn an_unknown_column_is_an_error_naming_it() {
-    let (index, _) = spread().await;
+    let (index, _) = common::spread().await;
     let opts = SearchOptions {
         columns: Some(vec!["year".into(), "colour".into()]),
         ..SearchOptions::default()
@@ -178,7 +145,7 @@ async fn an_unknown_column_is_an_error_naming_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consecutive_pages_equal_one_larger_search() {
-    let (index, model) = spread().await;
+    let (index, model) = common::spread().await;
     let query = [20.0, 21.0, -20.0, 0.5];
     // Many ties (the same version gives the same text length and the same vector): the key
     // orders them, the same way in every page.
@@ -235,7 +202,7 @@ async fn consecutive_pages_equal_one_larger_search() {
 
 #[tokio::test]
 async fn a_page_past_the_bound_is_an_error_naming_it() {
-    let (index, _) = spread().await;
+    let (index, _) = common::spread().await;
     for (offset, k) in [
         (MAX_RESULT_WINDOW, 1),
         (1, MAX_RESULT_WINDOW),
@@ -266,7 +233,7 @@ async fn a_page_past_the_bound_is_an_error_naming_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pages_of_a_point_in_time_ignore_the_writes_between_them() {
-    let (index, model) = spread().await;
+    let (index, model) = common::spread().await;
     let s = schema();
     let query = [20.0, 21.0, -20.0, 0.5];
     let pit = index.point_in_time().await.unwrap();
@@ -414,7 +381,7 @@ async fn hybrid_search_equals_fusing_one_tantivy_index_and_brute_force() {
 #[tokio::test]
 async fn bad_hybrid_options_are_errors_naming_them() {
     use lsmsearch::{Fusion, HybridSearchOptions};
-    let (index, _) = spread().await;
+    let (index, _) = common::spread().await;
     let cases = [
         (
             HybridSearchOptions {
@@ -577,7 +544,7 @@ async fn a_point_in_time_keeps_what_it_reads_until_it_goes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hybrid_pages_equal_one_larger_hybrid_search() {
     use lsmsearch::{Fusion, HybridSearchOptions};
-    let (index, _) = spread().await;
+    let (index, _) = common::spread().await;
     let v = [20.0, 21.0, -20.0, 0.5];
     let fusions = [
         Fusion::Rrf { k: 60.0 },
@@ -642,7 +609,7 @@ fn valued(batches: &[RecordBatch], column: &str) -> Vec<(String, f32)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thresholds_keep_the_rows_within_them_before_the_top_k() {
-    let (index, model) = spread().await;
+    let (index, model) = common::spread().await;
     let bare = |k| SearchOptions {
         columns: Some(Vec::new()),
         ..SearchOptions::with_k(k)

@@ -5,43 +5,18 @@ mod common;
 
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{Float32Type, Int64Type};
-use common::{batch, schema, Model, Row};
+use common::Model;
 use datafusion::prelude::SessionContext;
 use lsmsearch::{
-    ErrorKind, HybridSearchOptions, Index, Location, ScanOptions, SearchOptions, Settings,
-    VectorSearchOptions,
+    ErrorKind, HybridSearchOptions, Index, ScanOptions, SearchOptions, VectorSearchOptions,
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// An index of three generations and a memtable, keys updated and deleted across them, its
-/// live rows, and a context where it is the table `docs`.
+/// [`common::spread`] with keys deleted across its sources, its live rows, and a context
+/// where it is the table `docs`.
 async fn docs() -> (Arc<Index>, Model, SessionContext) {
-    let s = schema();
-    let index = Index::create(
-        Location::from_store(Arc::new(object_store::memory::InMemory::new()), "idx"),
-        s.clone(),
-        Settings {
-            compaction: false,
-            vector_exact_below: 16,
-            ..Settings::default()
-        },
-    )
-    .await
-    .unwrap();
-    let mut model = Model::new();
-    for g in 0..4i64 {
-        let rows: Vec<Row> = (0..300)
-            .map(|i| Row::new(format!("k{:04}", g * 200 + i), g * 10 + i % 7))
-            .collect();
-        index.append(&batch(&s, &rows)).await.unwrap();
-        for r in rows {
-            model.insert(r.id.clone(), r);
-        }
-        if g < 3 {
-            index.flush().await.unwrap();
-        }
-    }
+    let (index, mut model) = common::spread().await;
     for id in ["k0003", "k0250", "k0420", "k0610", "k0777"] {
         index.delete(&[lsmsearch::Key::from(id)]).await.unwrap();
         model.remove(id);

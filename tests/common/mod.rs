@@ -127,3 +127,36 @@ pub fn s3_location(test: &str) -> Option<String> {
         .as_nanos();
     Some(format!("{}/{test}-{nanos}", base.trim_end_matches('/')))
 }
+
+/// An index of three generations and a memtable (keys updated across them), its generations
+/// read by range (their vectors too), and the live rows.
+pub async fn spread() -> (Index, Model) {
+    let s = schema();
+    let index = Index::create(
+        memory(),
+        s.clone(),
+        Settings {
+            memtable_max_rows: 10_000,
+            vector_exact_below: 16,
+            compaction: false,
+            ..Settings::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut model = Model::new();
+    for g in 0..4i64 {
+        let rows: Vec<Row> = (0..300)
+            .map(|i| Row::new(format!("k{:04}", g * 200 + i), g * 10 + i % 7))
+            .collect();
+        index.append(&batch(&s, &rows)).await.unwrap();
+        for r in rows {
+            model.insert(r.id.clone(), r);
+        }
+        if g < 3 {
+            index.flush().await.unwrap();
+        }
+    }
+    assert_eq!(index.stats().generations.len(), 3);
+    (index, model)
+}
