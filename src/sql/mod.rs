@@ -68,11 +68,22 @@ pub async fn query(
     ctx: &SessionContext,
     statement: &str,
 ) -> Result<Vec<arrow::array::RecordBatch>> {
+    Ok(query_with_schema(ctx, statement).await?.0)
+}
+
+/// [`query`], with the schema of the statement's rows (which an empty result does not
+/// carry).
+pub async fn query_with_schema(
+    ctx: &SessionContext,
+    statement: &str,
+) -> Result<(Vec<arrow::array::RecordBatch>, arrow::datatypes::SchemaRef)> {
     let df = ctx
         .sql(statement)
         .await
         .map_err(|e| sql_error(e, statement))?;
-    df.collect().await.map_err(|e| sql_error(e, statement))
+    let schema = df.schema().inner().clone();
+    let rows = df.collect().await.map_err(|e| sql_error(e, statement))?;
+    Ok((rows, schema))
 }
 
 /// `e`, an error of `statement`, as one of ours.
