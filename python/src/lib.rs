@@ -1,0 +1,712 @@
+//! `lsmsearch._lsmsearch`: the native half of the Python package.
+//!
+//! The Python half (`lsmsearch/__init__.py`) shapes the API (query builders, input
+//! conversion, pandas and polars); this module holds the handles and runs every call on a
+//! private tokio runtime with the GIL released, checking for Ctrl-C while it waits.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arrow_array::RecordBatch;
+use lsmsearch::{
+    Conjunction, Durability, Error, ErrorKind, Fusion, Highlight, HybridSearchOptions, Index,
+    IndexSchema, Key, KeyType, Location, PointInTime, ReadOnlyIndex, ScanOptions, SearchOptions,
+    Settings, VectorSearchOptions, WriteOptions,
+};
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3_arrow::input::AnyRecordBatch;
+use pyo3_arrow::{PySchema, PyTable};
+
+/// The runtime of this process, created on first use. A child of `fork()` gets a runtime of
+/// its own: the parent's worker threads do not exist in it.
+static RUNTIME: Mutex<Option<(u32, Arc<tokio::runtime::Runtime>)>> = Mutex::new(None);
+
+fn runtime() -> PyResult<Arc<tokio::runtime::Runtime>> {
+    let pid = std::process::id();
+    let mut slot = RUNTIME
+        .lock()
+        .map_err(|_| PyRuntimeError::new_err("lsmsearch: the runtime lock is poisoned"))?;
+    if let Some((owner, rt)) = slot.as_ref() {
+        if *owner == pid {
+            return Ok(rt.clone());
+        }
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("lsmsearch")
+        .build()
+        .map_err(|e| PyRuntimeError::new_err(format!("lsmsearch: cannot start a runtime: {e}")))?;
+    let rt = Arc::new(rt);
+    // The parent's runtime is never dropped here: its threads live in the parent only, and
+    // shutting it down from a forked child would wait for them forever.
+    if let Some(old) = slot.replace((pid, rt.clone())) {
+        std::mem::forget(old);
+    }
+    Ok(rt)
+}
+
+/// How often a waiting call looks for a pending signal (Ctrl-C).
+const SIGNAL_CHECK: Duration = Duration::from_millis(50);
+
+/// Run `fut` to completion on the runtime with the GIL released, so other Python threads
+/// run meanwhile. A signal (Ctrl-C raises `KeyboardInterrupt`) drops the future, which stops
+/// the work, and raises.
+fn wait<T, F>(py: Python<'_>, fut: F) -> PyResult<T>
+where
+    T: Send,
+    F: Future<Output = lsmsearch::Result<T>> + Send,
+{
+    let rt = runtime()?;
+    let out = py.detach(move || {
+        rt.block_on(async move {
+            tokio::pin!(fut);
+            let mut tick = tokio::time::interval(SIGNAL_CHECK);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    r = &mut fut => return Ok(r),
+                    _ = tick.tick() => Python::attach(|py| py.check_signals())?,
+                }
+            }
+        })
+    });
+    match out {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(to_py(py, e)),
+        Err(signal) => Err(signal),
+    }
+}
+
+/// The Python exception of an error: the class of `lsmsearch.errors` named after its kind,
+/// with its message.
+fn to_py(py: Python<'_>, e: Error) -> PyErr {
+    let class = match e.kind() {
+        ErrorKind::Invalid => "InvalidError",
+        ErrorKind::Fenced => "FencedError",
+        ErrorKind::Data => "DataError",
+        ErrorKind::Unavailable => "UnavailableError",
+        ErrorKind::Closed => "ClosedError",
+        ErrorKind::Timeout => "TimeoutError",
+        ErrorKind::Internal => "InternalError",
+        _ => "LsmsearchError",
+    };
+    py_error(py, class, e.to_string())
+}
+
+/// An exception of the class `class` of `lsmsearch.errors` with `message`.
+fn py_error(py: Python<'_>, class: &str, message: String) -> PyErr {
+    let raise = || -> PyResult<PyErr> {
+        let cls = py.import("lsmsearch.errors")?.getattr(class)?;
+        Ok(PyErr::from_value(cls.call1((message.clone(),))?))
+    };
+    raise().unwrap_or_else(|_| PyRuntimeError::new_err(message))
+}
+
+/// An `InvalidError` with `message`.
+fn invalid(py: Python<'_>, message: impl Into<String>) -> PyErr {
+    to_py(py, Error::invalid(message.into()))
+}
+
+/// What a handle reads from.
+#[derive(Clone)]
+enum Source {
+    Writer(Arc<Index>),
+    Reader(Arc<ReadOnlyIndex>),
+    Snapshot(Arc<PointInTime>),
+}
+
+/// Run `$body` with `$s` bound to the source's handle, whatever its type.
+macro_rules! on_source {
+    ($src:expr, $s:ident => $body:expr) => {
+        match $src {
+            Source::Writer($s) => $body,
+            Source::Reader($s) => $body,
+            Source::Snapshot($s) => $body,
+        }
+    };
+}
+
+/// An index handle: the writer, a read-only handle or a point in time of either.
+#[pyclass(frozen, module = "lsmsearch._lsmsearch")]
+struct Handle {
+    source: Source,
+    schema: IndexSchema,
+    /// The process that opened the handle: a child of `fork()` must open its own.
+    pid: u32,
+}
+
+fn parse_settings(py: Python<'_>, settings: Option<&str>) -> PyResult<Settings> {
+    match settings {
+        None => Ok(Settings::default()),
+        Some(json) => serde_json::from_str(json).map_err(|e| invalid(py, format!("settings: {e}"))),
+    }
+}
+
+fn location(py: Python<'_>, uri: &str) -> PyResult<Location> {
+    Location::parse(uri).map_err(|e| to_py(py, e))
+}
+
+/// Create an index at `uri` with `schema` (its JSON form) and `settings` (JSON).
+#[pyfunction]
+#[pyo3(signature = (uri, schema, settings=None))]
+fn create(py: Python<'_>, uri: &str, schema: &str, settings: Option<&str>) -> PyResult<Handle> {
+    let schema = IndexSchema::from_json(schema).map_err(|e| to_py(py, e))?;
+    let settings = parse_settings(py, settings)?;
+    let loc = location(py, uri)?;
+    let index = wait(py, Index::create(loc, schema.clone(), settings))?;
+    Ok(Handle::new(Source::Writer(Arc::new(index)), schema))
+}
+
+/// Open the index at `uri` as its writer.
+#[pyfunction]
+#[pyo3(signature = (uri, settings=None))]
+fn open(py: Python<'_>, uri: &str, settings: Option<&str>) -> PyResult<Handle> {
+    let settings = parse_settings(py, settings)?;
+    let loc = location(py, uri)?;
+    let index = wait(py, Index::open(loc, settings))?;
+    let schema = index.schema().clone();
+    Ok(Handle::new(Source::Writer(Arc::new(index)), schema))
+}
+
+/// Open the index at `uri` read-only.
+#[pyfunction]
+#[pyo3(signature = (uri, settings=None))]
+fn open_read_only(py: Python<'_>, uri: &str, settings: Option<&str>) -> PyResult<Handle> {
+    let settings = parse_settings(py, settings)?;
+    let loc = location(py, uri)?;
+    let index = wait(py, Index::open_read_only(loc, settings))?;
+    let schema = index.schema().clone();
+    Ok(Handle::new(Source::Reader(Arc::new(index)), schema))
+}
+
+/// The options of one search, as the Python builder passes them.
+struct Query {
+    text: Option<String>,
+    vector: Option<Vec<f32>>,
+    k: usize,
+    offset: usize,
+    filter: Option<String>,
+    columns: Option<Vec<String>>,
+    conjunction: Conjunction,
+    min_score: Option<f32>,
+    max_distance: Option<f32>,
+    highlight: Option<Highlight>,
+    explain: bool,
+    exact: bool,
+    ef: Option<usize>,
+    fusion: Fusion,
+    candidates: Option<usize>,
+    timeout: Option<Duration>,
+}
+
+impl Query {
+    fn fts(&self) -> SearchOptions {
+        SearchOptions {
+            k: self.k,
+            offset: self.offset,
+            filter: self.filter.clone(),
+            conjunction: self.conjunction,
+            min_score: self.min_score,
+            columns: self.columns.clone(),
+            timeout: self.timeout,
+            highlight: self.highlight.clone(),
+            explain: self.explain,
+        }
+    }
+
+    fn vector(&self) -> VectorSearchOptions {
+        VectorSearchOptions {
+            k: self.k,
+            offset: self.offset,
+            filter: self.filter.clone(),
+            ef: self.ef,
+            exact: self.exact,
+            max_distance: self.max_distance,
+            columns: self.columns.clone(),
+            timeout: self.timeout,
+        }
+    }
+
+    fn hybrid(&self) -> HybridSearchOptions {
+        HybridSearchOptions {
+            k: self.k,
+            offset: self.offset,
+            filter: self.filter.clone(),
+            columns: self.columns.clone(),
+            fusion: self.fusion,
+            candidates: self.candidates,
+            conjunction: self.conjunction,
+            ef: self.ef,
+            exact: self.exact,
+            timeout: self.timeout,
+        }
+    }
+
+    /// What a search of only one part cannot honour: an error naming the option.
+    fn check_parts(&self, py: Python<'_>) -> PyResult<()> {
+        let text_only = [
+            (self.min_score.is_some(), "min_score"),
+            (self.highlight.is_some(), "highlight"),
+            (self.explain, "explain"),
+        ];
+        let vector_only = [(self.max_distance.is_some(), "max_distance")];
+        let hybrid_only = [(self.candidates.is_some(), "candidates")];
+        let refused = match (&self.text, &self.vector) {
+            (Some(_), Some(_)) => [&text_only[..], &vector_only[..]].concat(),
+            (Some(_), None) => [&vector_only[..], &hybrid_only[..]].concat(),
+            (None, Some(_)) => [&text_only[..], &hybrid_only[..]].concat(),
+            (None, None) => {
+                return Err(invalid(
+                    py,
+                    "a search needs a text query, a vector, or both",
+                ))
+            }
+        };
+        match refused.iter().find(|(set, _)| *set) {
+            Some((_, name)) => Err(invalid(
+                py,
+                format!("{name} does not apply to this kind of search"),
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+fn conjunction(py: Python<'_>, s: &str) -> PyResult<Conjunction> {
+    match s {
+        "or" | "OR" => Ok(Conjunction::Or),
+        "and" | "AND" => Ok(Conjunction::And),
+        _ => Err(invalid(
+            py,
+            format!("conjunction is {s:?}: it is \"or\" or \"and\""),
+        )),
+    }
+}
+
+fn fusion(py: Python<'_>, s: &str, rrf_k: f32, weights: Option<(f32, f32)>) -> PyResult<Fusion> {
+    match (s, weights) {
+        ("rrf", None) => Ok(Fusion::Rrf { k: rrf_k }),
+        ("rrf", Some(_)) => Err(invalid(
+            py,
+            "weights apply to the weighted fusion: pass fusion=\"weighted\"",
+        )),
+        ("weighted", w) => {
+            let (text, vector) = w.unwrap_or((0.5, 0.5));
+            Ok(Fusion::Weighted { text, vector })
+        }
+        _ => Err(invalid(
+            py,
+            format!("fusion is {s:?}: it is \"rrf\" or \"weighted\""),
+        )),
+    }
+}
+
+fn timeout(py: Python<'_>, seconds: Option<f64>) -> PyResult<Option<Duration>> {
+    seconds
+        .map(|s| {
+            Duration::try_from_secs_f64(s).map_err(|_| {
+                invalid(
+                    py,
+                    format!("timeout is {s} s: it is a finite number of seconds at least 0"),
+                )
+            })
+        })
+        .transpose()
+}
+
+/// One key for a delete: an int or a str, as the primary key's type wants it.
+#[derive(FromPyObject)]
+enum KeyArg {
+    Int(i128),
+    Str(String),
+}
+
+fn key(py: Python<'_>, kind: KeyType, k: KeyArg) -> PyResult<Key> {
+    let wrong = |what: &str| {
+        invalid(
+            py,
+            format!("a key to delete is {what}, but the primary key is {kind:?}"),
+        )
+    };
+    match (kind, k) {
+        (KeyType::Utf8, KeyArg::Str(s)) => Ok(Key::Str(s)),
+        (KeyType::Int64, KeyArg::Int(i)) => i64::try_from(i)
+            .map(Key::I64)
+            .map_err(|_| wrong("beyond int64")),
+        (KeyType::Uint64, KeyArg::Int(i)) => u64::try_from(i)
+            .map(Key::U64)
+            .map_err(|_| wrong("beyond uint64")),
+        (_, KeyArg::Str(_)) => Err(wrong("a str")),
+        (_, KeyArg::Int(_)) => Err(wrong("an int")),
+    }
+}
+
+fn durability(py: Python<'_>, s: &str) -> PyResult<WriteOptions> {
+    let d: Durability = s.parse().map_err(|e| to_py(py, e))?;
+    Ok(WriteOptions::with_durability(d))
+}
+
+/// `batches` as a `pyarrow.Table` of `schema`.
+fn table(
+    py: Python<'_>,
+    batches: Vec<RecordBatch>,
+    schema: arrow_schema::SchemaRef,
+) -> PyResult<Py<PyAny>> {
+    let table = PyTable::try_new(batches, schema)?;
+    Ok(table.into_pyarrow(py)?.unbind())
+}
+
+/// The schema of `batches`, or `fallback` when there are none.
+fn schema_of(
+    batches: &[RecordBatch],
+    fallback: impl FnOnce() -> arrow_schema::SchemaRef,
+) -> arrow_schema::SchemaRef {
+    batches.first().map(|b| b.schema()).unwrap_or_else(fallback)
+}
+
+impl Handle {
+    fn new(source: Source, schema: IndexSchema) -> Handle {
+        Handle {
+            source,
+            schema,
+            pid: std::process::id(),
+        }
+    }
+
+    /// The source, if this process opened the handle.
+    fn source(&self, py: Python<'_>) -> PyResult<Source> {
+        if self.pid != std::process::id() {
+            return Err(py_error(
+                py,
+                "ClosedError",
+                format!(
+                    "this handle was opened by process {} and does not survive fork(): open the index again in process {}",
+                    self.pid,
+                    std::process::id()
+                ),
+            ));
+        }
+        Ok(self.source.clone())
+    }
+
+    fn writer(&self, py: Python<'_>, what: &str) -> PyResult<Arc<Index>> {
+        match self.source(py)? {
+            Source::Writer(w) => Ok(w),
+            _ => Err(invalid(
+                py,
+                format!("{what} needs the writer: this handle is read-only"),
+            )),
+        }
+    }
+
+    fn run_search(&self, py: Python<'_>, q: Query) -> PyResult<Py<PyAny>> {
+        q.check_parts(py)?;
+        let src = self.source(py)?;
+        let batches = wait(py, async move {
+            match (&q.text, &q.vector) {
+                (Some(t), Some(v)) => {
+                    let o = q.hybrid();
+                    on_source!(&src, s => s.search_hybrid(t, v, &o).await)
+                }
+                (Some(t), None) => {
+                    let o = q.fts();
+                    let rows = on_source!(&src, s => s.search_fts(t, &o).await)?;
+                    match rows.is_empty() {
+                        false => Ok(rows),
+                        // No row: an empty batch carries the schema the search returns.
+                        true => {
+                            let plan = on_source!(&src, s => s.plan_fts(t, &o).await)?;
+                            Ok(vec![RecordBatch::new_empty(plan.schema())])
+                        }
+                    }
+                }
+                (None, Some(v)) => {
+                    let o = q.vector();
+                    let rows = on_source!(&src, s => s.search_vector(v, &o).await)?;
+                    match rows.is_empty() {
+                        false => Ok(rows),
+                        true => {
+                            let plan = on_source!(&src, s => s.plan_vector(v, &o).await)?;
+                            Ok(vec![RecordBatch::new_empty(plan.schema())])
+                        }
+                    }
+                }
+                (None, None) => Err(Error::invalid(
+                    "a search needs a text query, a vector, or both".to_string(),
+                )),
+            }
+        })?;
+        let schema = schema_of(&batches, || self.schema.arrow_schema());
+        table(py, batches, schema)
+    }
+}
+
+#[pymethods]
+impl Handle {
+    /// The schema in its JSON form.
+    fn schema_json(&self, py: Python<'_>) -> PyResult<String> {
+        serde_json::to_string(&self.schema).map_err(|e| invalid(py, e.to_string()))
+    }
+
+    /// The Arrow schema of the rows the index holds, as a `pyarrow.Schema`.
+    fn arrow_schema(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        Ok(PySchema::new(self.schema.arrow_schema())
+            .into_pyarrow(py)?
+            .unbind())
+    }
+
+    /// "writer", "read_only" or "snapshot".
+    #[getter]
+    fn kind(&self) -> &'static str {
+        match self.source {
+            Source::Writer(_) => "writer",
+            Source::Reader(_) => "read_only",
+            Source::Snapshot(_) => "snapshot",
+        }
+    }
+
+    /// Append the rows of `data` (any Arrow record batch or stream): every batch is checked
+    /// before the first is written, then each is appended in order. Returns the last
+    /// receipt as `(last_seq, rows)`.
+    #[pyo3(signature = (data, durability="durable"))]
+    fn add(
+        &self,
+        py: Python<'_>,
+        data: AnyRecordBatch,
+        durability: &str,
+    ) -> PyResult<(u64, usize)> {
+        let writer = self.writer(py, "add")?;
+        let options = self::durability(py, durability)?;
+        let reader = data.into_reader()?;
+        let batches: Vec<RecordBatch> = reader
+            .collect::<Result<_, _>>()
+            .map_err(|e| invalid(py, format!("reading the rows to add: {e}")))?;
+        for b in &batches {
+            self.schema.validate_batch(b).map_err(|e| to_py(py, e))?;
+        }
+        wait(py, async move {
+            let (mut last, mut rows) = (0, 0);
+            for b in &batches {
+                if b.num_rows() == 0 {
+                    continue;
+                }
+                let r = writer.append_with(b, options).await?;
+                last = r.last_seq;
+                rows += r.rows;
+            }
+            Ok((last, rows))
+        })
+    }
+
+    /// Delete the rows with these keys. Returns `(last_seq, rows)`.
+    #[pyo3(signature = (keys, durability="durable"))]
+    fn delete(
+        &self,
+        py: Python<'_>,
+        keys: Vec<KeyArg>,
+        durability: &str,
+    ) -> PyResult<(u64, usize)> {
+        let writer = self.writer(py, "delete")?;
+        let options = self::durability(py, durability)?;
+        let kind = self.schema.primary_key_type;
+        let keys: Vec<Key> = keys
+            .into_iter()
+            .map(|k| key(py, kind, k))
+            .collect::<PyResult<_>>()?;
+        wait(py, async move {
+            let r = writer.delete_with(&keys, options).await?;
+            Ok((r.last_seq, r.rows))
+        })
+    }
+
+    /// A search: full text (`text`), vector (`vector`) or hybrid (both). Returns a
+    /// `pyarrow.Table`.
+    #[pyo3(signature = (text=None, vector=None, *, k=10, offset=0, filter=None, columns=None,
+        conjunction="or", min_score=None, max_distance=None, highlight=None, explain=false,
+        exact=false, ef=None, fusion="rrf", rrf_k=60.0, weights=None, candidates=None,
+        timeout=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn search(
+        &self,
+        py: Python<'_>,
+        text: Option<String>,
+        vector: Option<Vec<f32>>,
+        k: usize,
+        offset: usize,
+        filter: Option<String>,
+        columns: Option<Vec<String>>,
+        conjunction: &str,
+        min_score: Option<f32>,
+        max_distance: Option<f32>,
+        highlight: Option<(Option<Vec<String>>, usize, String, String)>,
+        explain: bool,
+        exact: bool,
+        ef: Option<usize>,
+        fusion: &str,
+        rrf_k: f32,
+        weights: Option<(f32, f32)>,
+        candidates: Option<usize>,
+        timeout: Option<f64>,
+    ) -> PyResult<Py<PyAny>> {
+        let q = Query {
+            conjunction: self::conjunction(py, conjunction)?,
+            fusion: self::fusion(py, fusion, rrf_k, weights)?,
+            timeout: self::timeout(py, timeout)?,
+            highlight: highlight.map(|(columns, max_chars, pre_tag, post_tag)| Highlight {
+                columns,
+                max_chars,
+                pre_tag,
+                post_tag,
+            }),
+            text,
+            vector,
+            k,
+            offset,
+            filter,
+            columns,
+            min_score,
+            max_distance,
+            explain,
+            exact,
+            ef,
+            candidates,
+        };
+        self.run_search(py, q)
+    }
+
+    /// The exact number of live rows matching the full-text query `text` (and `filter`,
+    /// `min_score`).
+    #[pyo3(signature = (text, *, filter=None, conjunction="or", min_score=None, timeout=None))]
+    fn count(
+        &self,
+        py: Python<'_>,
+        text: String,
+        filter: Option<String>,
+        conjunction: &str,
+        min_score: Option<f32>,
+        timeout: Option<f64>,
+    ) -> PyResult<u64> {
+        let o = SearchOptions {
+            filter,
+            conjunction: self::conjunction(py, conjunction)?,
+            min_score,
+            timeout: self::timeout(py, timeout)?,
+            ..SearchOptions::default()
+        };
+        let src = self.source(py)?;
+        wait(py, async move {
+            on_source!(&src, s => s.count_fts(&text, &o).await)
+        })
+    }
+
+    /// Every live row passing `filter` (SQL over the columns), as a `pyarrow.Table`.
+    #[pyo3(signature = (filter=None))]
+    fn scan(&self, py: Python<'_>, filter: Option<String>) -> PyResult<Py<PyAny>> {
+        let src = self.source(py)?;
+        let batches = wait(py, async move {
+            on_source!(&src, s => s.scan(ScanOptions { filter }).await)
+        })?;
+        let schema = schema_of(&batches, || self.schema.arrow_schema());
+        table(py, batches, schema)
+    }
+
+    /// Run SQL with this handle registered as table `table` (and the `fts`, `knn` and
+    /// `hybrid` table functions). Returns a `pyarrow.Table`.
+    #[pyo3(signature = (statement, table="docs"))]
+    fn sql(&self, py: Python<'_>, statement: String, table: &str) -> PyResult<Py<PyAny>> {
+        let src = self.source(py)?;
+        let name = table.to_string();
+        let (batches, schema) = wait(py, async move {
+            let ctx = datafusion_context();
+            match src {
+                Source::Writer(s) => lsmsearch::sql::register(&ctx, &name, s)?,
+                Source::Reader(s) => lsmsearch::sql::register(&ctx, &name, s)?,
+                Source::Snapshot(_) => {
+                    return Err(Error::invalid(
+                        "SQL runs on an index handle, not on a point in time".to_string(),
+                    ))
+                }
+            }
+            lsmsearch::sql::query_with_schema(&ctx, &statement).await
+        })?;
+        self::table(py, batches, schema)
+    }
+
+    /// A point in time of what this handle sees: searches of it see the same rows whatever
+    /// is written after (consecutive pages agree).
+    fn point_in_time(&self, py: Python<'_>) -> PyResult<Handle> {
+        let src = self.source(py)?;
+        let pit = wait(py, async move {
+            match src {
+                Source::Snapshot(p) => Ok((*p).clone()),
+                Source::Writer(s) => s.point_in_time().await,
+                Source::Reader(s) => s.point_in_time().await,
+            }
+        })?;
+        Ok(Handle::new(
+            Source::Snapshot(Arc::new(pit)),
+            self.schema.clone(),
+        ))
+    }
+
+    /// Freeze the memtable and write it as a generation.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let w = self.writer(py, "flush")?;
+        wait(py, async move { w.flush().await })
+    }
+
+    /// Merge generations now. Returns the report as JSON, or None when nothing was merged.
+    fn compact(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        let w = self.writer(py, "compact")?;
+        let report = wait(py, async move { w.compact().await })?;
+        report
+            .map(|r| serde_json::to_string(&r).map_err(|e| invalid(py, e.to_string())))
+            .transpose()
+    }
+
+    /// The handle's figures as JSON.
+    fn stats(&self, py: Python<'_>) -> PyResult<String> {
+        let stats = match self.source(py)? {
+            Source::Writer(w) => w.stats(),
+            Source::Reader(r) => r.stats(),
+            Source::Snapshot(_) => {
+                return Err(invalid(py, "a point in time has no figures of its own"))
+            }
+        };
+        serde_json::to_string(&stats).map_err(|e| invalid(py, e.to_string()))
+    }
+
+    /// See what the writer made durable since the handle opened (read-only handles).
+    fn refresh(&self, py: Python<'_>) -> PyResult<()> {
+        match self.source(py)? {
+            Source::Reader(r) => wait(py, async move { r.refresh().await }),
+            _ => Err(invalid(py, "refresh is for read-only handles")),
+        }
+    }
+
+    /// Close the handle: the writer flushes what is buffered first.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        match self.source(py)? {
+            Source::Writer(w) => wait(py, async move { w.close().await }),
+            Source::Reader(r) => wait(py, async move { r.close().await }),
+            Source::Snapshot(_) => Ok(()),
+        }
+    }
+}
+
+fn datafusion_context() -> datafusion::prelude::SessionContext {
+    datafusion::prelude::SessionContext::new()
+}
+
+/// The native module.
+#[pymodule]
+fn _lsmsearch(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Handle>()?;
+    m.add_function(wrap_pyfunction!(create, m)?)?;
+    m.add_function(wrap_pyfunction!(open, m)?)?;
+    m.add_function(wrap_pyfunction!(open_read_only, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
