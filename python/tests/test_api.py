@@ -199,3 +199,18 @@ def test_read_only_handles_refuse_writes(uri, index):
         index._handle.refresh()
     assert not hasattr(ro, "add") and not hasattr(index, "refresh")
     ro.close()
+
+
+def test_a_query_is_refined_without_changing_it(index):
+    index.add(small_rows(40))
+    base = index.search("shock")
+    few = base.limit(3)
+    recent = base.where("year >= 1995")
+    assert few.to_arrow().num_rows == 3
+    assert base.to_arrow().num_rows == 10
+    assert all(r["year"] >= 1995 for r in recent.to_list())
+    assert len(few.to_list()) == 3 and any(r["year"] < 1995 for r in base.limit(40).to_list())
+    v = small_rows(40)[7]["emb"]
+    switched = index.search("shock", v).fusion("weighted", text=1, vector=0).fusion("rrf", k=10)
+    assert switched.to_arrow().num_rows == 10
+
