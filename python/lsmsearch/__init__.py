@@ -21,6 +21,7 @@ Ctrl-C interrupts a call that waits. A failure raises a subclass of
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import json
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
@@ -219,6 +220,9 @@ def _is_vector(v: Any) -> bool:
 class Query:
     """A search, built step by step and run by ``to_arrow()`` and its siblings.
 
+    Each method returns a new query and leaves the one it was called on as it was, so a
+    base query can be refined in several ways.
+
     Full text (``index.search("text")``), vector (``index.search(vector)``) or hybrid
     (``index.search("text", vector)``: both parts fused, by reciprocal rank fusion unless
     :meth:`fusion` says otherwise). Results come ordered by ``_score`` (descending) or
@@ -234,8 +238,9 @@ class Query:
         self._opts: dict[str, Any] = {}
 
     def _set(self, **kw: Any) -> Query:
-        self._opts.update(kw)
-        return self
+        q = copy.copy(self)
+        q._opts = {**self._opts, **kw}
+        return q
 
     def where(self, predicate: str) -> Query:
         """Keep rows passing a SQL predicate over payload columns (``"year >= 2020"``),
@@ -299,10 +304,13 @@ class Query:
                vector: float | None = None) -> Query:
         """Hybrid: ``"rrf"`` (reciprocal rank fusion, rank constant ``k``) or
         ``"weighted"`` (``text`` × BM25 / best BM25 + ``vector`` × normalised closeness)."""
+        q = self._set()
+        for key in ("fusion", "weights", "rrf_k"):
+            q._opts.pop(key, None)
         if kind == "weighted":
             weights = (0.5 if text is None else text, 0.5 if vector is None else vector)
-            return self._set(fusion=kind, weights=weights)
-        return self._set(fusion=kind, rrf_k=k)
+            return q._set(fusion=kind, weights=weights)
+        return q._set(fusion=kind, rrf_k=k)
 
     def candidates(self, n: int) -> Query:
         """Hybrid: rows each part ranks before fusing (default 100)."""
