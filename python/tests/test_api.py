@@ -214,3 +214,10 @@ def test_a_query_is_refined_without_changing_it(index):
     switched = index.search("shock", v).fusion("weighted", text=1, vector=0).fusion("rrf", k=10)
     assert switched.to_arrow().num_rows == 10
 
+
+
+def test_a_star_import_leaves_the_builtins():
+    scope: dict = {}
+    exec("from lsmsearch import *", scope)
+    assert "open" not in scope and "TimeoutError" not in scope
+    assert "create" in scope and "InvalidError" in scope
