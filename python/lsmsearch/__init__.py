@@ -42,9 +42,10 @@ from .errors import (
 
 __version__: str = _lsmsearch.__version__
 
+# `open` and `TimeoutError` stay out of a star import, which would hide the built-ins: use
+# `lsmsearch.open` and `lsmsearch.TimeoutError`.
 __all__ = [
     "create",
-    "open",
     "open_read_only",
     "Index",
     "ReadOnlyIndex",
@@ -57,7 +58,6 @@ __all__ = [
     "DataError",
     "UnavailableError",
     "ClosedError",
-    "TimeoutError",
     "InternalError",
 ]
 
@@ -510,9 +510,13 @@ def _conform(data: Any, schema: pa.Schema) -> Any:
     return type(data).from_arrays(columns, names=given.names)
 
 
+# pyarrow before 16 has no string views.
+_is_string_view = getattr(pa.types, "is_string_view", lambda t: False)
+
+
 def _family(t: pa.DataType) -> str:
     """The kind of values a type holds: a cast within a kind keeps their meaning."""
-    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or _is_string_view(t):
         return "text"
     if pa.types.is_integer(t) or pa.types.is_floating(t):
         return "number"
