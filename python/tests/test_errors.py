@@ -131,3 +131,39 @@ def test_error_classes_by_kind(uri, filled):
         lsmsearch.InternalError,
     ):
         assert issubclass(cls, lsmsearch.LsmsearchError)
+
+
+def test_builder_arguments_are_checked(filled):
+    v = np.zeros(DIM, dtype=np.float32)
+    invalid = [
+        (lambda: filled.search("shock").limit(-1), "limit"),
+        (lambda: filled.search("shock").offset(-1), "offset"),
+        (lambda: filled.search(v).ef(-1), "ef"),
+        (lambda: filled.search("a", v).candidates(-5), "candidates"),
+        (lambda: filled.search("shock").highlight(max_chars=-1), "max_chars"),
+        (lambda: filled.search("shock").limit(2**70), "limit"),
+        (lambda: filled.search("shock").exact().to_arrow(), "exact"),
+        (lambda: filled.search("shock").ef(10).to_arrow(), "ef"),
+        (lambda: filled.search("shock").fusion("rrf").to_arrow(), "fusion"),
+        (lambda: filled.search(v).conjunction("and").to_arrow(), "conjunction"),
+        (lambda: filled.search(v).highlight().to_arrow(), "highlight"),
+        (lambda: filled.search("a", v).explain().to_arrow(), "explain"),
+    ]
+    for call, match in invalid:
+        with pytest.raises(lsmsearch.InvalidError, match=match):
+            call()
+    with pytest.raises(TypeError):
+        filled.search("shock").limit(2.5)
+    # A single column name is one column, not a list of letters.
+    one = filled.search("shock").highlight("title").limit(1).to_arrow()
+    assert "_highlight_title" in one.column_names
+    assert "_highlight_t" not in one.column_names
+
+
+def test_a_dict_schema_takes_no_column_arguments(tmp_path):
+    with pytest.raises(lsmsearch.InvalidError, match="metric"):
+        lsmsearch.create(str(tmp_path / "a"), schema=SCHEMA, metric="cosine")
+    schema = pa.schema([("k", pa.string()), ("body", pa.string())])
+    idx = lsmsearch.create(str(tmp_path / "b"), schema, key="k", text="body")
+    assert idx.schema["text"] == ["body"]
+    idx.close()
