@@ -97,14 +97,14 @@ def _schema_json(
     key: str | None,
     text: Sequence[str] | None,
     vector: str | None,
-    metric: str,
+    metric: str | None,
 ) -> str:
     """The JSON form of ``schema``: a dict as the command line takes it, or a
     ``pyarrow.Schema`` with the key, text and vector columns named."""
     if isinstance(schema, Mapping):
-        if key is not None or text is not None or vector is not None:
+        if key is not None or text is not None or vector is not None or metric is not None:
             raise InvalidError(
-                "key, text and vector name columns of a pyarrow.Schema; a schema dict names them itself"
+                "key, text, vector and metric describe a pyarrow.Schema; a schema dict holds them itself"
             )
         return json.dumps(schema)
     if not isinstance(schema, pa.Schema):
@@ -113,7 +113,7 @@ def _schema_json(
         )
     if key is None:
         raise InvalidError("a pyarrow.Schema needs key=, the name of the primary-key column")
-    text = list(text or [])
+    text = _names(text)
     fields = {f.name: f for f in schema}
     for name in [key, *text] + ([vector] if vector else []):
         if name not in fields:
@@ -134,7 +134,7 @@ def _schema_json(
             raise InvalidError(
                 f"vector column {vector!r} is {t}: it is a fixed_size_list of float32"
             )
-        out["vector"] = {"column": vector, "dim": t.list_size, "metric": metric}
+        out["vector"] = {"column": vector, "dim": t.list_size, "metric": metric or "l2"}
     for f in schema:
         if f.name in (key, vector) or f.name in text:
             continue
@@ -145,6 +145,24 @@ def _schema_json(
             )
         out["payload"].append({"name": f.name, "type": kind})
     return json.dumps(out)
+
+
+def _names(names: str | Sequence[str] | None) -> list[str]:
+    """Column names: one name or a sequence of them."""
+    if names is None:
+        return []
+    if isinstance(names, str):
+        return [names]
+    return list(names)
+
+
+def _count(name: str, value: Any, least: int = 0) -> int:
+    """An int argument, at least ``least`` and within 64 bits."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} is a {type(value).__name__}: it is an int")
+    if not least <= value < 2**63:
+        raise InvalidError(f"{name} is {value}: it is at least {least} and below 2**63")
+    return value
 
 
 def _settings_json(settings: Mapping[str, Any] | None, kwargs: Mapping[str, Any]) -> str | None:
@@ -160,7 +178,7 @@ def create(
     key: str | None = None,
     text: Sequence[str] | None = None,
     vector: str | None = None,
-    metric: str = "l2",
+    metric: str | None = None,
     settings: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> Index:
@@ -170,7 +188,7 @@ def create(
     "text": [...], "vector": {"column", "dim", "metric"}, "payload": [{"name", "type"}]}``)
     or a ``pyarrow.Schema`` with ``key``, ``text`` and ``vector`` naming its columns (the
     vector a ``fixed_size_list<float32>``, distances by ``metric``: ``l2``, ``cosine`` or
-    ``dot``; every other column a payload column). Settings are keyword arguments or a
+    ``dot``, default ``l2``; every other column a payload column). Settings are keyword arguments or a
     dict (``memtable_max_rows=50_000``, ``cache_bytes=...``); unknown names are an error.
     """
     handle = _lsmsearch.create(
@@ -217,6 +235,12 @@ def _is_vector(v: Any) -> bool:
     return hasattr(v, "__array__") or isinstance(v, (list, tuple))
 
 
+# Options each kind of search refuses: it would have no use for them.
+_NOT_TEXT = ("max_distance", "exact", "ef", "fusion", "rrf_k", "weights", "candidates")
+_NOT_VECTOR = ("min_score", "highlight", "explain", "conjunction", "fusion", "rrf_k", "weights", "candidates")
+_NOT_HYBRID = ("min_score", "max_distance", "highlight", "explain")
+
+
 class Query:
     """A search, built step by step and run by ``to_arrow()`` and its siblings.
 
@@ -250,18 +274,16 @@ class Query:
     def select(self, columns: Sequence[str]) -> Query:
         """Return these user columns after the key and the score (the vector too, when
         named). Default: every user column but the vector."""
-        if isinstance(columns, str):
-            columns = [columns]
-        return self._set(columns=list(columns))
+        return self._set(columns=_names(columns))
 
     def limit(self, k: int) -> Query:
         """Return at most ``k`` rows (default 10)."""
-        return self._set(k=k)
+        return self._set(k=_count("limit", k, 1))
 
     def offset(self, n: int) -> Query:
         """Skip the first ``n`` rows: the rows ranked ``n..n + k``. Pages of one
         :class:`Snapshot` agree with one larger search."""
-        return self._set(offset=n)
+        return self._set(offset=_count("offset", n))
 
     def highlight(
         self,
@@ -273,7 +295,8 @@ class Query:
     ) -> Query:
         """Add ``_highlight_<column>``: a snippet of each matched text column (default:
         every text column) with the matched terms between ``pre_tag`` and ``post_tag``."""
-        cols = None if columns is None else list(columns)
+        cols = None if columns is None else _names(columns)
+        max_chars = _count("max_chars", max_chars, 1)
         return self._set(highlight=(cols, max_chars, pre_tag, post_tag))
 
     def min_score(self, score: float) -> Query:
@@ -298,7 +321,7 @@ class Query:
 
     def ef(self, ef: int) -> Query:
         """Vector: the graph search's candidate list size."""
-        return self._set(ef=ef)
+        return self._set(ef=_count("ef", ef, 1))
 
     def fusion(self, kind: str = "rrf", *, k: float = 60.0, text: float | None = None,
                vector: float | None = None) -> Query:
@@ -314,14 +337,28 @@ class Query:
 
     def candidates(self, n: int) -> Query:
         """Hybrid: rows each part ranks before fusing (default 100)."""
-        return self._set(candidates=n)
+        return self._set(candidates=_count("candidates", n, 1))
 
     def timeout(self, seconds: float) -> Query:
         """Fail with :class:`TimeoutError` past this many seconds."""
         return self._set(timeout=seconds)
 
+    def _check_kind(self) -> None:
+        """Refuse an option this kind of search would ignore."""
+        if self._text is not None and self._vector is not None:
+            kind, refused = "a hybrid", _NOT_HYBRID
+        elif self._text is not None:
+            kind, refused = "a full-text", _NOT_TEXT
+        else:
+            kind, refused = "a vector", _NOT_VECTOR
+        for name in refused:
+            if name in self._opts:
+                name = {"rrf_k": "fusion", "weights": "fusion"}.get(name, name)
+                raise InvalidError(f"{name} does not apply to {kind} search")
+
     def to_arrow(self) -> pa.Table:
         """Run the search: a ``pyarrow.Table``."""
+        self._check_kind()
         return self._handle.search(self._text, self._vector, **self._opts)
 
     def to_list(self) -> list[dict[str, Any]]:

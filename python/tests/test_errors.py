@@ -77,7 +77,7 @@ def test_bad_queries(filled):
         (lambda: filled.search("shock").max_distance(1.0).to_arrow(), "max_distance"),
         (lambda: filled.search("shock").conjunction("xor").to_arrow(), "conjunction"),
         (lambda: filled.search("shock").timeout(0).to_arrow(), "timeout"),
-        (lambda: filled.search("shock").limit(0).to_arrow(), "k"),
+        (lambda: filled.search("shock").limit(0).to_arrow(), "limit"),
         (lambda: filled.sql("SELEC * FROM docs"), "SQL"),
         (lambda: filled.sql("SELECT nope FROM docs"), "nope"),
         (lambda: filled.scan(where="year >"), "year"),
