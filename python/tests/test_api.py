@@ -221,3 +221,28 @@ def test_a_star_import_leaves_the_builtins():
     exec("from lsmsearch import *", scope)
     assert "open" not in scope and "TimeoutError" not in scope
     assert "create" in scope and "InvalidError" in scope
+
+
+def test_an_add_of_several_batches_is_one_write(index):
+    index.add(small_rows(1))
+    before = index.stats()["last_seq"]
+    pending = index.stats()["wal_objects_pending"]
+    table = pa.Table.from_batches(
+        [pa.Table.from_pylist(small_rows(10, s), schema=index.arrow_schema).to_batches()[0] for s in (10, 20, 30)]
+    )
+    assert len(table.to_batches()) == 3
+    receipt = index.add(table)
+    assert receipt.rows == 30 and receipt.last_seq == before + 30
+    # One write-ahead-log object holds all three batches: all of them or none.
+    assert index.stats()["wal_objects_pending"] == pending + 1
+
+
+def test_empty_batches_in_an_add_are_skipped(index):
+    schema = index.arrow_schema
+    empty = pa.Table.from_pylist([], schema=schema)
+    rows = pa.Table.from_pylist(small_rows(5), schema=schema)
+    table = pa.concat_tables([empty, rows, empty])
+    assert index.add(table).rows == 5
+    assert index.add(empty).rows == 0
+    assert index.scan().num_rows == 5
+

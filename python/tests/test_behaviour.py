@@ -134,3 +134,64 @@ def test_a_forked_child_gets_a_clear_error_and_can_open_its_own(uri, index):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert index.scan().num_rows == 5
+
+
+FORK_CHILD = """
+import os, sys
+sys.path.insert(0, {tests!r})
+import lsmsearch
+from conftest import SCHEMA, small_rows
+idx = lsmsearch.create({uri!r}, schema=SCHEMA)
+idx.add(small_rows(50))
+idx.flush()
+for q in ("shock", "wave", "flow"):
+    idx.search(q).to_arrow()
+idx.search(small_rows(1)[0]["emb"]).to_arrow()
+idx.sql("SELECT count(*) FROM docs")
+codes = []
+for _ in range(6):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            lsmsearch.open({uri!r}).add(small_rows(1, 500))
+            os._exit(1)
+        except lsmsearch.ForkError as e:
+            os._exit(0 if "spawn" in str(e) else 2)
+        except BaseException:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    codes.append(os.waitstatus_to_exitcode(status))
+print(codes)
+"""
+
+
+def test_a_child_forked_after_use_is_refused_not_crashed(tmp_path):
+    """The parent's runtime threads are gone in the child, and locks they held stay held:
+    a child of a process that used lsmsearch gets ForkError, never a crash."""
+    import subprocess
+    import sys
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    script = FORK_CHILD.format(tests=tests, uri=str(tmp_path / "idx"))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str([0] * 6), out.stdout + out.stderr
+
+
+def test_a_signal_handler_may_call_the_index(index):
+    import signal
+
+    index.add(numbered_rows(20_000, index.arrow_schema))
+    seen = []
+
+    def handler(signum, frame):
+        seen.append(index.search("shock").limit(2).to_arrow().num_rows)
+
+    old = signal.signal(signal.SIGALRM, handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        index.sql("SELECT count(*) AS n FROM docs a JOIN docs b ON a.year = b.year WHERE a.id < 5000")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert seen == [2]
