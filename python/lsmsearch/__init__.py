@@ -33,6 +33,7 @@ from .errors import (
     ClosedError,
     DataError,
     FencedError,
+    ForkError,
     InternalError,
     InvalidError,
     LsmsearchError,
@@ -59,6 +60,7 @@ __all__ = [
     "UnavailableError",
     "ClosedError",
     "InternalError",
+    "ForkError",
 ]
 
 

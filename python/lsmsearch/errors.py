@@ -16,6 +16,7 @@ __all__ = [
     "ClosedError",
     "TimeoutError",
     "InternalError",
+    "ForkError",
 ]
 
 
@@ -51,3 +52,10 @@ class TimeoutError(LsmsearchError, builtins.TimeoutError):
 
 class InternalError(LsmsearchError):
     """A bug or an unexpected internal state."""
+
+
+class ForkError(LsmsearchError, RuntimeError):
+    """lsmsearch was used before this process was forked: its threads do not survive
+    ``fork()``. Start child processes with the spawn or forkserver method, or use lsmsearch
+    in the parent only after forking."""
+

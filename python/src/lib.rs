@@ -19,19 +19,32 @@ use pyo3::prelude::*;
 use pyo3_arrow::input::AnyRecordBatch;
 use pyo3_arrow::{PySchema, PyTable};
 
-/// The runtime of this process, created on first use. A child of `fork()` gets a runtime of
-/// its own: the parent's worker threads do not exist in it.
+/// The runtime of this process and the process that started it, created on first use.
 static RUNTIME: Mutex<Option<(u32, Arc<tokio::runtime::Runtime>)>> = Mutex::new(None);
 
-fn runtime() -> PyResult<Arc<tokio::runtime::Runtime>> {
+fn runtime(py: Python<'_>) -> PyResult<Arc<tokio::runtime::Runtime>> {
     let pid = std::process::id();
     let mut slot = RUNTIME
         .lock()
         .map_err(|_| PyRuntimeError::new_err("lsmsearch: the runtime lock is poisoned"))?;
-    if let Some((owner, rt)) = slot.as_ref() {
-        if *owner == pid {
-            return Ok(rt.clone());
+    match slot.as_ref() {
+        Some((owner, rt)) if *owner == pid => return Ok(rt.clone()),
+        // A child of fork() has none of its parent's threads, and the locks they held (the
+        // allocator's, parking_lot's table of parked threads, the runtime's own) stay held
+        // or name threads that do not exist: a new runtime could crash or hang on them.
+        Some((owner, _)) => {
+            return Err(py_error(
+                py,
+                "ForkError",
+                format!(
+                    "lsmsearch was used in process {owner} before it forked this process \
+                     ({pid}), and its threads do not survive fork(): start child processes with \
+                     the spawn or forkserver method (multiprocessing.set_start_method(\"spawn\")), \
+                     or use lsmsearch in the parent only after forking"
+                ),
+            ))
         }
+        None => {}
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -39,11 +52,7 @@ fn runtime() -> PyResult<Arc<tokio::runtime::Runtime>> {
         .build()
         .map_err(|e| PyRuntimeError::new_err(format!("lsmsearch: cannot start a runtime: {e}")))?;
     let rt = Arc::new(rt);
-    // The parent's runtime is never dropped here: its threads live in the parent only, and
-    // shutting it down from a forked child would wait for them forever.
-    if let Some(old) = slot.replace((pid, rt.clone())) {
-        std::mem::forget(old);
-    }
+    *slot = Some((pid, rt.clone()));
     Ok(rt)
 }
 
@@ -58,11 +67,13 @@ where
     T: Send,
     F: Future<Output = lsmsearch::Result<T>> + Send,
 {
-    let rt = runtime()?;
+    let rt = runtime(py)?;
     let out = py.detach(move || {
         rt.block_on(async move {
             tokio::pin!(fut);
-            let mut tick = tokio::time::interval(SIGNAL_CHECK);
+            // The first check after SIGNAL_CHECK: a quick call never takes the GIL back.
+            let first = tokio::time::Instant::now() + SIGNAL_CHECK;
+            let mut tick = tokio::time::interval_at(first, SIGNAL_CHECK);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {

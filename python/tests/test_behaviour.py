@@ -112,7 +112,7 @@ def test_ctrl_c_interrupts_a_long_call(index):
     assert index.search("shock").limit(3).to_arrow().num_rows == 3
 
 
-def test_a_forked_child_gets_a_clear_error_and_can_open_its_own(uri, index):
+def test_a_forked_child_gets_a_clear_error(uri, index):
     index.add(small_rows(5))
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through its exit code
@@ -124,16 +124,38 @@ def test_a_forked_child_gets_a_clear_error_and_can_open_its_own(uri, index):
             except lsmsearch.ClosedError as e:
                 if "fork" not in str(e):
                     code = 2
-            ro = lsmsearch.open_read_only(uri)
-            if ro.scan().num_rows != 5:
+            try:
+                lsmsearch.open_read_only(uri)
                 code = 3
-            ro.close()
+            except lsmsearch.ForkError:
+                pass
         except BaseException:
             code = 4
         os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert index.scan().num_rows == 5
+
+
+def test_a_child_forked_before_any_use_may_use_the_index(tmp_path):
+    import subprocess
+    import sys
+
+    script = f"""
+import os, sys
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+import lsmsearch
+from conftest import SCHEMA, small_rows
+pid = os.fork()
+if pid == 0:
+    idx = lsmsearch.create({str(tmp_path / "idx")!r}, schema=SCHEMA)
+    idx.add(small_rows(5))
+    os._exit(0 if idx.scan().num_rows == 5 else 1)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
 
 
 FORK_CHILD = """

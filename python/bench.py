@@ -1,0 +1,185 @@
+"""What the Python package adds to the Rust library, measured in one run on the same data.
+
+    python python/bench.py [--docs 200000] [--dim 128] [--rounds 5] [--out bench-out/python]
+
+1. ``lsmsearch bench corpus`` writes the corpus (Cranfield replicated, with vectors) and its
+   queries as Parquet.
+2. Ingest, 1,000-row batches, durable appends, default settings, each in a process of its
+   own under ``/usr/bin/time`` (peak RSS):
+   - Rust: ``lsmsearch ingest`` of the Parquet file (the whole process is timed);
+   - Python: ``Index.add`` of each ``pyarrow.RecordBatch`` read from the same file (timed from
+     ``create`` to ``close``, reading the file included, the interpreter's start not).
+3. Warm query latency on the index the Rust ingest built, every query of the corpus, full
+   text, vector and hybrid, 10 rows each:
+   - Rust: ``lsmsearch bench queries``;
+   - Python: ``index.search(...).limit(10).to_arrow()``, the same queries and rounds.
+
+Prints a table and writes OUT/results.json. Needs the release command line
+(``cargo build --release``) and the package built with ``maturin develop --release``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def schema(dim: int) -> dict:
+    """The corpus schema (`lsmsearch::bench::corpus::Corpus::schema`)."""
+    return {
+        "primary_key": "id",
+        "primary_key_type": "int64",
+        "text": ["title", "text"],
+        "vector": {"column": "emb", "dim": dim, "metric": "cosine"},
+        "payload": [{"name": "year", "type": "int64"}, {"name": "bucket", "type": "int64"}],
+    }
+
+
+def timed(cmd: list[str], out: pathlib.Path) -> tuple[str, float, float]:
+    """Run ``cmd`` under /usr/bin/time: its stdout, wall seconds and peak RSS in MiB."""
+    stats = out / "time.txt"
+    proc = subprocess.run(
+        ["/usr/bin/time", "-f", "%e %M", "-o", str(stats), *cmd],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    wall, rss_kb = stats.read_text().split()[-2:]
+    return proc.stdout, float(wall), int(rss_kb) / 1024
+
+
+def ingest_child(uri: str, parquet: str, dim: int) -> None:
+    """The Python ingest, in its own process: prints rows and seconds as JSON."""
+    import pyarrow.parquet as pq
+
+    import lsmsearch
+
+    t0 = time.perf_counter()
+    index = lsmsearch.create(uri, schema=schema(dim))
+    rows = 0
+    for batch in pq.ParquetFile(parquet).iter_batches(batch_size=1000):
+        rows += index.add(batch).rows
+    index.close()
+    print(json.dumps({"rows": rows, "seconds": time.perf_counter() - t0}))
+
+
+def queries_child(uri: str, parquet: str, rounds: int) -> None:
+    """Python's warm query latency, in its own process: prints the report as JSON."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    import lsmsearch
+
+    table = pq.read_table(parquet)
+    queries = list(zip(table.column("text").to_pylist(), table.column("emb").to_pylist()))
+    queries = [(t, np.asarray(v, dtype=np.float32)) for t, v in queries]
+    index = lsmsearch.open_read_only(uri)
+    runs = {
+        "fts": lambda q: index.search(q[0]).limit(10).to_arrow(),
+        "vector": lambda q: index.search(q[1]).limit(10).to_arrow(),
+        "hybrid": lambda q: index.search(q[0], q[1]).limit(10).to_arrow(),
+    }
+    latency = []
+    for kind, run in runs.items():
+        for q in queries:
+            run(q)
+        ms = []
+        for _ in range(rounds):
+            for q in queries:
+                t0 = time.perf_counter()
+                run(q)
+                ms.append((time.perf_counter() - t0) * 1000)
+        ms.sort()
+        pct = lambda p: ms[round((len(ms) - 1) * p)]  # noqa: E731
+        latency.append({"kind": kind, "samples": len(ms), "p50_ms": pct(0.5), "p95_ms": pct(0.95)})
+    index.close()
+    print(json.dumps({"queries": len(queries), "latency": latency}))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--docs", type=int, default=200_000)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--out", type=pathlib.Path, default=ROOT / "bench-out" / "python")
+    p.add_argument("--lsmsearch", default=str(ROOT / "target" / "release" / "lsmsearch"))
+    p.add_argument("--ingest-child", nargs=2, metavar=("URI", "PARQUET"), help=argparse.SUPPRESS)
+    p.add_argument("--queries-child", nargs=2, metavar=("URI", "PARQUET"), help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.ingest_child:
+        return ingest_child(*a.ingest_child, a.dim)
+    if a.queries_child:
+        return queries_child(*a.queries_child, a.rounds)
+
+    out = a.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    corpus = out / "corpus"
+    docs, queries = corpus / "docs.parquet", corpus / "queries.parquet"
+    subprocess.run(
+        [a.lsmsearch, "bench", "corpus", "--docs", str(a.docs), "--dim", str(a.dim), "--out", str(corpus)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    (out / "schema.json").write_text(json.dumps(schema(a.dim)))
+    rust_idx, py_idx = out / "rust-index", out / "python-index"
+    for d in (rust_idx, py_idx):
+        shutil.rmtree(d, ignore_errors=True)
+    subprocess.run(
+        [a.lsmsearch, "init", str(rust_idx), "--schema", str(out / "schema.json")],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    _, rust_s, rust_rss = timed(
+        [a.lsmsearch, "ingest", str(rust_idx), str(docs), "--batch-size", "1000"], out
+    )
+    me = [sys.executable, __file__, "--dim", str(a.dim), "--rounds", str(a.rounds)]
+    py_out, _, py_rss = timed(me + ["--ingest-child", str(py_idx), str(docs)], out)
+    py = json.loads(py_out)
+    rust_q = json.loads(
+        subprocess.run(
+            [a.lsmsearch, "--json", "bench", "queries", str(rust_idx), "--queries", str(queries),
+             "--rounds", str(a.rounds)],
+            check=True, stdout=subprocess.PIPE, text=True,
+        ).stdout
+    )
+    py_q = json.loads(timed(me + ["--queries-child", str(rust_idx), str(queries)], out)[0])
+
+    rust_rate, py_rate = a.docs / rust_s, py["rows"] / py["seconds"]
+    report = {
+        "docs": a.docs,
+        "dim": a.dim,
+        "ingest": {
+            "rust_rows_per_s": rust_rate,
+            "rust_peak_rss_mib": rust_rss,
+            "python_rows_per_s": py_rate,
+            "python_peak_rss_mib": py_rss,
+            "python_over_rust": py_rate / rust_rate,
+        },
+        "queries": {"rust": rust_q, "python": py_q},
+    }
+    (out / "results.json").write_text(json.dumps(report, indent=2))
+    print(f"{a.docs:,} rows, {a.dim}-d, 1,000-row batches, durable appends")
+    print(f"{'ingest':>8} {'rows/s':>10} {'peak RSS MiB':>13}")
+    print(f"{'rust':>8} {rust_rate:>10,.0f} {rust_rss:>13,.0f}")
+    print(f"{'python':>8} {py_rate:>10,.0f} {py_rss:>13,.0f}   {py_rate / rust_rate:.1%} of Rust")
+    print()
+    print(f"warm p50 over {py_q['queries']} queries x {a.rounds} rounds, 10 rows")
+    print(f"{'kind':>8} {'rust ms':>9} {'python ms':>10} {'added us':>9} {'added':>7}")
+    for r, q in zip(rust_q["latency"], py_q["latency"]):
+        added = q["p50_ms"] - r["p50_ms"]
+        print(
+            f"{r['kind']:>8} {r['p50_ms']:>9.3f} {q['p50_ms']:>10.3f} {added * 1000:>9.0f} "
+            f"{added / r['p50_ms']:>7.1%}"
+        )
+
+
+if __name__ == "__main__":
+    main()
