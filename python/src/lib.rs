@@ -69,7 +69,7 @@ where
 {
     let rt = runtime(py)?;
     let out = py.detach(move || {
-        rt.block_on(async move {
+        block_on(&rt, async move {
             tokio::pin!(fut);
             // The first check after SIGNAL_CHECK: a quick call never takes the GIL back.
             let first = tokio::time::Instant::now() + SIGNAL_CHECK;
@@ -88,6 +88,20 @@ where
         Ok(Err(e)) => Err(to_py(py, e)),
         Err(signal) => Err(signal),
     }
+}
+
+/// Run `fut` on `rt` to completion. A call made while this thread already drives the
+/// runtime (a Python signal handler run by the signal check of a waiting call) blocks on a
+/// thread of its own: blocking the runtime's own thread would panic.
+fn block_on<T: Send, F: Future<Output = T> + Send>(rt: &tokio::runtime::Runtime, fut: F) -> T {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return rt.block_on(fut);
+    }
+    std::thread::scope(|s| {
+        s.spawn(|| rt.block_on(fut))
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
 }
 
 /// The Python exception of an error: the class of `lsmsearch.errors` named after its kind,
