@@ -506,6 +506,7 @@ impl Handle {
         let options = self::durability(py, durability)?;
         let reader = data.into_reader()?;
         let batches: Vec<RecordBatch> = reader
+            .filter(|b| b.as_ref().map_or(true, |b| b.num_rows() > 0))
             .collect::<Result<_, _>>()
             .map_err(|e| invalid(py, format!("reading the rows to add: {e}")))?;
         for b in &batches {
