@@ -579,8 +579,10 @@ class Index(_Handle):
     def add(self, data: Any, durability: str = "durable") -> WriteReceipt:
         """Append rows: a ``pyarrow.Table``, ``RecordBatch`` or ``RecordBatchReader``, any
         object with ``__arrow_c_stream__`` (polars, DuckDB), a pandas DataFrame, or a list
-        of dicts. A row whose key exists replaces it. Every batch is checked (schema,
-        vector dimension, NaN, null keys) before any is written.
+        of dicts. A row whose key exists replaces it. The rows are one write: all of them
+        or none, checked first (schema, vector dimension, NaN, null keys). Several batches
+        are concatenated (a copy; one batch crosses without one). Rows of any size are one
+        write-ahead-log object: to stream a large input, add it a batch at a time.
 
         ``durability="durable"`` returns once the rows are in the write-ahead log on the
         store; ``"buffered"`` once they are searchable (written within milliseconds)."""

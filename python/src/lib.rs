@@ -492,9 +492,8 @@ impl Handle {
         }
     }
 
-    /// Append the rows of `data` (any Arrow record batch or stream): every batch is checked
-    /// before the first is written, then each is appended in order. Returns the last
-    /// receipt as `(last_seq, rows)`.
+    /// Append the rows of `data` (any Arrow record batch or stream) in one write: all of
+    /// them or none. Several batches are concatenated (a copy). Returns `(last_seq, rows)`.
     #[pyo3(signature = (data, durability="durable"))]
     fn add(
         &self,
@@ -505,24 +504,23 @@ impl Handle {
         let writer = self.writer(py, "add")?;
         let options = self::durability(py, durability)?;
         let reader = data.into_reader()?;
-        let batches: Vec<RecordBatch> = reader
+        let schema = reader.schema();
+        let mut batches: Vec<RecordBatch> = reader
             .filter(|b| b.as_ref().map_or(true, |b| b.num_rows() > 0))
             .collect::<Result<_, _>>()
             .map_err(|e| invalid(py, format!("reading the rows to add: {e}")))?;
-        for b in &batches {
-            self.schema.validate_batch(b).map_err(|e| to_py(py, e))?;
-        }
+        // One append, one WAL object: every row of the input or none. The library checks it
+        // (schema, dimension, NaN, null keys) before anything is written.
         wait(py, async move {
-            let (mut last, mut rows) = (0, 0);
-            for b in &batches {
-                if b.num_rows() == 0 {
-                    continue;
-                }
-                let r = writer.append_with(b, options).await?;
-                last = r.last_seq;
-                rows += r.rows;
-            }
-            Ok((last, rows))
+            let batch = match batches.len() {
+                0 => return Ok((0, 0)),
+                1 => batches.pop().ok_or_else(|| Error::invalid("no rows".to_string()))?,
+                _ => arrow_select::concat::concat_batches(&schema, &batches).map_err(|e| {
+                    Error::invalid(format!("the batches to add do not concatenate: {e}"))
+                })?,
+            };
+            let r = writer.append_with(&batch, options).await?;
+            Ok((r.last_seq, r.rows))
         })
     }
 
