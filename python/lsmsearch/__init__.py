@@ -14,7 +14,7 @@ nearest-neighbour search, hybrid search fusing both, filters in SQL.
 >>> index.search("shock").limit(5).to_list()
 
 Every call runs in Rust with the GIL released: other Python threads run meanwhile, and
-Ctrl-C interrupts a call that waits. A failure raises a subclass of
+Ctrl-C interrupts a search or SQL statement that waits (a write completes first). A failure raises a subclass of
 :class:`LsmsearchError` (see :mod:`lsmsearch.errors`).
 """
 

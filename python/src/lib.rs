@@ -90,6 +90,19 @@ where
     }
 }
 
+/// Run the write `fut` to completion with the GIL released. A write is not interrupted: a
+/// signal that arrives meanwhile (Ctrl-C) is handled once it returns, so no write is left
+/// with an unknown outcome.
+fn write<T, F>(py: Python<'_>, fut: F) -> PyResult<T>
+where
+    T: Send,
+    F: Future<Output = lsmsearch::Result<T>> + Send,
+{
+    let rt = runtime(py)?;
+    py.detach(move || block_on(&rt, fut))
+        .map_err(|e| to_py(py, e))
+}
+
 /// Run `fut` on `rt` to completion. A call made while this thread already drives the
 /// runtime (a Python signal handler run by the signal check of a waiting call) blocks on a
 /// thread of its own: blocking the runtime's own thread would panic.
@@ -511,7 +524,7 @@ impl Handle {
             .map_err(|e| invalid(py, format!("reading the rows to add: {e}")))?;
         // One append, one WAL object: every row of the input or none. The library checks it
         // (schema, dimension, NaN, null keys) before anything is written.
-        wait(py, async move {
+        write(py, async move {
             let batch = match batches.len() {
                 0 => return Ok((0, 0)),
                 1 => batches.pop().ok_or_else(|| Error::invalid("no rows".to_string()))?,
@@ -539,7 +552,7 @@ impl Handle {
             .into_iter()
             .map(|k| key(py, kind, k))
             .collect::<PyResult<_>>()?;
-        wait(py, async move {
+        write(py, async move {
             let r = writer.delete_with(&keys, options).await?;
             Ok((r.last_seq, r.rows))
         })
@@ -678,7 +691,7 @@ impl Handle {
     /// Freeze the memtable and write it as a generation.
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
         let w = self.writer(py, "flush")?;
-        wait(py, async move { w.flush().await })
+        write(py, async move { w.flush().await })
     }
 
     /// Merge generations now. Returns the report as JSON, or None when nothing was merged.
@@ -713,8 +726,8 @@ impl Handle {
     /// Close the handle: the writer flushes what is buffered first.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         match self.source(py)? {
-            Source::Writer(w) => wait(py, async move { w.close().await }),
-            Source::Reader(r) => wait(py, async move { r.close().await }),
+            Source::Writer(w) => write(py, async move { w.close().await }),
+            Source::Reader(r) => write(py, async move { r.close().await }),
             Source::Snapshot(_) => Ok(()),
         }
     }
