@@ -59,14 +59,29 @@ fn runtime(py: Python<'_>) -> PyResult<Arc<tokio::runtime::Runtime>> {
 /// How often a waiting call looks for a pending signal (Ctrl-C).
 const SIGNAL_CHECK: Duration = Duration::from_millis(50);
 
+/// Whether this is Python's main thread, the only one signal handlers run on.
+fn on_main_thread(py: Python<'_>) -> bool {
+    let check = || -> PyResult<bool> {
+        let threading = py.import("threading")?;
+        let main = threading.call_method0("main_thread")?.getattr("ident")?;
+        let me = threading.call_method0("get_ident")?;
+        main.eq(me)
+    };
+    check().unwrap_or(true)
+}
+
 /// Run `fut` to completion on the runtime with the GIL released, so other Python threads
-/// run meanwhile. A signal (Ctrl-C raises `KeyboardInterrupt`) drops the future, which stops
-/// the work, and raises.
+/// run meanwhile. On the main thread, a signal (Ctrl-C raises `KeyboardInterrupt`) drops the
+/// future, which stops the work, and raises; other threads never see signals, so they do
+/// not look for them.
 fn wait<T, F>(py: Python<'_>, fut: F) -> PyResult<T>
 where
     T: Send,
     F: Future<Output = lsmsearch::Result<T>> + Send,
 {
+    if !on_main_thread(py) {
+        return write(py, fut);
+    }
     let rt = runtime(py)?;
     let out = py.detach(move || {
         block_on(&rt, async move {
