@@ -167,3 +167,14 @@ def test_a_dict_schema_takes_no_column_arguments(tmp_path):
     idx = lsmsearch.create(str(tmp_path / "b"), schema, key="k", text="body")
     assert idx.schema["text"] == ["body"]
     idx.close()
+
+
+def test_delete_keys_are_ints_or_strs(filled):
+    before = filled.scan()
+    for keys in ([True], b"\x05\x06", [1.0], [None]):
+        with pytest.raises(TypeError):
+            filled.delete(keys)
+    unchanged(filled, before)
+    assert filled.delete(np.int64(4)).rows == 1
+    assert filled.delete(np.array([5, 6])).rows == 2
+    assert not {4, 5, 6} & set(filled.scan().column("id").to_pylist())
