@@ -572,6 +572,22 @@ def _fits(given: pa.Schema, schema: pa.Schema) -> bool:
     )
 
 
+def _keys(keys: Any) -> list[int | str]:
+    """Keys to delete: one key or an iterable of them, each an int (numpy's too) or a str."""
+    import numpy as np
+
+    if isinstance(keys, (str, int, np.integer)):
+        keys = [keys]
+    elif isinstance(keys, (bytes, bytearray)) or not isinstance(keys, Iterable):
+        raise TypeError(f"delete takes keys (int or str) or a list of them, not a {type(keys).__name__}")
+    out: list[int | str] = []
+    for k in keys:
+        if isinstance(k, bool) or not isinstance(k, (str, int, np.integer)):
+            raise TypeError(f"a key to delete is a {type(k).__name__}: it is an int or a str")
+        out.append(k if isinstance(k, str) else int(k))
+    return out
+
+
 class Index(_Handle):
     """The writer of an index: appends, deletes, flushes and compactions, and searches that
     see every acknowledged write at once. Use it from any number of threads."""
@@ -591,9 +607,7 @@ class Index(_Handle):
 
     def delete(self, keys: Iterable[Any], durability: str = "durable") -> WriteReceipt:
         """Delete the rows with these keys (str or int, as the key column)."""
-        if isinstance(keys, (str, int)):
-            keys = [keys]
-        return WriteReceipt(*self._handle.delete(list(keys), durability))
+        return WriteReceipt(*self._handle.delete(_keys(keys), durability))
 
     def flush(self) -> None:
         """Write the memtable as a generation now."""
