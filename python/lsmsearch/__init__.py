@@ -4,14 +4,17 @@ Append rows (a primary key, text, an embedding vector, payload columns) and sear
 moment the call returns: BM25 full-text search with statistics over every live row, vector
 nearest-neighbour search, hybrid search fusing both, filters in SQL.
 
->>> import lsmsearch
->>> index = lsmsearch.create("/tmp/docs", schema={
-...     "primary_key": "id", "text": ["title", "body"],
-...     "vector": {"column": "emb", "dim": 3, "metric": "cosine"},
-...     "payload": [{"name": "year", "type": "int64"}]})
->>> index.add([{"id": "a", "title": "shock waves", "body": "in a tube",
-...             "emb": [0.1, 0.2, 0.3], "year": 1990}])
->>> index.search("shock").limit(5).to_list()
+Example (README.md's Python section has a longer one)::
+
+    import lsmsearch
+
+    index = lsmsearch.create("./docs-index", schema={
+        "primary_key": "id", "text": ["title", "body"],
+        "vector": {"column": "emb", "dim": 3, "metric": "cosine"},
+        "payload": [{"name": "year", "type": "int64"}]})
+    index.add([{"id": "a", "title": "shock waves", "body": "in a tube",
+                "emb": [0.1, 0.2, 0.3], "year": 1990}])
+    index.search("shock").limit(5).to_list()
 
 Every call runs in Rust with the GIL released: other Python threads run meanwhile, and
 Ctrl-C interrupts a search or SQL statement that waits (a write completes first). A failure raises a subclass of
