@@ -178,3 +178,19 @@ def test_delete_keys_are_ints_or_strs(filled):
     assert filled.delete(np.int64(4)).rows == 1
     assert filled.delete(np.array([5, 6])).rows == 2
     assert not {4, 5, 6} & set(filled.scan().column("id").to_pylist())
+
+
+def test_a_corrupt_object_is_a_data_error(uri, index):
+    import pathlib
+
+    index.add(small_rows(5))
+    index.flush()
+    index.close()
+    (gen,) = pathlib.Path(uri, "generations").glob("*.gen")
+    data = bytearray(gen.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    gen.write_bytes(bytes(data))
+    with pytest.raises(lsmsearch.DataError, match="gen"):
+        ro = lsmsearch.open_read_only(uri)
+        ro.scan()
+        ro.search("shock").select(["title", "text", "author", "year", "emb"]).limit(5).to_arrow()
