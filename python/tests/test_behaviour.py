@@ -50,23 +50,24 @@ class Spinner:
 
 
 def test_other_threads_run_during_an_append_and_a_search(index):
-    big = pa.Table.from_pylist(small_rows(30_000, 1_000), schema=index.arrow_schema)
+    big = numbered_rows(100_000, index.arrow_schema)
     index.add(small_rows(1_000))
     index.flush()
     with Spinner() as s:
         alone = s.rate(0.3)
         during_add, add_s = s.during(lambda: index.add(big))
         during_search, search_s = s.during(
-            lambda: [index.search("shock wave").limit(100).to_arrow() for _ in range(30)]
+            lambda: [index.search("boundary layer").limit(10).to_arrow() for _ in range(30)]
         )
     print(
         f"\nspinner counts/s: alone {alone:,.0f}; during add ({add_s * 1000:.0f} ms) "
         f"{during_add:,.0f} ({during_add / alone:.0%}); during 30 searches "
         f"({search_s * 1000:.0f} ms) {during_search:,.0f} ({during_search / alone:.0%})"
     )
-    # Holding the GIL through the call would leave the spinner a switch interval at most.
-    assert add_s > 0.05 and during_add > 0.3 * alone
-    assert during_search > 0.3 * alone
+    # Holding the GIL through the call would leave the spinner a switch interval at most;
+    # released, it shares two cores with the runtime's threads (an add keeps both busy).
+    assert add_s > 0.05 and during_add > 0.25 * alone
+    assert during_search > 0.4 * alone
 
 
 def numbered_rows(n: int, schema: pa.Schema) -> pa.Table:
