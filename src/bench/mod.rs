@@ -7,6 +7,8 @@
 //! - [`merge`]: a compaction's indexes merged against rebuilt;
 //! - [`reader`]: a new process opening an existing index read-only and answering queries:
 //!   round trips, bytes, resident memory;
+//! - [`queries`]: warm latency of full-text, vector and hybrid searches on an existing index,
+//!   for the queries of a Parquet file (what the Python package's benchmark compares with);
 //! - [`corpus`]: the benchmark corpus (Cranfield replicated, with vectors), also as Parquet for
 //!   other systems.
 
@@ -15,6 +17,7 @@ pub mod generations;
 pub mod merge;
 mod options;
 mod plot;
+pub mod queries;
 pub mod reader;
 pub mod stream;
 

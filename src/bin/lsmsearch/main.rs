@@ -266,6 +266,10 @@ enum BenchCommand {
     /// many mixed queries on one handle with what it holds in memory and its peak RSS;
     /// writes OUT/results.json.
     Reader(lsmsearch::bench::reader::ReaderOptions),
+    /// Warm latency (p50, p95) of full-text, vector and hybrid searches of 10 rows on an
+    /// existing index, for the queries (`text`, `emb`) of a Parquet file such as the one
+    /// `bench corpus` writes.
+    Queries(lsmsearch::bench::queries::QueriesOptions),
     /// Write the benchmark corpus (Cranfield replicated, with vectors) to OUT/docs.parquet and
     /// its queries to OUT/queries.parquet, for measuring other systems on the same data.
     Corpus {
@@ -499,6 +503,14 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
                     println!("{}", serde_json::to_string(&report).unwrap_or_default());
                 } else {
                     print!("{}", report.table());
+                }
+                Ok(())
+            }
+            BenchCommand::Queries(opts) => {
+                let report = lsmsearch::bench::queries::run(&opts).await?;
+                match json {
+                    true => println!("{}", serde_json::to_string(&report).unwrap_or_default()),
+                    false => print!("{}", report.table()),
                 }
                 Ok(())
             }
