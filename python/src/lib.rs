@@ -19,6 +19,11 @@ use pyo3::prelude::*;
 use pyo3_arrow::input::AnyRecordBatch;
 use pyo3_arrow::{PySchema, PyTable};
 
+/// The extension's allocator: jemalloc, as the command line's (see its `main.rs`).
+#[cfg(unix)]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// The runtime of this process and the process that started it, created on first use.
 static RUNTIME: Mutex<Option<(u32, Arc<tokio::runtime::Runtime>)>> = Mutex::new(None);
 
