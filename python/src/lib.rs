@@ -547,7 +547,9 @@ impl Handle {
         write(py, async move {
             let batch = match batches.len() {
                 0 => return Ok((0, 0)),
-                1 => batches.pop().ok_or_else(|| Error::invalid("no rows".to_string()))?,
+                1 => batches
+                    .pop()
+                    .ok_or_else(|| Error::invalid("no rows".to_string()))?,
                 _ => arrow_select::concat::concat_batches(&schema, &batches).map_err(|e| {
                     Error::invalid(format!("the batches to add do not concatenate: {e}"))
                 })?,
