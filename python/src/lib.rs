@@ -2,7 +2,8 @@
 //!
 //! The Python half (`lsmsearch/__init__.py`) shapes the API (query builders, input
 //! conversion, pandas and polars); this module holds the handles and runs every call on a
-//! private tokio runtime with the GIL released, checking for Ctrl-C while it waits.
+//! private tokio runtime with the GIL released; a search, scan or SQL statement on the main
+//! thread runs Python's signal handlers while it waits (Ctrl-C stops it), a write does not.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -75,57 +76,73 @@ fn on_main_thread(py: Python<'_>) -> bool {
     check().unwrap_or(true)
 }
 
-/// Run `fut` to completion on the runtime with the GIL released, so other Python threads
-/// run meanwhile. On the main thread, a signal (Ctrl-C raises `KeyboardInterrupt`) drops the
-/// future, which stops the work, and raises; other threads never see signals, so they do
-/// not look for them.
+/// Run `fut` to completion as a task of the runtime with the GIL released, so other Python
+/// threads run meanwhile. On the main thread, the call waits in slices of SIGNAL_CHECK and
+/// runs Python's signal handlers between them, outside the runtime: a handler may call the
+/// index (the task goes on meanwhile), and one that raises (Ctrl-C raises
+/// `KeyboardInterrupt`) aborts the task, which stops the work. Other threads never see
+/// signals, so they do not look for them.
 fn wait<T, F>(py: Python<'_>, fut: F) -> PyResult<T>
 where
-    T: Send,
-    F: Future<Output = lsmsearch::Result<T>> + Send,
+    T: Send + 'static,
+    F: Future<Output = lsmsearch::Result<T>> + Send + 'static,
 {
     if !on_main_thread(py) {
         return write(py, fut);
     }
     let rt = runtime(py)?;
-    let out = py.detach(move || {
-        block_on(&rt, async move {
-            tokio::pin!(fut);
-            // The first check after SIGNAL_CHECK: a quick call never takes the GIL back.
-            let first = tokio::time::Instant::now() + SIGNAL_CHECK;
-            let mut tick = tokio::time::interval_at(first, SIGNAL_CHECK);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    r = &mut fut => return Ok(r),
-                    _ = tick.tick() => Python::attach(|py| py.check_signals())?,
+    let mut task = rt.spawn(fut);
+    loop {
+        let step = py.detach(|| {
+            block_on(&rt, async {
+                tokio::time::timeout(SIGNAL_CHECK, &mut task).await
+            })
+        });
+        match step {
+            Ok(joined) => return finished(py, joined),
+            Err(_) => {
+                if let Err(signal) = py.check_signals() {
+                    task.abort();
+                    return Err(signal);
                 }
             }
-        })
-    });
-    match out {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(to_py(py, e)),
-        Err(signal) => Err(signal),
+        }
     }
 }
 
-/// Run the write `fut` to completion with the GIL released. A write is not interrupted: a
-/// signal that arrives meanwhile (Ctrl-C) is handled once it returns, so no write is left
-/// with an unknown outcome.
+/// Run the write `fut` to completion as a task of the runtime with the GIL released. A write
+/// is not interrupted: a signal that arrives meanwhile (Ctrl-C) is handled once it returns,
+/// so no write is left half done.
 fn write<T, F>(py: Python<'_>, fut: F) -> PyResult<T>
 where
-    T: Send,
-    F: Future<Output = lsmsearch::Result<T>> + Send,
+    T: Send + 'static,
+    F: Future<Output = lsmsearch::Result<T>> + Send + 'static,
 {
     let rt = runtime(py)?;
-    py.detach(move || block_on(&rt, fut))
-        .map_err(|e| to_py(py, e))
+    let task = rt.spawn(fut);
+    let joined = py.detach(|| block_on(&rt, task));
+    finished(py, joined)
 }
 
-/// Run `fut` on `rt` to completion. A call made while this thread already drives the
-/// runtime (a Python signal handler run by the signal check of a waiting call) blocks on a
-/// thread of its own: blocking the runtime's own thread would panic.
+/// The result of a finished task: its value, its error as an exception, or an
+/// `InternalError` when it panicked.
+fn finished<T>(
+    py: Python<'_>,
+    joined: Result<lsmsearch::Result<T>, tokio::task::JoinError>,
+) -> PyResult<T> {
+    match joined {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(to_py(py, e)),
+        Err(e) => Err(py_error(
+            py,
+            "InternalError",
+            format!("an lsmsearch task failed: {e}"),
+        )),
+    }
+}
+
+/// Run `fut` on `rt` to completion. A call made on a thread that already drives a runtime
+/// blocks on a thread of its own: blocking the runtime's own thread would panic.
 fn block_on<T: Send, F: Future<Output = T> + Send>(rt: &tokio::runtime::Runtime, fut: F) -> T {
     if tokio::runtime::Handle::try_current().is_err() {
         return rt.block_on(fut);
