@@ -184,6 +184,18 @@ fn invalid(py: Python<'_>, message: impl Into<String>) -> PyErr {
     to_py(py, Error::invalid(message.into()))
 }
 
+impl Drop for Handle {
+    /// In a child of `fork()`, the handle's tasks, locks and runtime are the parent's: the
+    /// handle is leaked rather than dropped, which would touch them.
+    fn drop(&mut self) {
+        if self.pid != std::process::id() {
+            if let Some(source) = self.source.take() {
+                std::mem::forget(source);
+            }
+        }
+    }
+}
+
 /// What a handle reads from.
 #[derive(Clone)]
 enum Source {
@@ -206,7 +218,8 @@ macro_rules! on_source {
 /// An index handle: the writer, a read-only handle or a point in time of either.
 #[pyclass(frozen, module = "lsmsearch._lsmsearch")]
 struct Handle {
-    source: Source,
+    /// None once dropped in a process that did not open it (see `Drop`).
+    source: Option<Source>,
     schema: IndexSchema,
     /// The process that opened the handle: a child of `fork()` must open its own.
     pid: u32,
@@ -227,10 +240,11 @@ fn location(py: Python<'_>, uri: &str) -> PyResult<Location> {
 #[pyfunction]
 #[pyo3(signature = (uri, schema, settings=None))]
 fn create(py: Python<'_>, uri: &str, schema: &str, settings: Option<&str>) -> PyResult<Handle> {
+    runtime(py)?;
     let schema = IndexSchema::from_json(schema).map_err(|e| to_py(py, e))?;
     let settings = parse_settings(py, settings)?;
     let loc = location(py, uri)?;
-    let index = wait(py, Index::create(loc, schema.clone(), settings))?;
+    let index = write(py, Index::create(loc, schema.clone(), settings))?;
     Ok(Handle::new(Source::Writer(Arc::new(index)), schema))
 }
 
@@ -238,9 +252,11 @@ fn create(py: Python<'_>, uri: &str, schema: &str, settings: Option<&str>) -> Py
 #[pyfunction]
 #[pyo3(signature = (uri, settings=None))]
 fn open(py: Python<'_>, uri: &str, settings: Option<&str>) -> PyResult<Handle> {
+    runtime(py)?;
     let settings = parse_settings(py, settings)?;
     let loc = location(py, uri)?;
-    let index = wait(py, Index::open(loc, settings))?;
+    // Opening claims the index (fencing the previous writer) and replays its WAL: a write.
+    let index = write(py, Index::open(loc, settings))?;
     let schema = index.schema().clone();
     Ok(Handle::new(Source::Writer(Arc::new(index)), schema))
 }
@@ -249,6 +265,7 @@ fn open(py: Python<'_>, uri: &str, settings: Option<&str>) -> PyResult<Handle> {
 #[pyfunction]
 #[pyo3(signature = (uri, settings=None))]
 fn open_read_only(py: Python<'_>, uri: &str, settings: Option<&str>) -> PyResult<Handle> {
+    runtime(py)?;
     let settings = parse_settings(py, settings)?;
     let loc = location(py, uri)?;
     let index = wait(py, Index::open_read_only(loc, settings))?;
@@ -444,7 +461,7 @@ fn schema_of(
 impl Handle {
     fn new(source: Source, schema: IndexSchema) -> Handle {
         Handle {
-            source,
+            source: Some(source),
             schema,
             pid: std::process::id(),
         }
@@ -463,7 +480,9 @@ impl Handle {
                 ),
             ));
         }
-        Ok(self.source.clone())
+        self.source
+            .clone()
+            .ok_or_else(|| py_error(py, "ClosedError", "the handle is gone".to_string()))
     }
 
     fn writer(&self, py: Python<'_>, what: &str) -> PyResult<Arc<Index>> {
@@ -536,9 +555,9 @@ impl Handle {
     #[getter]
     fn kind(&self) -> &'static str {
         match self.source {
-            Source::Writer(_) => "writer",
-            Source::Reader(_) => "read_only",
-            Source::Snapshot(_) => "snapshot",
+            Some(Source::Writer(_)) => "writer",
+            Some(Source::Reader(_)) => "read_only",
+            _ => "snapshot",
         }
     }
 
@@ -762,8 +781,12 @@ impl Handle {
         }
     }
 
-    /// Close the handle: the writer flushes what is buffered first.
+    /// Close the handle: the writer flushes what is buffered first. In a child of `fork()`
+    /// it does nothing: the handle is the parent's.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
+        if self.pid != std::process::id() {
+            return Ok(());
+        }
         match self.source(py)? {
             Source::Writer(w) => write(py, async move { w.close().await }),
             Source::Reader(r) => write(py, async move { r.close().await }),
