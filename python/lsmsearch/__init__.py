@@ -27,6 +27,7 @@ import asyncio
 import copy
 import functools
 import json
+import operator
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import pyarrow as pa
@@ -163,8 +164,12 @@ def _names(names: str | Sequence[str] | None) -> list[str]:
 
 def _count(name: str, value: Any, least: int = 0) -> int:
     """An int argument, at least ``least`` and within 64 bits."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} is a {type(value).__name__}: it is an int")
+    if isinstance(value, bool):
+        raise TypeError(f"{name} is a bool: it is an int")
+    try:
+        value = operator.index(value)  # an int, or numpy's
+    except TypeError:
+        raise TypeError(f"{name} is a {type(value).__name__}: it is an int") from None
     if not least <= value < 2**63:
         raise InvalidError(f"{name} is {value}: it is at least {least} and below 2**63")
     return value
@@ -244,6 +249,9 @@ def _is_vector(v: Any) -> bool:
 _NOT_TEXT = ("max_distance", "exact", "ef", "fusion", "rrf_k", "weights", "candidates")
 _NOT_VECTOR = ("min_score", "highlight", "explain", "conjunction", "fusion", "rrf_k", "weights", "candidates")
 _NOT_HYBRID = ("min_score", "max_distance", "highlight", "explain")
+# An option set to its default changes nothing, whatever the kind of search.
+_UNSET = object()
+_DEFAULTS = {"explain": False, "exact": False, "conjunction": "or"}
 
 
 class Query:
@@ -332,6 +340,10 @@ class Query:
                vector: float | None = None) -> Query:
         """Hybrid: ``"rrf"`` (reciprocal rank fusion, rank constant ``k``) or
         ``"weighted"`` (``text`` × BM25 / best BM25 + ``vector`` × normalised closeness)."""
+        if kind == "weighted" and k != 60.0:
+            raise InvalidError("k is the rank constant of fusion(\"rrf\"), not of the weighted fusion")
+        if kind != "weighted" and (text is not None or vector is not None):
+            raise InvalidError("text and vector weigh fusion(\"weighted\"), not reciprocal rank fusion")
         q = self._set()
         for key in ("fusion", "weights", "rrf_k"):
             q._opts.pop(key, None)
@@ -357,7 +369,7 @@ class Query:
         else:
             kind, refused = "a vector", _NOT_VECTOR
         for name in refused:
-            if name in self._opts:
+            if name in self._opts and self._opts[name] != _DEFAULTS.get(name, _UNSET):
                 name = {"rrf_k": "fusion", "weights": "fusion"}.get(name, name)
                 raise InvalidError(f"{name} does not apply to {kind} search")
 

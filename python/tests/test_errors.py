@@ -194,3 +194,16 @@ def test_a_corrupt_object_is_a_data_error(uri, index):
         ro = lsmsearch.open_read_only(uri)
         ro.scan()
         ro.search("shock").select(["title", "text", "author", "year", "emb"]).limit(5).to_arrow()
+
+
+def test_numpy_counts_defaults_and_fusion_arguments(filled):
+    v = np.zeros(DIM, dtype=np.float32)
+    assert filled.search("shock").limit(np.int64(3)).offset(np.int32(1)).to_arrow().num_rows == 3
+    # Options at their defaults change nothing, whatever the kind of search.
+    assert filled.search(v).explain(False).conjunction("or").to_arrow().num_rows == 10
+    assert filled.search("shock").exact(False).to_arrow().num_rows >= 1
+    with pytest.raises(lsmsearch.InvalidError, match="weighted"):
+        filled.search("a", v).fusion("rrf", text=0.7)
+    with pytest.raises(lsmsearch.InvalidError, match="rank constant"):
+        filled.search("a", v).fusion("weighted", k=10)
+
