@@ -65,15 +65,13 @@ fn runtime(py: Python<'_>) -> PyResult<Arc<tokio::runtime::Runtime>> {
 /// How often a waiting call looks for a pending signal (Ctrl-C).
 const SIGNAL_CHECK: Duration = Duration::from_millis(50);
 
-/// Whether this is Python's main thread, the only one signal handlers run on.
-fn on_main_thread(py: Python<'_>) -> bool {
-    let check = || -> PyResult<bool> {
-        let threading = py.import("threading")?;
-        let main = threading.call_method0("main_thread")?.getattr("ident")?;
-        let me = threading.call_method0("get_ident")?;
-        main.eq(me)
-    };
-    check().unwrap_or(true)
+/// Whether this is Python's main thread, the only one signal handlers run on. Asking runs
+/// Python code, which may run a pending signal handler: its exception is the caller's.
+fn on_main_thread(py: Python<'_>) -> PyResult<bool> {
+    let threading = py.import("threading")?;
+    let main = threading.call_method0("main_thread")?.getattr("ident")?;
+    let me = threading.call_method0("get_ident")?;
+    main.eq(me)
 }
 
 /// Run `fut` to completion as a task of the runtime with the GIL released, so other Python
@@ -87,7 +85,7 @@ where
     T: Send + 'static,
     F: Future<Output = lsmsearch::Result<T>> + Send + 'static,
 {
-    if !on_main_thread(py) {
+    if !on_main_thread(py)? {
         return write(py, fut);
     }
     let rt = runtime(py)?;
