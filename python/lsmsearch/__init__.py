@@ -32,7 +32,7 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import pyarrow as pa
 
-from . import _lsmsearch
+from . import _lsmsearch, errors
 from .errors import (
     ClosedError,
     DataError,
@@ -57,14 +57,7 @@ __all__ = [
     "Snapshot",
     "Query",
     "WriteReceipt",
-    "LsmsearchError",
-    "InvalidError",
-    "FencedError",
-    "DataError",
-    "UnavailableError",
-    "ClosedError",
-    "InternalError",
-    "ForkError",
+    *(name for name in errors.__all__ if name != "TimeoutError"),
 ]
 
 

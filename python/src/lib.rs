@@ -230,18 +230,21 @@ fn parse_settings(py: Python<'_>, settings: Option<&str>) -> PyResult<Settings> 
     }
 }
 
-fn location(py: Python<'_>, uri: &str) -> PyResult<Location> {
-    Location::parse(uri).map_err(|e| to_py(py, e))
+/// What creating or opening an index at `uri` starts from, once this process may run
+/// lsmsearch at all (a forked child is refused before anything else).
+fn opening(py: Python<'_>, uri: &str, settings: Option<&str>) -> PyResult<(Location, Settings)> {
+    runtime(py)?;
+    let settings = parse_settings(py, settings)?;
+    let loc = Location::parse(uri).map_err(|e| to_py(py, e))?;
+    Ok((loc, settings))
 }
 
 /// Create an index at `uri` with `schema` (its JSON form) and `settings` (JSON).
 #[pyfunction]
 #[pyo3(signature = (uri, schema, settings=None))]
 fn create(py: Python<'_>, uri: &str, schema: &str, settings: Option<&str>) -> PyResult<Handle> {
-    runtime(py)?;
+    let (loc, settings) = opening(py, uri, settings)?;
     let schema = IndexSchema::from_json(schema).map_err(|e| to_py(py, e))?;
-    let settings = parse_settings(py, settings)?;
-    let loc = location(py, uri)?;
     let index = write(py, Index::create(loc, schema.clone(), settings))?;
     Ok(Handle::new(Source::Writer(Arc::new(index)), schema))
 }
@@ -250,9 +253,7 @@ fn create(py: Python<'_>, uri: &str, schema: &str, settings: Option<&str>) -> Py
 #[pyfunction]
 #[pyo3(signature = (uri, settings=None))]
 fn open(py: Python<'_>, uri: &str, settings: Option<&str>) -> PyResult<Handle> {
-    runtime(py)?;
-    let settings = parse_settings(py, settings)?;
-    let loc = location(py, uri)?;
+    let (loc, settings) = opening(py, uri, settings)?;
     // Opening claims the index (fencing the previous writer) and replays its WAL: a write.
     let index = write(py, Index::open(loc, settings))?;
     let schema = index.schema().clone();
@@ -263,9 +264,7 @@ fn open(py: Python<'_>, uri: &str, settings: Option<&str>) -> PyResult<Handle> {
 #[pyfunction]
 #[pyo3(signature = (uri, settings=None))]
 fn open_read_only(py: Python<'_>, uri: &str, settings: Option<&str>) -> PyResult<Handle> {
-    runtime(py)?;
-    let settings = parse_settings(py, settings)?;
-    let loc = location(py, uri)?;
+    let (loc, settings) = opening(py, uri, settings)?;
     let index = wait(py, Index::open_read_only(loc, settings))?;
     let schema = index.schema().clone();
     Ok(Handle::new(Source::Reader(Arc::new(index)), schema))
