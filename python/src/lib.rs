@@ -74,12 +74,16 @@ fn on_main_thread(py: Python<'_>) -> PyResult<bool> {
     main.eq(me)
 }
 
-/// Run `fut` to completion as a task of the runtime with the GIL released, so other Python
-/// threads run meanwhile. On the main thread, the call waits in slices of SIGNAL_CHECK and
-/// runs Python's signal handlers between them, outside the runtime: a handler may call the
-/// index (the task goes on meanwhile), and one that raises (Ctrl-C raises
-/// `KeyboardInterrupt`) aborts the task, which stops the work. Other threads never see
-/// signals, so they do not look for them.
+/// Run `fut` to completion with the GIL released, so other Python threads run meanwhile.
+///
+/// The calling thread polls the call's future itself (its arms run on the runtime's
+/// threads), as a task would cost the query a thread of the runtime's pool. On the main
+/// thread, the only one signal handlers run on, it does so for one slice of SIGNAL_CHECK;
+/// a call still running then becomes a task of the runtime before any handler runs, and the
+/// thread waits in slices, running Python's signal handlers between them, outside the
+/// runtime: a handler may call the index (the task goes on meanwhile), and one that raises
+/// (Ctrl-C raises `KeyboardInterrupt`) aborts the task, which stops the work. Other threads
+/// never see signals, so they poll to the end.
 fn wait<T, F>(py: Python<'_>, fut: F) -> PyResult<T>
 where
     T: Send + 'static,
@@ -89,26 +93,40 @@ where
         return write(py, fut);
     }
     let rt = runtime(py)?;
+    let mut fut = Box::pin(fut);
+    let first = py.detach(|| {
+        polled(|| {
+            block_on(&rt, async {
+                tokio::time::timeout(SIGNAL_CHECK, &mut fut).await
+            })
+        })
+    });
+    match first {
+        Ok(Ok(done)) => return finished(py, Ok(done)),
+        Err(panic) => return finished(py, Err(panic)),
+        Ok(Err(_)) => {}
+    }
     let mut task = rt.spawn(fut);
     loop {
+        if let Err(signal) = py.check_signals() {
+            task.abort();
+            return Err(signal);
+        }
         let step = py.detach(|| {
             block_on(&rt, async {
                 tokio::time::timeout(SIGNAL_CHECK, &mut task).await
             })
         });
-        match step {
-            Ok(joined) => return finished(py, joined),
-            Err(_) => {
-                if let Err(signal) = py.check_signals() {
-                    task.abort();
-                    return Err(signal);
-                }
-            }
+        if let Ok(joined) = step {
+            return finished(
+                py,
+                joined.map_err(|e| format!("an lsmsearch task failed: {e}")),
+            );
         }
     }
 }
 
-/// Run the write `fut` to completion as a task of the runtime with the GIL released. A write
+/// Run the write `fut` to completion on the calling thread with the GIL released. A write
 /// is not interrupted: a signal that arrives meanwhile (Ctrl-C) is handled once it returns,
 /// so no write is left half done.
 fn write<T, F>(py: Python<'_>, fut: F) -> PyResult<T>
@@ -117,25 +135,30 @@ where
     F: Future<Output = lsmsearch::Result<T>> + Send + 'static,
 {
     let rt = runtime(py)?;
-    let task = rt.spawn(fut);
-    let joined = py.detach(|| block_on(&rt, task));
-    finished(py, joined)
+    let done = py.detach(|| polled(|| block_on(&rt, fut)));
+    finished(py, done)
 }
 
-/// The result of a finished task: its value, its error as an exception, or an
+/// `poll()`'s value, or the message of its panic: a panic in the library must reach Python
+/// as an exception, not unwind through the interpreter.
+fn polled<T>(poll: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(poll)).map_err(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".to_string());
+        format!("an lsmsearch call panicked: {what}")
+    })
+}
+
+/// The result of a finished call: its value, its error as an exception, or an
 /// `InternalError` when it panicked.
-fn finished<T>(
-    py: Python<'_>,
-    joined: Result<lsmsearch::Result<T>, tokio::task::JoinError>,
-) -> PyResult<T> {
-    match joined {
+fn finished<T>(py: Python<'_>, done: Result<lsmsearch::Result<T>, String>) -> PyResult<T> {
+    match done {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(to_py(py, e)),
-        Err(e) => Err(py_error(
-            py,
-            "InternalError",
-            format!("an lsmsearch task failed: {e}"),
-        )),
+        Err(message) => Err(py_error(py, "InternalError", message)),
     }
 }
 
