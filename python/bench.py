@@ -1,6 +1,6 @@
 """What the Python package adds to the Rust library, measured in one run on the same data.
 
-    python python/bench.py [--docs 200000] [--dim 128] [--rounds 5] [--repeat 3] [--out bench-out/python]
+    python python/bench.py [--docs 200000] [--dim 128] [--rounds 3] [--repeat 4] [--query-turns 4] [--out bench-out/python]
 
 1. ``lsmsearch bench corpus`` writes the corpus (Cranfield replicated, with vectors) and its
    queries as Parquet.
@@ -14,7 +14,10 @@
    - Rust: ``lsmsearch bench queries``;
    - Python: ``index.search(...).limit(10).to_arrow()``, the same queries and rounds.
 
-Prints a table and writes OUT/results.json. Needs the release command line
+Rust and Python take turns (``--repeat`` ingest turns, each followed by both query runs, then
+``--query-turns`` more query runs), the side that goes first alternating; each figure is the
+median of its turns, and the added query time the median of the turns' differences. Prints a
+table and writes OUT/results.json. Needs the release command line
 (``cargo build --release``) and the package built with ``maturin develop --release``.
 """
 
@@ -25,6 +28,7 @@ import json
 import os
 import pathlib
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -108,8 +112,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--docs", type=int, default=200_000)
     p.add_argument("--dim", type=int, default=128)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--repeat", type=int, default=3, help="turns of each side (median reported)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=4, help="turns of each side (median reported)")
+    p.add_argument("--query-turns", type=int, default=4, help="more turns of queries alone")
     p.add_argument("--out", type=pathlib.Path, default=ROOT / "bench-out" / "python")
     p.add_argument("--lsmsearch", default=str(ROOT / "target" / "release" / "lsmsearch"))
     p.add_argument("--ingest-child", nargs=2, metavar=("URI", "PARQUET"), help=argparse.SUPPRESS)
@@ -133,9 +138,32 @@ def main() -> None:
     rust_idx, py_idx = out / "rust-index", out / "python-index"
     me = [sys.executable, __file__, "--dim", str(a.dim), "--rounds", str(a.rounds)]
     runs = []
-    # Rust and Python take turns, --repeat times: the machine's drift between runs is larger
-    # than what is measured, so each figure is the median of its turns.
-    for _ in range(a.repeat):
+
+    def rust_queries():
+        return json.loads(
+            subprocess.run(
+                [a.lsmsearch, "--json", "bench", "queries", str(rust_idx), "--queries", str(queries),
+                 "--rounds", str(a.rounds)],
+                check=True, stdout=subprocess.PIPE, text=True,
+            ).stdout
+        )
+
+    def py_queries():
+        return json.loads(timed(me + ["--queries-child", str(rust_idx), str(queries)], out)[0])
+
+    def query_pair(turn):
+        """Rust's and Python's query reports, taken one after the other, Rust first in even
+        turns."""
+        if turn % 2 == 0:
+            return rust_queries(), py_queries()
+        py_q, rust_q = py_queries(), rust_queries()
+        return rust_q, py_q
+
+    # Rust and Python take turns, --repeat times, the side that goes first alternating: the
+    # machine's drift between runs (and within one, as a 2-core virtual machine's share of
+    # its host changes) is larger than what is measured, so each figure is the median of its
+    # turns, half of them taken first.
+    for turn in range(a.repeat):
         for d in (rust_idx, py_idx):
             shutil.rmtree(d, ignore_errors=True)
         subprocess.run(
@@ -143,19 +171,19 @@ def main() -> None:
             check=True,
             stdout=subprocess.DEVNULL,
         )
-        _, rust_s, rust_rss = timed(
-            [a.lsmsearch, "ingest", str(rust_idx), str(docs), "--batch-size", "1000"], out
-        )
-        py_out, _, py_rss = timed(me + ["--ingest-child", str(py_idx), str(docs)], out)
+
+        def rust_ingest():
+            return timed([a.lsmsearch, "ingest", str(rust_idx), str(docs), "--batch-size", "1000"], out)
+
+        def py_ingest():
+            return timed(me + ["--ingest-child", str(py_idx), str(docs)], out)
+
+        if turn % 2 == 0:
+            (_, rust_s, rust_rss), (py_out, _, py_rss) = rust_ingest(), py_ingest()
+        else:
+            (py_out, _, py_rss), (_, rust_s, rust_rss) = py_ingest(), rust_ingest()
         py = json.loads(py_out)
-        rust_q = json.loads(
-            subprocess.run(
-                [a.lsmsearch, "--json", "bench", "queries", str(rust_idx), "--queries", str(queries),
-                 "--rounds", str(a.rounds)],
-                check=True, stdout=subprocess.PIPE, text=True,
-            ).stdout
-        )
-        py_q = json.loads(timed(me + ["--queries-child", str(rust_idx), str(queries)], out)[0])
+        rust_q, py_q = query_pair(turn)
         runs.append(
             {
                 "rust_rows_per_s": a.docs / rust_s,
@@ -166,11 +194,25 @@ def main() -> None:
                 "python_p50_ms": {r["kind"]: r["p50_ms"] for r in py_q["latency"]},
             }
         )
-    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    # More turns of queries alone, on the last index the Rust ingest built.
+    pairs = [(r["rust_p50_ms"], r["python_p50_ms"]) for r in runs]
+    for turn in range(a.repeat, a.repeat + a.query_turns):
+        rust_q, py_q = query_pair(turn)
+        pairs.append(
+            (
+                {r["kind"]: r["p50_ms"] for r in rust_q["latency"]},
+                {r["kind"]: r["p50_ms"] for r in py_q["latency"]},
+            )
+        )
+    median = statistics.median
     pick = lambda key: median([r[key] for r in runs])  # noqa: E731
     kinds = list(runs[0]["rust_p50_ms"])
-    rust_p50 = {k: median([r["rust_p50_ms"][k] for r in runs]) for k in kinds}
-    py_p50 = {k: median([r["python_p50_ms"][k] for r in runs]) for k in kinds}
+    rust_p50 = {k: median([r[k] for r, _ in pairs]) for k in kinds}
+    py_p50 = {k: median([p[k] for _, p in pairs]) for k in kinds}
+    # Each pair's added time, Python's p50 less Rust's in the same turn: drift between turns
+    # cancels out of it.
+    added_ms = {k: median([p[k] - r[k] for r, p in pairs]) for k in kinds}
+    added_ratio = {k: median([p[k] / r[k] - 1 for r, p in pairs]) for k in kinds}
     rust_rate, py_rate = pick("rust_rows_per_s"), pick("python_rows_per_s")
     rust_rss, py_rss = pick("rust_peak_rss_mib"), pick("python_peak_rss_mib")
     report = {
@@ -185,7 +227,10 @@ def main() -> None:
             "python_over_rust": py_rate / rust_rate,
         },
         "warm_p50_ms": {"rust": rust_p50, "python": py_p50},
+        "warm_p50_added_ms_median_of_pairs": added_ms,
+        "warm_p50_added_ratio_median_of_pairs": added_ratio,
         "runs": runs,
+        "query_pairs": pairs,
     }
     (out / "results.json").write_text(json.dumps(report, indent=2))
     print(f"{a.docs:,} rows, {a.dim}-d, 1,000-row batches, durable appends; median of {a.repeat} turns each")
@@ -193,13 +238,15 @@ def main() -> None:
     print(f"{'rust':>8} {rust_rate:>10,.0f} {rust_rss:>13,.0f}")
     print(f"{'python':>8} {py_rate:>10,.0f} {py_rss:>13,.0f}   {py_rate / rust_rate:.1%} of Rust")
     print()
-    print(f"warm p50 over every corpus query x {a.rounds} rounds, 10 rows")
+    print(
+        f"warm p50 over every corpus query x {a.rounds} rounds, 10 rows; medians of {len(pairs)} "
+        "turns each, and of the turns' pairs (Python less Rust in the same turn)"
+    )
     print(f"{'kind':>8} {'rust ms':>9} {'python ms':>10} {'added us':>9} {'added':>7}")
     for k in kinds:
-        added = py_p50[k] - rust_p50[k]
         print(
-            f"{k:>8} {rust_p50[k]:>9.3f} {py_p50[k]:>10.3f} {added * 1000:>9.0f} "
-            f"{added / rust_p50[k]:>7.1%}"
+            f"{k:>8} {rust_p50[k]:>9.3f} {py_p50[k]:>10.3f} {added_ms[k] * 1000:>9.0f} "
+            f"{added_ratio[k]:>7.1%}"
         )
 
 
