@@ -3,13 +3,8 @@
 
 use super::{GenerationMeta, ObjectKind};
 use crate::schema::IndexSchema;
-use crate::{Error, Result};
+use crate::Result;
 use serde::{Deserialize, Serialize};
-
-const MAGIC: &[u8; 4] = match ObjectKind::Manifest.magic() {
-    Some(m) => m,
-    None => panic!("manifests have a magic number"),
-};
 
 /// One version of the index's description.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -34,42 +29,12 @@ pub(crate) struct Manifest {
 impl Manifest {
     /// Encode the object bytes.
     pub(crate) fn encode(&self) -> Result<Vec<u8>> {
-        let body =
-            serde_json::to_vec(self).map_err(|e| Error::internal(format!("manifest: {e}")))?;
-        let mut out = Vec::with_capacity(body.len() + 20);
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&ObjectKind::Manifest.written().to_le_bytes());
-        out.extend_from_slice(&(body.len() as u64).to_le_bytes());
-        out.extend_from_slice(&body);
-        let crc = crc32fast::hash(&out);
-        out.extend_from_slice(&crc.to_le_bytes());
-        Ok(out)
+        super::encode_json(ObjectKind::Manifest, self)
     }
 
     /// Decode and verify; any defect is an error of kind `Data` naming `object`.
     pub(crate) fn decode(bytes: &[u8], object: &dyn std::fmt::Display) -> Result<Manifest> {
-        let bad = |m: String| Error::data(object, format!("manifest {m}"));
-        if bytes.len() < 20 || &bytes[..4] != MAGIC {
-            return Err(bad(format!(
-                "is truncated or not a manifest ({} bytes)",
-                bytes.len()
-            )));
-        }
-        let body_end = bytes.len() - 4;
-        let crc = u32::from_le_bytes(bytes[body_end..].try_into().expect("4"));
-        let version = u32::from_le_bytes(bytes[4..8].try_into().expect("4"));
-        let len = u64::from_le_bytes(bytes[8..16].try_into().expect("8"));
-        if len != (body_end - 16) as u64 {
-            return Err(bad(format!(
-                "is truncated: header says {len} body bytes, found {}",
-                body_end - 16
-            )));
-        }
-        if crc32fast::hash(&bytes[..body_end]) != crc {
-            return Err(bad("fails its CRC32 check".into()));
-        }
-        ObjectKind::Manifest.check_version(u64::from(version), object)?;
-        serde_json::from_slice(&bytes[16..body_end]).map_err(|e| bad(format!("body: {e}")))
+        super::decode_json(ObjectKind::Manifest, bytes, object)
     }
 }
 

@@ -16,8 +16,61 @@ pub(crate) mod manifest;
 pub(crate) mod wal;
 
 use crate::{Error, Result};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::fmt::Display;
+
+/// The bytes of an object of `kind` holding `value` as JSON: its magic number, the version
+/// this build writes (u32), the body's length (u64), the body, and a CRC32 of all of it.
+pub(crate) fn encode_json<T: Serialize>(kind: ObjectKind, value: &T) -> Result<Vec<u8>> {
+    let magic = kind
+        .magic()
+        .ok_or_else(|| Error::internal(format!("a {} has no magic number", kind.name())))?;
+    let body =
+        serde_json::to_vec(value).map_err(|e| Error::internal(format!("{}: {e}", kind.name())))?;
+    let mut out = Vec::with_capacity(body.len() + 20);
+    out.extend_from_slice(magic);
+    out.extend_from_slice(&kind.written().to_le_bytes());
+    out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    out.extend_from_slice(&body);
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    Ok(out)
+}
+
+/// The value an object of `kind` holds ([`encode_json`]), checked: any defect (length, magic
+/// number, CRC, version, body) is an error of kind `Data` naming `object`.
+pub(crate) fn decode_json<T: DeserializeOwned>(
+    kind: ObjectKind,
+    bytes: &[u8],
+    object: &dyn Display,
+) -> Result<T> {
+    let name = kind.name();
+    let bad = |m: String| Error::data(object, format!("{name} {m}"));
+    if bytes.len() < 20 || kind.magic().is_none_or(|m| &bytes[..4] != m) {
+        return Err(bad(format!(
+            "is truncated or not a {name} ({} bytes)",
+            bytes.len()
+        )));
+    }
+    let body_end = bytes.len() - 4;
+    let word =
+        |at: usize| u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
+    let crc = word(body_end);
+    let version = word(4);
+    let len = u64::from(word(8)) | (u64::from(word(12)) << 32);
+    if len != (body_end - 16) as u64 {
+        return Err(bad(format!(
+            "is truncated: header says {len} body bytes, found {}",
+            body_end - 16
+        )));
+    }
+    if crc32fast::hash(&bytes[..body_end]) != crc {
+        return Err(bad("fails its CRC32 check".into()));
+    }
+    kind.check_version(u64::from(version), object)?;
+    serde_json::from_slice(&bytes[16..body_end]).map_err(|e| bad(format!("body: {e}")))
+}
 
 /// A kind of persisted object (or of versioned section inside one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,16 +83,19 @@ pub(crate) enum ObjectKind {
     Wal,
     /// `manifest/{version}.manifest`: one version of the index's description.
     Manifest,
+    /// `shards`: the descriptor of a sharded index (its shard count, key hash and schema).
+    Shards,
 }
 
 impl ObjectKind {
     /// Every kind.
     #[cfg(test)]
-    pub(crate) const ALL: [ObjectKind; 4] = [
+    pub(crate) const ALL: [ObjectKind; 5] = [
         ObjectKind::Generation,
         ObjectKind::GraphSection,
         ObjectKind::Wal,
         ObjectKind::Manifest,
+        ObjectKind::Shards,
     ];
 
     /// `(written, oldest read)`: the registry.
@@ -53,6 +109,7 @@ impl ObjectKind {
             ObjectKind::GraphSection => (1, 1),
             ObjectKind::Wal => (1, 1),
             ObjectKind::Manifest => (1, 1),
+            ObjectKind::Shards => (1, 1),
         }
     }
 
@@ -73,6 +130,7 @@ impl ObjectKind {
             ObjectKind::GraphSection => "vector graph section",
             ObjectKind::Wal => "WAL object",
             ObjectKind::Manifest => "manifest",
+            ObjectKind::Shards => "shard descriptor",
         }
     }
 
@@ -82,6 +140,7 @@ impl ObjectKind {
             ObjectKind::Generation => Some(b"LSMG"),
             ObjectKind::Wal => Some(b"LSMW"),
             ObjectKind::Manifest => Some(b"LSMM"),
+            ObjectKind::Shards => Some(b"LSMS"),
             ObjectKind::GraphSection => None,
         }
     }
