@@ -96,8 +96,8 @@ pub use generation::Resident;
 pub use key::{Key, KeyType, PK_HASH_SEED};
 pub use query::reader::PointInTime;
 pub use query::{
-    Conjunction, Highlight, ScanOptions, SearchOptions, VectorSearchOptions, DISTANCE_COLUMN,
-    EXPLANATION_COLUMN, HIGHLIGHT_PREFIX, MAX_RESULT_WINDOW, SCORE_COLUMN,
+    Conjunction, FtsStatistics, Highlight, ScanOptions, SearchOptions, VectorSearchOptions,
+    DISTANCE_COLUMN, EXPLANATION_COLUMN, HIGHLIGHT_PREFIX, MAX_RESULT_WINDOW, SCORE_COLUMN,
 };
 pub use query::{
     Fusion, HybridSearchOptions, DEFAULT_CANDIDATES, FTS_RANK_COLUMN, FTS_SCORE_COLUMN,

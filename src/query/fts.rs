@@ -19,7 +19,8 @@ use arrow::array::{ArrayRef, Float32Array, RecordBatch};
 use arrow::datatypes::SchemaRef;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::ExecutionPlan;
-use std::collections::{BinaryHeap, HashMap};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 use tantivy::query::{Bm25StatisticsProvider, EnableScoring, Query, QueryParser, Weight};
@@ -53,6 +54,182 @@ impl GlobalStats {
         }
         stats
     }
+}
+
+impl GlobalStats {
+    /// These statistics, given to score a point in time whose own are `local`, when they
+    /// can be a sum that includes `local` (a shard's share of a sharded index's statistics);
+    /// otherwise an `Invalid` error saying what does not add up (they were computed for
+    /// another query, or over other rows).
+    fn covering(&self, local: &GlobalStats, ts: &TextSchema) -> Result<GlobalStats> {
+        let wrong = |what: String| {
+            Err(Error::invalid(format!(
+                "full-text statistics given to a search count {what}: they are not a sum of \
+                 shares including this point in time's (computed for another query or index?)"
+            )))
+        };
+        if self.docs < local.docs {
+            return wrong(format!(
+                "{} live rows, fewer than this point in time's {}",
+                self.docs, local.docs
+            ));
+        }
+        for (field, n) in &local.tokens {
+            let given = self.tokens.get(field).copied().unwrap_or(0);
+            if given < *n {
+                return wrong(format!(
+                    "{given} tokens in column '{}', fewer than this point in time's {n}",
+                    ts.schema().get_field_name(*field)
+                ));
+            }
+        }
+        for (term, n) in &local.doc_freq {
+            let given = self.doc_freq.get(term).copied().unwrap_or(0);
+            if given < *n {
+                return wrong(format!(
+                    "{given} rows holding the term {term:?}, fewer than this point in time's {n}"
+                ));
+            }
+        }
+        if let Some((term, n)) = self.doc_freq.iter().find(|(_, n)| **n > self.docs) {
+            return wrong(format!(
+                "{n} rows holding the term {term:?}, more than their {} live rows",
+                self.docs
+            ));
+        }
+        Ok(GlobalStats {
+            docs: self.docs,
+            tokens: self.tokens.clone(),
+            doc_freq: self.doc_freq.clone(),
+        })
+    }
+
+    /// The public form of these statistics: columns by name.
+    fn to_public(&self, ts: &TextSchema) -> FtsStatistics {
+        let mut doc_freq: Vec<(Term, u64)> =
+            self.doc_freq.iter().map(|(t, n)| (t.clone(), *n)).collect();
+        doc_freq.sort();
+        FtsStatistics {
+            docs: self.docs,
+            tokens: self
+                .tokens
+                .iter()
+                .map(|(f, n)| (ts.schema().get_field_name(*f).to_string(), *n))
+                .collect(),
+            doc_freq,
+        }
+    }
+
+    /// Statistics from their public form, checked against the text schema `ts`.
+    pub(crate) fn from_public(s: &FtsStatistics, ts: &TextSchema) -> Result<GlobalStats> {
+        let mut tokens = HashMap::new();
+        for (name, n) in &s.tokens {
+            let field = ts
+                .schema()
+                .get_field(name)
+                .ok()
+                .filter(|f| ts.fields().contains(f))
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "full-text statistics name column '{name}', which is not a text column"
+                    ))
+                })?;
+            tokens.insert(field, *n);
+        }
+        let mut doc_freq = HashMap::new();
+        for (term, n) in &s.doc_freq {
+            if !ts.fields().contains(&term.field()) {
+                return Err(Error::invalid(format!(
+                    "full-text statistics hold the term {term:?} of a field that is not a text column"
+                )));
+            }
+            *doc_freq.entry(term.clone()).or_default() += n;
+        }
+        Ok(GlobalStats {
+            docs: s.docs,
+            tokens,
+            doc_freq,
+        })
+    }
+}
+
+/// The BM25 statistics of a full-text query over the live rows of a point in time: its
+/// live rows, the tokens of each text column, and the rows holding each of the query's
+/// terms. A sharded index's shards each compute their share
+/// ([`crate::PointInTime::fts_statistics`]); the sum ([`FtsStatistics::add`]) scores every
+/// shard's rows as one index over all of them would
+/// ([`crate::PointInTime::search_fts_with_statistics`]). Serializable (serde), so shares
+/// can travel between processes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FtsStatistics {
+    docs: u64,
+    tokens: BTreeMap<String, u64>,
+    doc_freq: Vec<(Term, u64)>,
+}
+
+impl FtsStatistics {
+    /// Live rows counted.
+    pub fn docs(&self) -> u64 {
+        self.docs
+    }
+
+    /// Tokens counted in text column `column`.
+    pub fn tokens(&self, column: &str) -> u64 {
+        self.tokens.get(column).copied().unwrap_or(0)
+    }
+
+    /// Add `other`'s counts to these (shares of the same query over disjoint rows).
+    pub fn add(&mut self, other: &FtsStatistics) {
+        self.docs += other.docs;
+        for (column, n) in &other.tokens {
+            *self.tokens.entry(column.clone()).or_default() += n;
+        }
+        let mut terms: BTreeMap<Term, u64> = self.doc_freq.drain(..).collect();
+        for (term, n) in &other.doc_freq {
+            *terms.entry(term.clone()).or_default() += n;
+        }
+        self.doc_freq = terms.into_iter().collect();
+    }
+}
+
+/// The statistics of `query` over `snapshot`'s live rows (the first phase of a sharded
+/// index's full-text search): what [`prepare`] computes before it scores, without reading
+/// postings or filter columns.
+pub(crate) fn statistics(
+    text: Option<&Arc<TextSchema>>,
+    snapshot: Snapshot,
+    query: &str,
+    opts: &SearchOptions,
+) -> Result<FtsStatistics> {
+    let ts =
+        text.ok_or_else(|| Error::invalid("full-text search on an index without text columns"))?;
+    let query = parse_query(ts, query, opts.conjunction)?;
+    let live = snapshot.live();
+    let (needs, terms) = query_terms(query.as_ref());
+    let per_source = snapshot.pool.install(|| {
+        shares(
+            ts,
+            &snapshot.caches.dead,
+            &snapshot.sources,
+            &live,
+            &terms,
+            &needs,
+        )
+    })?;
+    let stats = GlobalStats::sum(ts, &terms, per_source.iter().map(|(_, n, s, _)| (*n, s)));
+    Ok(stats.to_public(ts))
+}
+
+/// The query's terms, each with whether its search reads positions (a phrase's), and the
+/// terms alone, sorted and unique.
+fn query_terms(query: &dyn Query) -> (Vec<(Term, bool)>, Vec<Term>) {
+    let mut needs: Vec<(Term, bool)> = Vec::new();
+    query.query_terms(&mut |t, positions| needs.push((t.clone(), positions)));
+    needs.sort();
+    needs.dedup();
+    let mut terms: Vec<Term> = needs.iter().map(|(t, _)| t.clone()).collect();
+    terms.dedup();
+    (needs, terms)
 }
 
 impl Bm25StatisticsProvider for GlobalStats {
@@ -188,9 +365,10 @@ pub(crate) fn plan(
     snapshot: Snapshot,
     query: &str,
     opts: &SearchOptions,
+    global: Option<&GlobalStats>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
     let columns = super::returned_columns(schema, opts.columns.as_deref(), SCORE_COLUMN)?;
-    let prepared = prepare(schema, text, snapshot, query, opts)?;
+    let prepared = prepare(schema, text, snapshot, query, opts, global)?;
     let annotations = match text {
         Some(ts) => Annotations::new(
             AnnotationInputs {
@@ -236,13 +414,16 @@ pub(crate) struct Prepared {
     sources: Vec<Source>,
 }
 
-/// Prepare `query` over `snapshot` (see [`Prepared`]), its options checked.
+/// Prepare `query` over `snapshot` (see [`Prepared`]), its options checked. Scores use
+/// `global` when given (the statistics of the live rows of every shard of a sharded index,
+/// see [`statistics`]), and otherwise those of the snapshot's live rows.
 pub(crate) fn prepare(
     schema: &IndexSchema,
     text: Option<&Arc<TextSchema>>,
     snapshot: Snapshot,
     query: &str,
     opts: &SearchOptions,
+    global: Option<&GlobalStats>,
 ) -> Result<Prepared> {
     let ts =
         text.ok_or_else(|| Error::invalid("full-text search on an index without text columns"))?;
@@ -269,16 +450,14 @@ pub(crate) fn prepare(
     let caches = snapshot.caches.clone();
     let sources = snapshot.sources;
     let dead_rows = &snapshot.caches.dead;
-    // The query's terms, each with whether its search reads positions (a phrase's).
-    let mut needs: Vec<(Term, bool)> = Vec::new();
-    query.query_terms(&mut |t, positions| needs.push((t.clone(), positions)));
-    needs.sort();
-    needs.dedup();
-    let mut terms: Vec<Term> = needs.iter().map(|(t, _)| t.clone()).collect();
-    terms.dedup();
+    let (needs, terms) = query_terms(query.as_ref());
     let per_source = pool.install(|| shares(ts, dead_rows, &sources, &live, &terms, &needs))?;
     let t_stats = started.elapsed();
     let stats = GlobalStats::sum(ts, &terms, per_source.iter().map(|(_, n, s, _)| (*n, s)));
+    let stats = match global {
+        Some(g) => g.covering(&stats, ts)?,
+        None => stats,
+    };
     let mut pieces_of = Vec::with_capacity(sources.len());
     let (indexes, live_rows): (Vec<TextIndex>, Vec<usize>) = per_source
         .into_iter()
@@ -334,8 +513,13 @@ pub(crate) fn plan_ranked(
     snapshot: Snapshot,
     query: &str,
     opts: &SearchOptions,
+    global: Option<&GlobalStats>,
 ) -> Result<RankedPlan> {
-    ranked_plan(schema, prepare(schema, text, snapshot, query, opts)?, opts)
+    ranked_plan(
+        schema,
+        prepare(schema, text, snapshot, query, opts, global)?,
+        opts,
+    )
 }
 
 /// The rows of a prepared full-text search, ranked and merged ([`RankedPlan`]).
@@ -398,6 +582,7 @@ pub(crate) fn count(
     snapshot: Snapshot,
     query: &str,
     opts: &SearchOptions,
+    global: Option<&GlobalStats>,
     stop: &Stop,
 ) -> Result<u64> {
     use rayon::prelude::*;
@@ -407,7 +592,7 @@ pub(crate) fn count(
         offset: 0,
         ..opts.clone()
     };
-    let prepared = prepare(schema, text, snapshot, query, &unpaged)?;
+    let prepared = prepare(schema, text, snapshot, query, &unpaged, global)?;
     let Some(weight) = prepared.scoring.0.as_deref() else {
         return Ok(0);
     };

@@ -227,7 +227,7 @@ pub(crate) async fn search(
     let (s1, t1, q1) = (schema.clone(), text.clone(), query.to_string());
     let snap1 = snapshot.clone();
     let text_plan = tokio::task::spawn_blocking(move || {
-        fts::plan_ranked(&s1, t1.as_ref(), snap1, &q1, &text_opts)
+        fts::plan_ranked(&s1, t1.as_ref(), snap1, &q1, &text_opts, None)
     });
     let (s2, set2, v2) = (schema.clone(), settings.clone(), vector_query.to_vec());
     let vector_plan = tokio::task::spawn_blocking(move || {

@@ -11,6 +11,7 @@ pub(crate) mod rerank;
 pub(crate) mod vector;
 
 pub use annotate::{Highlight, EXPLANATION_COLUMN, HIGHLIGHT_PREFIX};
+pub use fts::FtsStatistics;
 pub use hybrid::{
     Fusion, HybridSearchOptions, DEFAULT_CANDIDATES, FTS_RANK_COLUMN, FTS_SCORE_COLUMN,
     VECTOR_RANK_COLUMN,

@@ -2,7 +2,7 @@
 //! the one implementation of scan, search planning and execution over a snapshot.
 
 use super::vector::VectorSearchOptions;
-use super::{fts, vector, SearchOptions};
+use super::{fts, vector, FtsStatistics, SearchOptions};
 use crate::format::bundle::BLOCK_BYTES;
 use crate::format::GenerationMeta;
 use crate::generation::cache::{CacheStats, GenerationCache};
@@ -365,7 +365,113 @@ impl PointInTime {
         query: &str,
         options: &SearchOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        self.fts_blocking(query, options, fts::plan).await
+        self.fts_blocking(query, options, |schema, text, snapshot, query, options| {
+            fts::plan(schema, text, snapshot, query, options, None)
+        })
+        .await
+    }
+
+    /// The BM25 statistics of a full-text query over this point in time's live rows: one
+    /// shard's share of a sharded index's statistics, the first phase of its exact
+    /// full-text search. Only `options.conjunction` plays a part (the statistics count every
+    /// live row, whatever the filter).
+    pub async fn fts_statistics(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+    ) -> Result<FtsStatistics> {
+        self.fts_blocking(query, options, |_, text, snapshot, query, options| {
+            fts::statistics(text, snapshot, query, options)
+        })
+        .await
+    }
+
+    /// The physical plan of a full-text search of this point in time's rows scored with
+    /// `statistics` (the sum of every shard's [`PointInTime::fts_statistics`] for the same
+    /// query), as one index over all the shards' rows would score them. Statistics that
+    /// cannot include this point in time's own are an `Invalid` error.
+    pub async fn plan_fts_with_statistics(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+        statistics: &FtsStatistics,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let global = self.global_stats(statistics)?;
+        self.fts_blocking(
+            query,
+            options,
+            move |schema, text, snapshot, query, options| {
+                fts::plan(schema, text, snapshot, query, options, Some(&global))
+            },
+        )
+        .await
+    }
+
+    /// Full-text search of this point in time's rows scored with `statistics` (see
+    /// [`PointInTime::plan_fts_with_statistics`]).
+    pub async fn search_fts_with_statistics(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+        statistics: &FtsStatistics,
+    ) -> Result<Vec<RecordBatch>> {
+        super::within_deadline("full-text", options.timeout, async {
+            run(self
+                .plan_fts_with_statistics(query, options, statistics)
+                .await?)
+            .await
+        })
+        .await
+    }
+
+    /// The exact number of live rows matching a full-text query (see
+    /// [`crate::Search::count_fts`]), with `min_score` applied to scores computed with
+    /// `statistics` (see [`PointInTime::plan_fts_with_statistics`]).
+    pub async fn count_fts_with_statistics(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+        statistics: &FtsStatistics,
+    ) -> Result<u64> {
+        let global = self.global_stats(statistics)?;
+        self.count(query, options, Some(global)).await
+    }
+
+    /// `statistics` checked against this point in time's text columns.
+    fn global_stats(&self, statistics: &FtsStatistics) -> Result<fts::GlobalStats> {
+        let ts = self.text_schema.as_ref().ok_or_else(|| {
+            crate::Error::invalid("full-text search on an index without text columns")
+        })?;
+        fts::GlobalStats::from_public(statistics, ts)
+    }
+
+    /// [`PointInTime::count_fts`], scored with `global` when given.
+    async fn count(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+        global: Option<fts::GlobalStats>,
+    ) -> Result<u64> {
+        super::within_deadline("full-text count", options.timeout, async {
+            let (stop, _guard) = crate::read::pool::Stop::with_guard();
+            let count = move |schema: &IndexSchema,
+                              text: Option<&Arc<TextSchema>>,
+                              snapshot: Snapshot,
+                              query: &str,
+                              options: &SearchOptions| {
+                fts::count(
+                    schema,
+                    text,
+                    snapshot,
+                    query,
+                    options,
+                    global.as_ref(),
+                    &stop,
+                )
+            };
+            self.fts_blocking(query, options, count).await
+        })
+        .await
     }
 
     /// `work` of this point in time's schemas and snapshot, `query` and `options`, on a
@@ -412,18 +518,7 @@ impl PointInTime {
     /// The exact number of live rows matching a full-text query (see
     /// [`crate::Search::count_fts`]) at this point in time.
     pub async fn count_fts(&self, query: &str, options: &SearchOptions) -> Result<u64> {
-        super::within_deadline("full-text count", options.timeout, async {
-            let (stop, _guard) = crate::read::pool::Stop::with_guard();
-            let count = move |schema: &IndexSchema,
-                              text: Option<&Arc<TextSchema>>,
-                              snapshot: Snapshot,
-                              query: &str,
-                              options: &SearchOptions| {
-                fts::count(schema, text, snapshot, query, options, &stop)
-            };
-            self.fts_blocking(query, options, count).await
-        })
-        .await
+        self.count(query, options, None).await
     }
 
     /// The physical plan of a vector search (see [`crate::Search::plan_vector`]).
