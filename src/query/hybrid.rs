@@ -19,7 +19,7 @@ use crate::text::TextSchema;
 use crate::{Error, Result};
 use arrow::array::{Array, ArrayRef, AsArray, Float32Array, RecordBatch, UInt32Array, UInt64Array};
 use arrow::compute::{SortColumn, SortOptions};
-use arrow::datatypes::{DataType, Field, Schema, UInt32Type, UInt64Type};
+use arrow::datatypes::{DataType, Field, FieldRef, Schema, UInt32Type, UInt64Type};
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::collect;
 use std::collections::HashMap;
@@ -129,7 +129,7 @@ pub const DEFAULT_CANDIDATES: usize = 100;
 
 /// The candidates each part contributes, checked against the rows asked for (`window`,
 /// `offset + k`) and [`MAX_RESULT_WINDOW`].
-fn candidates(opts: &HybridSearchOptions, window: usize) -> Result<usize> {
+pub(crate) fn candidates(opts: &HybridSearchOptions, window: usize) -> Result<usize> {
     let c = opts.candidates.unwrap_or(DEFAULT_CANDIDATES);
     if c < window {
         return Err(Error::invalid(format!(
@@ -145,7 +145,7 @@ fn candidates(opts: &HybridSearchOptions, window: usize) -> Result<usize> {
 }
 
 /// The fusion, checked: an error names what is wrong.
-fn check_fusion(fusion: Fusion) -> Result<()> {
+pub(crate) fn check_fusion(fusion: Fusion) -> Result<()> {
     match fusion {
         Fusion::Rrf { k } if !(k.is_finite() && k >= 0.0) => Err(Error::invalid(format!(
             "the reciprocal rank fusion's k is {k}: it must be a finite number at least 0"
@@ -166,12 +166,21 @@ fn check_fusion(fusion: Fusion) -> Result<()> {
 
 /// What each part said of one row.
 #[derive(Debug, Default, Clone, Copy)]
-struct Parts {
+pub(crate) struct Parts {
     /// The full-text part's rank (from 1) and score.
-    fts: Option<(u32, f32)>,
+    pub(crate) fts: Option<(u32, f32)>,
     /// The vector part's rank (from 1) and distance.
-    vector: Option<(u32, f32)>,
+    pub(crate) vector: Option<(u32, f32)>,
 }
+
+/// The columns a hybrid search adds beside the key and `_score`: naming them among the
+/// columns to return changes nothing.
+pub(crate) const OWN_COLUMNS: [&str; 4] = [
+    FTS_SCORE_COLUMN,
+    DISTANCE_COLUMN,
+    FTS_RANK_COLUMN,
+    VECTOR_RANK_COLUMN,
+];
 
 /// The hybrid search of `query` and `vector_query` over `snapshot`.
 pub(crate) async fn search(
@@ -189,15 +198,7 @@ pub(crate) async fn search(
     // The names of the hybrid's own columns are always returned: naming them changes nothing.
     let named: Option<Vec<String>> = opts.columns.as_ref().map(|c| {
         c.iter()
-            .filter(|n| {
-                ![
-                    FTS_SCORE_COLUMN,
-                    DISTANCE_COLUMN,
-                    FTS_RANK_COLUMN,
-                    VECTOR_RANK_COLUMN,
-                ]
-                .contains(&n.as_str())
-            })
+            .filter(|n| !OWN_COLUMNS.contains(&n.as_str()))
             .cloned()
             .collect()
     });
@@ -302,33 +303,7 @@ impl Ranks {
 
     /// The rows (positions) ranked `offset..offset + k` by `fused` descending, then key.
     fn page(&self, fused: &[f32], offset: usize, k: usize) -> Result<Vec<usize>> {
-        let descending = SortOptions {
-            descending: true,
-            nulls_first: false,
-        };
-        let sorted = arrow::compute::lexsort_to_indices(
-            &[
-                SortColumn {
-                    values: Arc::new(Float32Array::from(fused.to_vec())),
-                    options: Some(descending),
-                },
-                SortColumn {
-                    values: self.keys.clone(),
-                    options: Some(SortOptions {
-                        descending: false,
-                        nulls_first: false,
-                    }),
-                },
-            ],
-            None,
-        )?;
-        Ok(sorted
-            .values()
-            .iter()
-            .skip(offset)
-            .take(k)
-            .map(|i| *i as usize)
-            .collect())
+        page_by(fused, &self.keys, offset, k)
     }
 
     /// The rows `page` as a hybrid search returns them: key, fused `_score`, each part's
@@ -366,42 +341,104 @@ impl Ranks {
             &with_columns,
         )
         .await?;
-        let parts = &self.parts;
-        let score = |f: &dyn Fn(&Parts) -> Option<f32>| -> ArrayRef {
-            Arc::new(Float32Array::from_iter(page.iter().map(|i| f(&parts[*i]))))
-        };
-        let rank = |f: &dyn Fn(&Parts) -> Option<u32>| -> ArrayRef {
-            Arc::new(UInt32Array::from_iter(page.iter().map(|i| f(&parts[*i]))))
-        };
-        let mut fields: Vec<Field> = vec![
-            read.schema().field(0).clone(),
-            read.schema().field(1).clone(),
-            Field::new(FTS_SCORE_COLUMN, DataType::Float32, true),
-            Field::new(DISTANCE_COLUMN, DataType::Float32, true),
-            Field::new(FTS_RANK_COLUMN, DataType::UInt32, true),
-            Field::new(VECTOR_RANK_COLUMN, DataType::UInt32, true),
-        ];
-        let mut out: Vec<ArrayRef> = vec![
+        let fields: Vec<FieldRef> = read.schema().fields().iter().skip(2).cloned().collect();
+        let columns: Vec<ArrayRef> = read.columns().iter().skip(2).cloned().collect();
+        output_batch(
+            schema,
             read.column(0).clone(),
-            read.column(1).clone(),
-            score(&|p| p.fts.map(|f| f.1)),
-            score(&|p| p.vector.map(|v| v.1)),
-            rank(&|p| p.fts.map(|f| f.0)),
-            rank(&|p| p.vector.map(|v| v.0)),
-        ];
-        for c in 2..read.num_columns() {
-            fields.push(read.schema().field(c).clone());
-            out.push(read.column(c).clone());
-        }
-        Ok(vec![RecordBatch::try_new(
-            Arc::new(Schema::new(fields)),
-            out,
-        )?])
+            page,
+            fused,
+            &self.parts,
+            fields,
+            columns,
+        )
     }
 }
 
+/// The positions of the rows ranked `offset..offset + k` by `fused` descending, then by
+/// `keys` (the rows' keys, in the same positions) ascending.
+pub(crate) fn page_by(
+    fused: &[f32],
+    keys: &ArrayRef,
+    offset: usize,
+    k: usize,
+) -> Result<Vec<usize>> {
+    let descending = SortOptions {
+        descending: true,
+        nulls_first: false,
+    };
+    let sorted = arrow::compute::lexsort_to_indices(
+        &[
+            SortColumn {
+                values: Arc::new(Float32Array::from(fused.to_vec())),
+                options: Some(descending),
+            },
+            SortColumn {
+                values: keys.clone(),
+                options: Some(SortOptions {
+                    descending: false,
+                    nulls_first: false,
+                }),
+            },
+        ],
+        None,
+    )?;
+    Ok(sorted
+        .values()
+        .iter()
+        .skip(offset)
+        .take(k)
+        .map(|i| *i as usize)
+        .collect())
+}
+
+/// The rows `page` (positions in `fused` and `parts`) as a hybrid search returns them: key
+/// (`keys`, one per page row), fused `_score`, each part's score and rank, then the user
+/// columns `columns` (described by `fields`).
+pub(crate) fn output_batch(
+    schema: &IndexSchema,
+    keys: ArrayRef,
+    page: &[usize],
+    fused: &[f32],
+    parts: &[Parts],
+    fields: Vec<FieldRef>,
+    columns: Vec<ArrayRef>,
+) -> Result<Vec<RecordBatch>> {
+    let head = super::output_schema(schema, SCORE_COLUMN, &[]);
+    let score = |f: &dyn Fn(&Parts) -> Option<f32>| -> ArrayRef {
+        Arc::new(Float32Array::from_iter(page.iter().map(|i| f(&parts[*i]))))
+    };
+    let rank = |f: &dyn Fn(&Parts) -> Option<u32>| -> ArrayRef {
+        Arc::new(UInt32Array::from_iter(page.iter().map(|i| f(&parts[*i]))))
+    };
+    let mut out_fields: Vec<FieldRef> = vec![
+        head.fields()[0].clone(),
+        head.fields()[1].clone(),
+        Arc::new(Field::new(FTS_SCORE_COLUMN, DataType::Float32, true)),
+        Arc::new(Field::new(DISTANCE_COLUMN, DataType::Float32, true)),
+        Arc::new(Field::new(FTS_RANK_COLUMN, DataType::UInt32, true)),
+        Arc::new(Field::new(VECTOR_RANK_COLUMN, DataType::UInt32, true)),
+    ];
+    let mut out: Vec<ArrayRef> = vec![
+        keys,
+        Arc::new(Float32Array::from_iter_values(
+            page.iter().map(|i| fused[*i]),
+        )),
+        score(&|p| p.fts.map(|f| f.1)),
+        score(&|p| p.vector.map(|v| v.1)),
+        rank(&|p| p.fts.map(|f| f.0)),
+        rank(&|p| p.vector.map(|v| v.0)),
+    ];
+    out_fields.extend(fields);
+    out.extend(columns);
+    Ok(vec![RecordBatch::try_new(
+        Arc::new(Schema::new(out_fields)),
+        out,
+    )?])
+}
+
 /// Each row's fused score.
-fn fuse(fusion: Fusion, parts: &[Parts]) -> Vec<f32> {
+pub(crate) fn fuse(fusion: Fusion, parts: &[Parts]) -> Vec<f32> {
     match fusion {
         Fusion::Rrf { k } => {
             let k = f64::from(k);
