@@ -48,31 +48,43 @@ pub enum Key {
 impl Key {
     /// The stable, seeded xxh3 hash stored in generations' key sets.
     pub fn hash64(&self) -> u64 {
+        self.hash_with_seed(PK_HASH_SEED)
+    }
+
+    /// The xxh3 hash of the key's bytes (a string's UTF-8, an integer's 8 little-endian
+    /// bytes) with `seed`: [`Key::hash64`] with [`PK_HASH_SEED`], a sharded index's routing
+    /// with its own seed.
+    pub fn hash_with_seed(&self, seed: u64) -> u64 {
         match self {
-            Key::Str(s) => xxh3_64_with_seed(s.as_bytes(), PK_HASH_SEED),
-            Key::I64(v) => xxh3_64_with_seed(&v.to_le_bytes(), PK_HASH_SEED),
-            Key::U64(v) => xxh3_64_with_seed(&v.to_le_bytes(), PK_HASH_SEED),
+            Key::Str(s) => xxh3_64_with_seed(s.as_bytes(), seed),
+            Key::I64(v) => xxh3_64_with_seed(&v.to_le_bytes(), seed),
+            Key::U64(v) => xxh3_64_with_seed(&v.to_le_bytes(), seed),
         }
     }
 
     /// [`Key::hash64`] of the key at `row` of a key column (Utf8, Int64 or UInt64), without
     /// making the key (no allocation for a string). `None` if it is null.
     pub fn hash_at(array: &dyn Array, row: usize) -> Option<u64> {
+        Key::hash_at_with_seed(array, row, PK_HASH_SEED)
+    }
+
+    /// [`Key::hash_with_seed`] of the key at `row` of a key column, as [`Key::hash_at`].
+    pub fn hash_at_with_seed(array: &dyn Array, row: usize, seed: u64) -> Option<u64> {
         if array.is_null(row) {
             return None;
         }
         match array.data_type() {
             DataType::Utf8 => Some(xxh3_64_with_seed(
                 array.as_string::<i32>().value(row).as_bytes(),
-                PK_HASH_SEED,
+                seed,
             )),
             DataType::Int64 => Some(xxh3_64_with_seed(
                 &array.as_primitive::<Int64Type>().value(row).to_le_bytes(),
-                PK_HASH_SEED,
+                seed,
             )),
             DataType::UInt64 => Some(xxh3_64_with_seed(
                 &array.as_primitive::<UInt64Type>().value(row).to_le_bytes(),
-                PK_HASH_SEED,
+                seed,
             )),
             _ => None,
         }

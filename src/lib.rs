@@ -79,6 +79,7 @@ mod query;
 mod read;
 mod schema;
 mod settings;
+pub mod shard;
 pub mod sql;
 mod storage;
 mod text;

@@ -3,7 +3,9 @@
 //! version-3 generation (a hot part, and rows and vectors read by range), a version-4
 //! generation (postings and positions read by range too),
 //! version-1 WAL objects (rows, and an epoch fence as the last object) and a version-1 manifest
-//! (written by `cargo test --lib write_fixtures -- --ignored`). `tests/fixtures/index.json`
+//! (written by `cargo test --lib write_fixtures -- --ignored`); `tests/fixtures/sharded/shards` is a
+//! version-1 shard descriptor (`cargo test --lib write_descriptor_fixture -- --ignored`).
+//! `tests/fixtures/index.json`
 //! says what the index holds and what searches returned when the fixtures were written.
 //!
 //! A flipped byte in any of these objects is a `Data` error naming the object (when the index
@@ -285,5 +287,33 @@ async fn a_flipped_byte_in_any_fixture_is_a_data_error_naming_it() {
                 object.display()
             );
         }
+    }
+}
+
+#[tokio::test]
+async fn the_version_1_shard_descriptor_reads_and_a_flipped_byte_is_a_data_error() {
+    use lsmsearch::shard::{ShardLayout, SHARD_HASH_SEED};
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("sharded");
+    copy_dir(&fixtures().join("sharded"), &dir);
+    let descriptor = dir.join("shards");
+    assert_eq!(version_of(&descriptor), 1, "shard descriptor version 1");
+    let root = Location::parse(dir.to_str().expect("utf-8")).expect("location");
+    let layout = ShardLayout::read(&root)
+        .await
+        .expect("the descriptor reads");
+    assert_eq!((layout.shards, layout.seed), (3, SHARD_HASH_SEED));
+    assert_eq!(layout.hash, "xxh3-64");
+    assert_eq!(layout.schema.text, ["body"]);
+    let good = std::fs::read(&descriptor).expect("read");
+    for i in 0..good.len() {
+        let mut bad = good.clone();
+        bad[i] ^= 0x01;
+        std::fs::write(&descriptor, &bad).expect("write");
+        let e = ShardLayout::read(&root)
+            .await
+            .expect_err("a flipped byte is found");
+        assert_eq!(e.kind(), ErrorKind::Data, "flip at {i}: {e}");
+        assert!(e.to_string().contains("shards"), "flip at {i}: {e}");
     }
 }

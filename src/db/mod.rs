@@ -212,6 +212,12 @@ async fn writer_snapshot(inner: &Writer, retain: bool) -> Result<Snapshot> {
     }
 }
 
+/// Whether an index exists at `loc` (it has a manifest version).
+pub(crate) async fn index_exists(loc: &Location) -> Result<bool> {
+    let manifests = ManifestStore::new(loc.store.clone(), Paths::new(loc.root.clone()));
+    Ok(manifests.latest_version().await?.is_some())
+}
+
 impl Index {
     /// Create a new index at `loc` and open it as its writer. Fails with `Invalid` if an index
     /// already exists there.

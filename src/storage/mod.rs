@@ -143,6 +143,24 @@ impl Location {
         (loc, wrapped)
     }
 
+    /// The location `name` inside this one, in the same store (a shard of a sharded index:
+    /// `<root>/shard-0`). `name` is one path segment.
+    pub fn child(&self, name: &str) -> Result<Location> {
+        let part = object_store::path::PathPart::parse(name)
+            .ok()
+            .filter(|p| !name.is_empty() && p.as_ref() == name)
+            .ok_or_else(|| {
+                Error::invalid(format!("'{name}' is not one segment of a location's path"))
+            })?;
+        let root: Path = self.root.parts().chain(std::iter::once(part)).collect();
+        Ok(Location {
+            store: self.store.clone(),
+            root,
+            display: format!("{}/{name}", self.display.trim_end_matches('/')),
+            local_dir: self.local_dir.clone(),
+        })
+    }
+
     /// A location over an existing store (for embedding and tests).
     pub fn from_store(store: Arc<dyn ObjectStore>, root: impl Into<String>) -> Location {
         let root: String = root.into();
