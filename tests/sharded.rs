@@ -490,3 +490,119 @@ async fn a_write_to_a_shard_held_elsewhere_writes_nothing() {
     mine.close().await.unwrap();
     theirs.close().await.unwrap();
 }
+
+/// Run the command line; its stdout, or a panic with its stderr.
+fn cli(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_lsmsearch"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = cli(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn the_command_line_creates_writes_and_searches_a_sharded_index_as_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema_file = dir.path().join("schema.json");
+    std::fs::write(
+        &schema_file,
+        r#"{"primary_key": "id", "text": ["body"],
+            "vector": {"column": "emb", "dim": 4, "metric": "l2"},
+            "payload": [{"name": "year", "type": "int64"}]}"#,
+    )
+    .unwrap();
+    let rows = dir.path().join("rows.jsonl");
+    let mut lines = String::new();
+    for i in 0..200 {
+        let words: Vec<&str> = (0..(i % 7 + 1)).map(|w| WORDS[(i * 3 + w) % 8]).collect();
+        let x = (i % 13) as f32;
+        lines.push_str(
+            &serde_json::json!({"id": format!("d{i:03}"), "body": words.join(" "),
+                                "emb": [x, 1.0 - x, x / 2.0, 0.5], "year": i})
+            .to_string(),
+        );
+        lines.push('\n');
+    }
+    std::fs::write(&rows, lines).unwrap();
+    let sharded = dir.path().join("sharded").display().to_string();
+    let single = dir.path().join("single").display().to_string();
+    let schema_arg = schema_file.display().to_string();
+    let rows_arg = rows.display().to_string();
+    ok(&["init", &sharded, "--schema", &schema_arg, "--shards", "3"]);
+    ok(&["init", &single, "--schema", &schema_arg]);
+    for loc in [&sharded, &single] {
+        ok(&[
+            "ingest",
+            loc,
+            &rows_arg,
+            "--batch-size",
+            "64",
+            "--flush-every",
+            "100",
+        ]);
+        ok(&["delete", loc, "d007", "d100"]);
+    }
+    // Every search returns what one index returns.
+    let searches: [&[&str]; 4] = [
+        &[
+            "--fts",
+            "shock layer",
+            "--k",
+            "7",
+            "--offset",
+            "2",
+            "--count",
+        ],
+        &["--fts", "wing", "--highlight", "--explain", "--k", "5"],
+        &[
+            "--vector",
+            "[1, 0, 0.5, 0.5]",
+            "--exact",
+            "--k",
+            "6",
+            "--offset",
+            "1",
+        ],
+        &[
+            "--fts",
+            "flow heat",
+            "--vector",
+            "[2, -1, 1, 0.5]",
+            "--exact",
+            "--k",
+            "5",
+        ],
+    ];
+    for args in searches {
+        let run = |loc: &str| {
+            let mut all = vec!["--json", "search", loc];
+            all.extend_from_slice(args);
+            ok(&all)
+        };
+        let (got, want) = (run(&sharded), run(&single));
+        assert!(!want.trim().is_empty(), "{args:?}");
+        assert_eq!(got, want, "{args:?}");
+    }
+    // Stats per shard; compaction per shard.
+    let stats = ok(&["stats", &sharded]);
+    assert!(
+        stats.contains("shard 0") && stats.contains("shard 2"),
+        "{stats}"
+    );
+    let compacted = ok(&["compact", &sharded]);
+    assert!(compacted.contains("shard 1:"), "{compacted}");
+    // A command that reads one index says so.
+    let out = cli(&["sql", &sharded, "SELECT count(*) FROM docs"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("sharded index (3 shards)"), "{err}");
+}

@@ -12,6 +12,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 mod demo;
+mod handles;
+
+use handles::{Reader, Writer};
 
 /// The command line's allocator. glibc's per-thread arenas keep what the query, I/O and
 /// compaction threads free: a new process answering 200 mixed queries over a 2,000,000-row
@@ -70,6 +73,10 @@ enum Command {
         /// The schema file (JSON): {"primary_key": "id", "text": [...], "vector": {...}, "payload": [...]}.
         #[arg(long)]
         schema: PathBuf,
+        /// Create a sharded index of N shards (LOCATION/shard-0 ...), each row in the shard
+        /// its key hashes to, searched as one index (see docs/sharding.md).
+        #[arg(long, value_name = "N")]
+        shards: Option<u32>,
     },
     /// Append the rows of FILE (JSON lines, Parquet or Arrow IPC), upserting by primary key.
     Ingest {
@@ -324,7 +331,11 @@ fn main() -> std::process::ExitCode {
 async fn run(cli: Cli) -> lsmsearch::Result<()> {
     let json = cli.json;
     match cli.command {
-        Command::Init { open, schema } => init(&open, &schema, json).await,
+        Command::Init {
+            open,
+            schema,
+            shards,
+        } => init(&open, &schema, shards, json).await,
         Command::Ingest {
             open,
             file,
@@ -484,9 +495,15 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
             table,
         } => sql(&open, &statement, &table, json).await,
         Command::Stats { open } => {
-            let index =
-                Index::open_read_only(Location::parse(&open.location)?, open.settings).await?;
-            print_stats(&index.stats(), json);
+            let index = Reader::open(&open.location, open.settings).await?;
+            let stats = index.stats();
+            index.close().await?;
+            for (i, s) in stats.iter().enumerate() {
+                if stats.len() > 1 && !json {
+                    println!("{}shard {i}", if i > 0 { "\n" } else { "" });
+                }
+                print_stats(s, json);
+            }
             Ok(())
         }
         Command::Demo { dir } => demo::run(dir, json).await,
@@ -549,7 +566,12 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
 }
 
 /// `lsmsearch init`.
-async fn init(open: &Open, schema: &Path, json: bool) -> lsmsearch::Result<()> {
+async fn init(
+    open: &Open,
+    schema: &Path,
+    shards: Option<u32>,
+    json: bool,
+) -> lsmsearch::Result<()> {
     let text = std::fs::read_to_string(schema).map_err(|e| {
         Error::invalid(format!(
             "cannot read schema file '{}': {e}",
@@ -557,17 +579,26 @@ async fn init(open: &Open, schema: &Path, json: bool) -> lsmsearch::Result<()> {
         ))
     })?;
     let schema = IndexSchema::from_json(&text)?;
-    let index = Index::create(
-        Location::parse(&open.location)?,
-        schema,
-        open.settings.clone(),
-    )
-    .await?;
-    index.close().await?;
-    if json {
-        println!("{}", serde_json::json!({"created": open.location}));
-    } else {
-        println!("created index at {}", open.location);
+    let loc = Location::parse(&open.location)?;
+    match shards {
+        Some(n) => {
+            let index =
+                lsmsearch::shard::ShardedIndex::create(loc, schema, n, open.settings.clone())
+                    .await?;
+            index.close().await?;
+        }
+        None => {
+            let index = Index::create(loc, schema, open.settings.clone()).await?;
+            index.close().await?;
+        }
+    }
+    match (json, shards) {
+        (true, _) => println!(
+            "{}",
+            serde_json::json!({"created": open.location, "shards": shards})
+        ),
+        (false, None) => println!("created index at {}", open.location),
+        (false, Some(n)) => println!("created an index of {n} shards at {}", open.location),
     }
     Ok(())
 }
@@ -586,7 +617,7 @@ async fn ingest_file(
     if batch_size == 0 {
         return Err(Error::invalid("--batch-size must be at least 1"));
     }
-    let schema = Index::read_schema(&Location::parse(&open.location)?).await?;
+    let schema = handles::schema(&Location::parse(&open.location)?).await?;
     let mut reader = lsmsearch::ingest::read_rows(file, &schema.arrow_schema(), batch_size)?;
     let first = reader.next().transpose()?;
     if let Some(b) = first.as_ref().filter(|b| b.num_rows() > 0) {
@@ -595,7 +626,7 @@ async fn ingest_file(
             .map_err(|e| e.context(format!("rows 0..{} of '{}'", b.num_rows(), file.display())))?;
     }
     let reader: lsmsearch::ingest::RowReader = Box::new(first.map(Ok).into_iter().chain(reader));
-    let index = Index::open(Location::parse(&open.location)?, open.settings.clone()).await?;
+    let index = Writer::open(&open.location, open.settings.clone()).await?;
     let r = ingest(&index, file, reader, flush_every, durability, json).await;
     index.close().await?;
     let n = r?;
@@ -608,7 +639,7 @@ async fn ingest_file(
 /// `lsmsearch delete`.
 async fn delete(open: &Open, keys: &[String], json: bool) -> lsmsearch::Result<()> {
     // Parse the keys before opening the index as its writer (which claims an epoch).
-    let kt = Index::read_schema(&Location::parse(&open.location)?)
+    let kt = handles::schema(&Location::parse(&open.location)?)
         .await?
         .primary_key_type;
     let keys = keys
@@ -618,7 +649,7 @@ async fn delete(open: &Open, keys: &[String], json: bool) -> lsmsearch::Result<(
     if keys.is_empty() {
         return Err(Error::invalid("no keys to delete"));
     }
-    let index = Index::open(Location::parse(&open.location)?, open.settings.clone()).await?;
+    let index = Writer::open(&open.location, open.settings.clone()).await?;
     let r = index.delete(&keys).await;
     index.close().await?;
     let r = r?;
@@ -635,69 +666,86 @@ async fn delete(open: &Open, keys: &[String], json: bool) -> lsmsearch::Result<(
 
 /// `lsmsearch flush`.
 async fn flush(open: &Open, json: bool) -> lsmsearch::Result<()> {
-    let index = Index::open(Location::parse(&open.location)?, open.settings.clone()).await?;
+    let index = Writer::open(&open.location, open.settings.clone()).await?;
     let r = index.flush().await;
     let stats = index.stats();
     index.close().await?;
     r?;
-    if json {
-        println!(
-            "{}",
-            serde_json::json!({"generations": stats.generations.len(), "manifest_version": stats.manifest_version})
-        );
-    } else {
-        println!(
-            "flushed: {} generations, manifest version {}",
-            stats.generations.len(),
-            stats.manifest_version
-        );
+    for (i, s) in stats.iter().enumerate() {
+        let shard = shard_prefix(i, stats.len());
+        if json {
+            let mut v = serde_json::json!({"generations": s.generations.len(), "manifest_version": s.manifest_version});
+            if stats.len() > 1 {
+                v["shard"] = i.into();
+            }
+            println!("{v}");
+        } else {
+            println!(
+                "{shard}flushed: {} generations, manifest version {}",
+                s.generations.len(),
+                s.manifest_version
+            );
+        }
     }
     Ok(())
 }
 
+/// What a line about shard `i` of `n` starts with: nothing for an index that is not
+/// sharded.
+fn shard_prefix(i: usize, n: usize) -> String {
+    match n {
+        1 => String::new(),
+        _ => format!("shard {i}: "),
+    }
+}
+
 /// `lsmsearch compact`.
 async fn compact(open: &Open, json: bool) -> lsmsearch::Result<()> {
-    let index = Index::open(Location::parse(&open.location)?, open.settings.clone()).await?;
+    let index = Writer::open(&open.location, open.settings.clone()).await?;
     let r = match index.flush().await {
         Ok(()) => index.compact().await,
         Err(e) => Err(e),
     };
     let stats = index.stats();
     index.close().await?;
-    let report = r?;
-    if json {
-        println!(
-            "{}",
-            serde_json::json!({"compaction": report, "generations": stats.generations.len(), "manifest_version": stats.manifest_version})
-        );
-        return Ok(());
-    }
-    match report {
-        Some(r) => println!(
-            "compacted {} generations ({} rows, {} bytes) into {} ({} rows, {} bytes) in {} ms; \
-             manifest version {}",
-            r.generations_before,
-            r.rows_in,
-            r.bytes_in,
-            r.generations_after,
-            r.rows_out,
-            r.bytes_out,
-            r.millis,
-            stats.manifest_version
-        ),
-        None => println!(
-            "nothing to compact: {} generations, manifest version {}",
-            stats.generations.len(),
-            stats.manifest_version
-        ),
+    let reports = r?;
+    let n = stats.len();
+    for ((i, report), stats) in reports.into_iter().zip(&stats) {
+        let shard = shard_prefix(i, n);
+        if json {
+            let mut v = serde_json::json!({"compaction": report, "generations": stats.generations.len(), "manifest_version": stats.manifest_version});
+            if n > 1 {
+                v["shard"] = i.into();
+            }
+            println!("{v}");
+            continue;
+        }
+        match report {
+            Some(r) => println!(
+                "{shard}compacted {} generations ({} rows, {} bytes) into {} ({} rows, {} bytes) \
+                 in {} ms; manifest version {}",
+                r.generations_before,
+                r.rows_in,
+                r.bytes_in,
+                r.generations_after,
+                r.rows_out,
+                r.bytes_out,
+                r.millis,
+                stats.manifest_version
+            ),
+            None => println!(
+                "{shard}nothing to compact: {} generations, manifest version {}",
+                stats.generations.len(),
+                stats.manifest_version
+            ),
+        }
     }
     Ok(())
 }
 
 /// `lsmsearch scan`.
 async fn scan(open: &Open, filter: Option<String>) -> lsmsearch::Result<()> {
-    let index =
-        Index::open_read_only(Location::parse(&open.location)?, open.settings.clone()).await?;
+    let index = handles::one_read_only(&open.location, open.settings.clone(), "scan").await?;
     // Printed as the scan goes: one batch in memory at a time.
     let mut batches = index.scan_stream(ScanOptions { filter }).await?;
     while let Some(batch) = futures::StreamExt::next(&mut batches).await {
@@ -746,8 +794,7 @@ struct SearchRequest {
 
 /// `lsmsearch search`.
 async fn search(open: &Open, query: Query, r: SearchRequest, json: bool) -> lsmsearch::Result<()> {
-    let index =
-        Index::open_read_only(Location::parse(&open.location)?, open.settings.clone()).await?;
+    let index = Reader::open(&open.location, open.settings.clone()).await?;
     let mut matched = None;
     let rows = match query {
         Query::Fts(q) => {
@@ -762,18 +809,14 @@ async fn search(open: &Open, query: Query, r: SearchRequest, json: bool) -> lsms
                 highlight: r.highlight,
                 explain: r.explain,
             };
-            match r.count {
-                // The count and the rows of one snapshot.
-                true => {
-                    let counted = async {
-                        let pit = index.point_in_time().await?;
-                        matched = Some(pit.count_fts(&q, &opts).await?);
-                        pit.search_fts(&q, &opts).await
-                    };
-                    counted.await
-                }
-                false => index.search_fts(&q, &opts).await,
-            }
+            // With --count, the count and the rows of one snapshot.
+            index
+                .search_fts(&q, &opts, r.count)
+                .await
+                .map(|(rows, count)| {
+                    matched = count;
+                    rows
+                })
         }
         Query::Vector(v) => {
             let opts = VectorSearchOptions {
@@ -852,7 +895,7 @@ fn shortened(batch: &RecordBatch, chars: usize) -> lsmsearch::Result<RecordBatch
 /// `lsmsearch sql`.
 async fn sql(open: &Open, statement: &str, table: &str, json: bool) -> lsmsearch::Result<()> {
     let index = std::sync::Arc::new(
-        Index::open_read_only(Location::parse(&open.location)?, open.settings.clone()).await?,
+        handles::one_read_only(&open.location, open.settings.clone(), "sql").await?,
     );
     let ctx = datafusion::prelude::SessionContext::new();
     lsmsearch::sql::register(&ctx, table, index.clone())?;
@@ -892,8 +935,7 @@ async fn explain(
     filter: Option<String>,
     json: bool,
 ) -> lsmsearch::Result<()> {
-    let index =
-        Index::open_read_only(Location::parse(&open.location)?, open.settings.clone()).await?;
+    let index = handles::one_read_only(&open.location, open.settings.clone(), "explain").await?;
     let opts = SearchOptions {
         k,
         filter,
@@ -944,7 +986,7 @@ async fn bench_generations(opts: &lsmsearch::bench::Options, json: bool) -> lsms
 
 /// Append the file's rows in batches; returns the number of rows appended.
 async fn ingest(
-    index: &Index,
+    index: &Writer,
     file: &Path,
     reader: lsmsearch::ingest::RowReader,
     flush_every: Option<usize>,
