@@ -24,7 +24,7 @@ pub const EXPLANATION_COLUMN: &str = "_explanation";
 /// document frequency)` over the live rows), its text HTML-escaped (`&`, `<`, `>`, `"`) and
 /// each matched term between `pre_tag` and `post_tag`. A row whose column holds no term of the
 /// query has a null snippet.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Highlight {
     /// The text columns to highlight, each as a column `_highlight_<name>` after the returned
     /// columns (in this order). Default (`None`): every text column of the index.
@@ -211,6 +211,30 @@ impl Annotations {
 
 /// The text columns `h` highlights: those it names (each once, each a text column), or every
 /// text column.
+/// The schema of a full-text search's rows: `base` (key, `_score`, returned columns) with the
+/// columns `highlight` and `explain` add, as [`Annotations::new`] adds them.
+pub(crate) fn annotated_schema(
+    schema: &IndexSchema,
+    base: &SchemaRef,
+    highlight: Option<&Highlight>,
+    explain: bool,
+) -> Result<SchemaRef> {
+    let mut fields: Vec<Field> = base.fields().iter().map(|f| f.as_ref().clone()).collect();
+    if let Some(h) = highlight {
+        for name in highlighted(schema, h)? {
+            fields.push(Field::new(
+                format!("{HIGHLIGHT_PREFIX}{name}"),
+                DataType::Utf8,
+                true,
+            ));
+        }
+    }
+    if explain {
+        fields.push(Field::new(EXPLANATION_COLUMN, DataType::Utf8, true));
+    }
+    Ok(Arc::new(arrow::datatypes::Schema::new(fields)))
+}
+
 fn highlighted(schema: &IndexSchema, h: &Highlight) -> Result<Vec<String>> {
     let Some(names) = &h.columns else {
         return Ok(schema.text.clone());

@@ -39,7 +39,7 @@ pub struct ScanOptions {
 }
 
 /// Options of a search.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SearchOptions {
     /// How many rows to return (at least 1). Default 10.
     pub k: usize,

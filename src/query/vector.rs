@@ -23,7 +23,7 @@ use std::collections::BinaryHeap;
 use std::sync::Arc;
 
 /// Options of a vector search.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct VectorSearchOptions {
     /// How many rows to return (at least 1). Default 10.
     pub k: usize,
