@@ -18,7 +18,9 @@
 //! merged by score then key. A vector search merges each shard's best `offset + k` by exact
 //! distance, and a hybrid search fuses the merged candidates of both parts.
 
-use crate::query::hybrid::{self, Parts};
+pub mod distributed;
+
+use crate::query::hybrid::{self, Parts as Ranks};
 use crate::query::{
     result_window, within_deadline, FtsStatistics, HybridSearchOptions, SearchOptions,
     VectorSearchOptions, DISTANCE_COLUMN, SCORE_COLUMN,
@@ -642,11 +644,7 @@ impl ShardedPointInTime {
         query: &str,
         options: &SearchOptions,
     ) -> Result<FtsStatistics> {
-        let shares =
-            try_join_all(self.pits.iter().map(|p| p.fts_statistics(query, options))).await?;
-        let mut sum = FtsStatistics::default();
-        shares.iter().for_each(|s| sum.add(s));
-        Ok(sum)
+        Parts::statistics(self, query, options).await
     }
 
     /// Full-text search, exact: the shards' statistics summed, each shard's best
@@ -657,49 +655,13 @@ impl ShardedPointInTime {
         query: &str,
         options: &SearchOptions,
     ) -> Result<Vec<RecordBatch>> {
-        within_deadline("full-text", options.timeout, async {
-            let window = result_window(options.k, options.offset)?;
-            let stats = self.fts_statistics(query, options).await?;
-            let each = SearchOptions {
-                k: window,
-                offset: 0,
-                timeout: None,
-                ..options.clone()
-            };
-            let ranked = try_join_all(
-                self.pits
-                    .iter()
-                    .map(|p| p.search_fts_with_statistics(query, &each, &stats)),
-            )
-            .await?;
-            merge(ranked, SCORE_COLUMN, true, options.offset, options.k)
-        })
-        .await
+        search_fts(self, query, options).await
     }
 
     /// The exact number of live rows matching a full-text query and its filter (and its
     /// `min_score`, over scores computed with every shard's statistics).
     pub async fn count_fts(&self, query: &str, options: &SearchOptions) -> Result<u64> {
-        within_deadline("full-text count", options.timeout, async {
-            let each = SearchOptions {
-                timeout: None,
-                ..options.clone()
-            };
-            let counts = match options.min_score {
-                None => try_join_all(self.pits.iter().map(|p| p.count_fts(query, &each))).await?,
-                Some(_) => {
-                    let stats = self.fts_statistics(query, options).await?;
-                    try_join_all(
-                        self.pits
-                            .iter()
-                            .map(|p| p.count_fts_with_statistics(query, &each, &stats)),
-                    )
-                    .await?
-                }
-            };
-            Ok(counts.iter().sum())
-        })
-        .await
+        count_fts(self, query, options).await
     }
 
     /// Vector search: each shard's best `offset + k`, merged by distance then key.
@@ -708,19 +670,7 @@ impl ShardedPointInTime {
         query: &[f32],
         options: &VectorSearchOptions,
     ) -> Result<Vec<RecordBatch>> {
-        within_deadline("vector", options.timeout, async {
-            let window = result_window(options.k, options.offset)?;
-            let each = VectorSearchOptions {
-                k: window,
-                offset: 0,
-                timeout: None,
-                ..options.clone()
-            };
-            let ranked =
-                try_join_all(self.pits.iter().map(|p| p.search_vector(query, &each))).await?;
-            merge(ranked, DISTANCE_COLUMN, false, options.offset, options.k)
-        })
-        .await
+        search_vector(self, query, options).await
     }
 
     /// Hybrid search: each part's candidates merged over the shards (full text scored with
@@ -732,57 +682,214 @@ impl ShardedPointInTime {
         vector: &[f32],
         options: &HybridSearchOptions,
     ) -> Result<Vec<RecordBatch>> {
-        within_deadline("hybrid", options.timeout, async {
-            let window = result_window(options.k, options.offset)?;
-            let candidates = hybrid::candidates(options, window)?;
-            hybrid::check_fusion(options.fusion)?;
-            let columns: Option<Vec<String>> = options.columns.as_ref().map(|c| {
-                c.iter()
-                    .filter(|n| !hybrid::OWN_COLUMNS.contains(&n.as_str()))
-                    .cloned()
-                    .collect()
-            });
-            let text_opts = SearchOptions {
-                k: candidates,
-                offset: 0,
-                filter: options.filter.clone(),
-                conjunction: options.conjunction,
-                columns: columns.clone(),
-                ..SearchOptions::default()
-            };
-            let vector_opts = VectorSearchOptions {
-                k: candidates,
-                offset: 0,
-                filter: options.filter.clone(),
-                ef: options.ef,
-                exact: options.exact,
-                columns,
-                ..VectorSearchOptions::default()
-            };
-            let text = async {
-                let stats = self.fts_statistics(query, &text_opts).await?;
-                let ranked = try_join_all(
-                    self.pits
-                        .iter()
-                        .map(|p| p.search_fts_with_statistics(query, &text_opts, &stats)),
-                )
-                .await?;
-                merge(ranked, SCORE_COLUMN, true, 0, candidates)
-            };
-            let near = async {
-                let ranked = try_join_all(
-                    self.pits
-                        .iter()
-                        .map(|p| p.search_vector(vector, &vector_opts)),
-                )
-                .await?;
-                merge(ranked, DISTANCE_COLUMN, false, 0, candidates)
-            };
-            let (text, near) = futures::future::try_join(text, near).await?;
-            fuse(&self.schema, &text, &near, options)
-        })
-        .await
+        search_hybrid(self, &self.schema, query, vector, options).await
     }
+}
+
+/// Where the shards' parts of a search run: on points in time in this process
+/// ([`ShardedPointInTime`]), or on workers ([`distributed`]). One value serves one search:
+/// every call sees the same point in time of each shard.
+#[async_trait::async_trait]
+pub(crate) trait Parts: Send + Sync {
+    /// The shards' statistics of `query`, summed.
+    async fn statistics(&self, query: &str, options: &SearchOptions) -> Result<FtsStatistics>;
+
+    /// Each shard's best `options.k` rows (`options.offset` is 0) scored with `statistics`,
+    /// merged by score then key.
+    async fn fts(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+        statistics: &FtsStatistics,
+    ) -> Result<Vec<RecordBatch>>;
+
+    /// The shards' counts, summed; scores (for `min_score`) with `statistics` when given.
+    async fn count(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+        statistics: Option<&FtsStatistics>,
+    ) -> Result<u64>;
+
+    /// Each shard's best `options.k` rows (`options.offset` is 0), merged by distance then
+    /// key.
+    async fn vector(
+        &self,
+        query: &[f32],
+        options: &VectorSearchOptions,
+    ) -> Result<Vec<RecordBatch>>;
+}
+
+#[async_trait::async_trait]
+impl Parts for ShardedPointInTime {
+    async fn statistics(&self, query: &str, options: &SearchOptions) -> Result<FtsStatistics> {
+        let shares =
+            try_join_all(self.pits.iter().map(|p| p.fts_statistics(query, options))).await?;
+        let mut sum = FtsStatistics::default();
+        shares.iter().for_each(|s| sum.add(s));
+        Ok(sum)
+    }
+
+    async fn fts(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+        statistics: &FtsStatistics,
+    ) -> Result<Vec<RecordBatch>> {
+        let ranked = try_join_all(
+            self.pits
+                .iter()
+                .map(|p| p.search_fts_with_statistics(query, options, statistics)),
+        )
+        .await?;
+        merge(ranked, SCORE_COLUMN, true, 0, options.k)
+    }
+
+    async fn count(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+        statistics: Option<&FtsStatistics>,
+    ) -> Result<u64> {
+        let counts = match statistics {
+            None => try_join_all(self.pits.iter().map(|p| p.count_fts(query, options))).await?,
+            Some(stats) => {
+                try_join_all(
+                    self.pits
+                        .iter()
+                        .map(|p| p.count_fts_with_statistics(query, options, stats)),
+                )
+                .await?
+            }
+        };
+        Ok(counts.iter().sum())
+    }
+
+    async fn vector(
+        &self,
+        query: &[f32],
+        options: &VectorSearchOptions,
+    ) -> Result<Vec<RecordBatch>> {
+        let ranked =
+            try_join_all(self.pits.iter().map(|p| p.search_vector(query, options))).await?;
+        merge(ranked, DISTANCE_COLUMN, false, 0, options.k)
+    }
+}
+
+/// Full-text search over `parts`: statistics summed, then each shard's best `offset + k`
+/// scored with the sums, merged by score then key, the page `options` asks for.
+pub(crate) async fn search_fts(
+    parts: &dyn Parts,
+    query: &str,
+    options: &SearchOptions,
+) -> Result<Vec<RecordBatch>> {
+    within_deadline("full-text", options.timeout, async {
+        let window = result_window(options.k, options.offset)?;
+        let stats = parts.statistics(query, options).await?;
+        let each = SearchOptions {
+            k: window,
+            offset: 0,
+            timeout: None,
+            ..options.clone()
+        };
+        let ranked = parts.fts(query, &each, &stats).await?;
+        merge(vec![ranked], SCORE_COLUMN, true, options.offset, options.k)
+    })
+    .await
+}
+
+/// The exact number of live rows of `parts` matching a full-text query.
+pub(crate) async fn count_fts(
+    parts: &dyn Parts,
+    query: &str,
+    options: &SearchOptions,
+) -> Result<u64> {
+    within_deadline("full-text count", options.timeout, async {
+        let each = SearchOptions {
+            timeout: None,
+            ..options.clone()
+        };
+        match options.min_score {
+            None => parts.count(query, &each, None).await,
+            Some(_) => {
+                let stats = parts.statistics(query, options).await?;
+                parts.count(query, &each, Some(&stats)).await
+            }
+        }
+    })
+    .await
+}
+
+/// Vector search over `parts`: each shard's best `offset + k`, merged by distance then key.
+pub(crate) async fn search_vector(
+    parts: &dyn Parts,
+    query: &[f32],
+    options: &VectorSearchOptions,
+) -> Result<Vec<RecordBatch>> {
+    within_deadline("vector", options.timeout, async {
+        let window = result_window(options.k, options.offset)?;
+        let each = VectorSearchOptions {
+            k: window,
+            offset: 0,
+            timeout: None,
+            ..options.clone()
+        };
+        let ranked = parts.vector(query, &each).await?;
+        merge(
+            vec![ranked],
+            DISTANCE_COLUMN,
+            false,
+            options.offset,
+            options.k,
+        )
+    })
+    .await
+}
+
+/// Hybrid search over `parts`: each part's candidates merged over the shards, fused.
+pub(crate) async fn search_hybrid(
+    parts: &dyn Parts,
+    schema: &IndexSchema,
+    query: &str,
+    vector: &[f32],
+    options: &HybridSearchOptions,
+) -> Result<Vec<RecordBatch>> {
+    within_deadline("hybrid", options.timeout, async {
+        let window = result_window(options.k, options.offset)?;
+        let candidates = hybrid::candidates(options, window)?;
+        hybrid::check_fusion(options.fusion)?;
+        let columns: Option<Vec<String>> = options.columns.as_ref().map(|c| {
+            c.iter()
+                .filter(|n| !hybrid::OWN_COLUMNS.contains(&n.as_str()))
+                .cloned()
+                .collect()
+        });
+        let text_opts = SearchOptions {
+            k: candidates,
+            offset: 0,
+            filter: options.filter.clone(),
+            conjunction: options.conjunction,
+            columns: columns.clone(),
+            ..SearchOptions::default()
+        };
+        let vector_opts = VectorSearchOptions {
+            k: candidates,
+            offset: 0,
+            filter: options.filter.clone(),
+            ef: options.ef,
+            exact: options.exact,
+            columns,
+            ..VectorSearchOptions::default()
+        };
+        let text = async {
+            let stats = parts.statistics(query, &text_opts).await?;
+            parts.fts(query, &text_opts, &stats).await
+        };
+        let near = parts.vector(vector, &vector_opts);
+        let (text, near) = futures::future::try_join(text, near).await?;
+        fuse(schema, &text, &near, options)
+    })
+    .await
 }
 
 /// The rows `offset..offset + k` of every shard's ranked `batches` (each ordered by `value`
@@ -851,7 +958,7 @@ fn fuse(
     // (part batch, row) and what each part said of it.
     let mut at: HashMap<Key, usize> = HashMap::new();
     let mut rows: Vec<(usize, usize)> = Vec::new();
-    let mut parts: Vec<Parts> = Vec::new();
+    let mut parts: Vec<Ranks> = Vec::new();
     let sources: Vec<&RecordBatch> = text.iter().chain(near).collect();
     let (mut text_rank, mut near_rank) = (0u32, 0u32);
     for (b, batch) in sources.iter().enumerate() {
@@ -861,7 +968,7 @@ fn fuse(
                 .ok_or_else(|| Error::internal("a shard ranked a row without a key"))?;
             let n = *at.entry(key).or_insert_with(|| {
                 rows.push((b, row));
-                parts.push(Parts::default());
+                parts.push(Ranks::default());
                 parts.len() - 1
             });
             // Ranks count from 1 in each part's merged order (text's batches come first).

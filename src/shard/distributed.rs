@@ -1,0 +1,935 @@
+//! Sharded searches run by workers: each shard's part of a search is a leaf of a DataFusion
+//! plan ([`ShardExec`]) that datafusion-distributed ships to a worker over Arrow Flight, one
+//! task per shard (or per group of shards when there are fewer workers), merged on the
+//! coordinator by a `SortPreservingMergeExec`.
+//!
+//! A worker (`lsmsearch worker --listen HOST:PORT`, or [`serve`]) opens the shards a task
+//! names read-only (any worker can serve any shard: the data is in the object store),
+//! refreshes them, and keeps the point in time each search took of each shard for the
+//! search's second phase: full text asks every shard for its statistics first (a task that
+//! takes a point in time of each shard and pins it under the search's token), then for its
+//! rows scored with the sums (a task that must find those points in time). Tasks of one
+//! shard go to the same worker in both phases (task `i` to worker `i mod W`); a second phase
+//! that finds no point in time (its worker restarted, or the task moved) fails with an
+//! `Unavailable` error naming the shard, never with rows of another snapshot.
+
+use super::{merge, Parts, ShardLayout};
+use crate::query::{
+    returned_columns, FtsStatistics, HybridSearchOptions, SearchOptions, VectorSearchOptions,
+    DISTANCE_COLUMN, SCORE_COLUMN,
+};
+use crate::{
+    Error, ErrorKind, IndexSchema, Location, PointInTime, ReadOnlyIndex, Result, Settings,
+};
+use arrow::array::{ArrayRef, RecordBatch, StringArray, UInt32Array, UInt64Array};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::DataFusionError;
+use datafusion::execution::{SendableRecordBatchStream, SessionStateBuilder, TaskContext};
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use datafusion::prelude::SessionContext;
+use datafusion_distributed::{
+    DesiredTaskCountEvent, DesiredTaskCountEventResponse, DistributedExt, DistributedLeafExec,
+    RouteTasksEvent, RouteTasksEventResponse, ScaleUpLeafNodeEvent, ScaleUpLeafNodeEventResponse,
+    SessionStateBuilderExt, Worker, WorkerQueryContext, WorkerResolver,
+};
+use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+use url::Url;
+
+/// How long a worker keeps the point in time a search took of a shard, for the search's
+/// second phase.
+const PINNED_FOR: Duration = Duration::from_secs(60);
+
+/// The most points in time a worker keeps pinned at once (the oldest go first).
+const MAX_PINNED: u64 = 4096;
+
+/// What a shard's part of a search does.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+enum Request {
+    /// The shard's share of the full-text statistics of `query`.
+    Statistics {
+        query: String,
+        options: SearchOptions,
+    },
+    /// The shard's best `options.k` rows of `query`, scored with `statistics`.
+    Fts {
+        query: String,
+        options: SearchOptions,
+        statistics: FtsStatistics,
+    },
+    /// The shard's count of rows matching `query` (scored with `statistics` when given).
+    Count {
+        query: String,
+        options: SearchOptions,
+        statistics: Option<FtsStatistics>,
+    },
+    /// The shard's nearest `options.k` rows to `query`.
+    Vector {
+        query: Vec<f32>,
+        options: VectorSearchOptions,
+    },
+}
+
+/// Whether a task takes the point in time it reads, or finds the one an earlier task of the
+/// same search took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+enum Pin {
+    Take,
+    Find,
+}
+
+/// What a [`ShardExec`] carries to its worker (its codec's JSON).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct ShardNode {
+    /// The format of this message: 1.
+    version: u32,
+    /// The sharded index's location, as a worker parses it.
+    location: String,
+    /// The schema of every shard.
+    schema: IndexSchema,
+    /// The index's shard count.
+    shards: u32,
+    /// The shards this node reads.
+    reads: Vec<usize>,
+    /// The search this task belongs to: the key its points in time are pinned under.
+    search: String,
+    pin: Pin,
+    request: Request,
+}
+
+impl ShardNode {
+    /// The rows this node returns, and the order they come in.
+    fn output(&self) -> Result<(SchemaRef, Option<(bool, &'static str)>)> {
+        Ok(match &self.request {
+            Request::Statistics { .. } => (
+                Arc::new(Schema::new(vec![
+                    Field::new("shard", DataType::UInt32, false),
+                    Field::new("statistics", DataType::Utf8, false),
+                ])),
+                None,
+            ),
+            Request::Count { .. } => (
+                Arc::new(Schema::new(vec![
+                    Field::new("shard", DataType::UInt32, false),
+                    Field::new("count", DataType::UInt64, false),
+                ])),
+                None,
+            ),
+            Request::Fts { options, .. } => {
+                let columns =
+                    returned_columns(&self.schema, options.columns.as_deref(), SCORE_COLUMN)?;
+                let base = crate::query::output_schema(&self.schema, SCORE_COLUMN, &columns);
+                let schema = crate::query::annotate::annotated_schema(
+                    &self.schema,
+                    &base,
+                    options.highlight.as_ref(),
+                    options.explain,
+                )?;
+                (schema, Some((true, SCORE_COLUMN)))
+            }
+            Request::Vector { options, .. } => {
+                let columns =
+                    returned_columns(&self.schema, options.columns.as_deref(), DISTANCE_COLUMN)?;
+                (
+                    crate::query::output_schema(&self.schema, DISTANCE_COLUMN, &columns),
+                    Some((false, DISTANCE_COLUMN)),
+                )
+            }
+        })
+    }
+
+    /// The same node reading `reads`.
+    fn reading(&self, reads: Vec<usize>) -> ShardNode {
+        ShardNode {
+            reads,
+            ..self.clone()
+        }
+    }
+}
+
+/// A shard's part of a sharded search: the leaf of the plan a worker runs. One partition:
+/// the rows of the shards it reads, ordered by score (or distance) then key.
+#[derive(Debug)]
+pub struct ShardExec {
+    node: ShardNode,
+    properties: Arc<PlanProperties>,
+}
+
+impl ShardExec {
+    fn new(node: ShardNode) -> Result<ShardExec> {
+        let (schema, order) = node.output()?;
+        // Ranked rows come by score (or distance) then key; a shard's statistics or count,
+        // by shard. Either way the merge above the tasks keeps their order, and the planner
+        // puts the tasks on workers below it.
+        let ordering = match order {
+            Some((descending, value)) => {
+                crate::query::exec::sort_ordering(&schema, descending, value)?
+            }
+            None => datafusion::physical_expr::LexOrdering::new(vec![
+                datafusion::physical_expr::PhysicalSortExpr::new(
+                    datafusion::physical_expr::expressions::col("shard", &schema)?,
+                    arrow::compute::SortOptions::default(),
+                ),
+            ])
+            .ok_or_else(|| Error::internal("an empty ordering"))?,
+        };
+        let equivalence = EquivalenceProperties::new_with_orderings(schema.clone(), [ordering]);
+        let properties = Arc::new(PlanProperties::new(
+            equivalence,
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        ));
+        Ok(ShardExec { node, properties })
+    }
+
+    /// The ordering of this node's rows, for the merge above it.
+    fn ordering(&self) -> Option<datafusion::physical_expr::LexOrdering> {
+        self.properties.equivalence_properties().output_ordering()
+    }
+}
+
+impl DisplayAs for ShardExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        let what = match &self.node.request {
+            Request::Statistics { query, .. } => format!("statistics of {query:?}"),
+            Request::Fts { query, options, .. } => format!("full text {query:?}, k={}", options.k),
+            Request::Count { query, .. } => format!("count of {query:?}"),
+            Request::Vector { options, .. } => format!("vector, k={}", options.k),
+        };
+        write!(
+            f,
+            "ShardExec: {what}, shards={:?} of {}",
+            self.node.reads, self.node.shards
+        )
+    }
+}
+
+impl ExecutionPlan for ShardExec {
+    fn name(&self) -> &str {
+        "ShardExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        Vec::new()
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> datafusion::common::Result<TreeNodeRecursion>,
+    ) -> datafusion::common::Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        _children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn execute(
+        &self,
+        _partition: usize,
+        _context: Arc<TaskContext>,
+    ) -> datafusion::common::Result<SendableRecordBatchStream> {
+        let node = self.node.clone();
+        let schema = self.schema();
+        let out = schema.clone();
+        let rows = async move {
+            let batch = run(&node, &out)
+                .await
+                .map_err(|e| DataFusionError::External(Box::new(e)))?;
+            Ok(batch)
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            schema,
+            futures::stream::once(rows),
+        )))
+    }
+}
+
+/// Run `node` on this worker: its shards' parts, as one batch of `schema`.
+async fn run(node: &ShardNode, schema: &SchemaRef) -> Result<RecordBatch> {
+    if node.version != 1 {
+        return Err(Error::invalid(format!(
+            "a shard task of format {} (this worker reads format 1)",
+            node.version
+        )));
+    }
+    let pits = futures::future::try_join_all(
+        node.reads
+            .iter()
+            .map(|shard| registry().point_in_time(node, *shard)),
+    )
+    .await?;
+    let shard_ids = || UInt32Array::from_iter_values(node.reads.iter().map(|s| *s as u32));
+    let batches: Vec<RecordBatch> = match &node.request {
+        Request::Statistics { query, options } => {
+            let shares = futures::future::try_join_all(
+                pits.iter().map(|p| p.fts_statistics(query, options)),
+            )
+            .await?;
+            let json: Vec<String> = shares
+                .iter()
+                .map(|s| serde_json::to_string(s).map_err(|e| Error::internal(e.to_string())))
+                .collect::<Result<_>>()?;
+            vec![RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    Arc::new(shard_ids()) as ArrayRef,
+                    Arc::new(StringArray::from(json)),
+                ],
+            )?]
+        }
+        Request::Count {
+            query,
+            options,
+            statistics,
+        } => {
+            let counts = futures::future::try_join_all(pits.iter().map(|p| async move {
+                match statistics {
+                    Some(s) => p.count_fts_with_statistics(query, options, s).await,
+                    None => p.count_fts(query, options).await,
+                }
+            }))
+            .await?;
+            vec![RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    Arc::new(shard_ids()) as ArrayRef,
+                    Arc::new(UInt64Array::from(counts)),
+                ],
+            )?]
+        }
+        Request::Fts {
+            query,
+            options,
+            statistics,
+        } => {
+            let ranked = futures::future::try_join_all(
+                pits.iter()
+                    .map(|p| p.search_fts_with_statistics(query, options, statistics)),
+            )
+            .await?;
+            merge(ranked, SCORE_COLUMN, true, 0, options.k)?
+        }
+        Request::Vector { query, options } => {
+            let ranked =
+                futures::future::try_join_all(pits.iter().map(|p| p.search_vector(query, options)))
+                    .await?;
+            merge(ranked, DISTANCE_COLUMN, false, 0, options.k)?
+        }
+    };
+    match batches.first() {
+        None => Ok(RecordBatch::new_empty(schema.clone())),
+        Some(b) => Ok(RecordBatch::try_new(schema.clone(), b.columns().to_vec())?),
+    }
+}
+
+/// What a worker holds: a read-only handle of each shard it served, and the points in time
+/// searches pinned.
+struct Registry {
+    settings: Mutex<Settings>,
+    handles: tokio::sync::Mutex<HashMap<(String, usize), Arc<ReadOnlyIndex>>>,
+    pinned: moka::future::Cache<(String, String, usize), PointInTime>,
+}
+
+/// This process's registry (workers in one process share it).
+fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(|| Registry {
+        settings: Mutex::new(Settings::default()),
+        handles: tokio::sync::Mutex::new(HashMap::new()),
+        pinned: moka::future::Cache::builder()
+            .max_capacity(MAX_PINNED)
+            .time_to_live(PINNED_FOR)
+            .build(),
+    })
+}
+
+impl Registry {
+    /// The read-only handle of `shard` of the index at `location`, opened on first use.
+    async fn handle(
+        &self,
+        location: &str,
+        shard: usize,
+        shards: u32,
+    ) -> Result<Arc<ReadOnlyIndex>> {
+        let mut handles = self.handles.lock().await;
+        if let Some(h) = handles.get(&(location.to_string(), shard)) {
+            return Ok(h.clone());
+        }
+        let root = Location::parse(location)?;
+        let loc = root.child(&format!("shard-{shard}"))?;
+        let settings = self.settings.lock().map(|s| s.clone()).unwrap_or_default();
+        let h = Arc::new(
+            crate::Index::open_read_only(loc, settings)
+                .await
+                .map_err(|e| e.context(format!("shard {shard} of {shards} at {location}")))?,
+        );
+        handles.insert((location.to_string(), shard), h.clone());
+        Ok(h)
+    }
+
+    /// The point in time `node`'s search reads of `shard`: taken now (after a refresh) by a
+    /// task that takes one, found by a task of a later phase.
+    async fn point_in_time(&self, node: &ShardNode, shard: usize) -> Result<PointInTime> {
+        if shard >= node.shards as usize {
+            return Err(Error::invalid(format!(
+                "a task names shard {shard} of an index of {} shards",
+                node.shards
+            )));
+        }
+        let key = (node.search.clone(), node.location.clone(), shard);
+        match node.pin {
+            Pin::Find => self.pinned.get(&key).await.ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "shard {shard} of {}: the point in time this search took of it is not on \
+                         this worker (the worker restarted, or the search's tasks moved); run \
+                         the search again",
+                        node.location
+                    ),
+                )
+            }),
+            Pin::Take => self
+                .pinned
+                .try_get_with(key, async {
+                    let h = self.handle(&node.location, shard, node.shards).await?;
+                    h.refresh().await?;
+                    h.point_in_time().await
+                })
+                .await
+                .map_err(|e: Arc<Error>| Error::new(e.kind(), e.to_string())),
+        }
+    }
+}
+
+/// The codec of [`ShardExec`]: its [`ShardNode`] as JSON.
+#[derive(Debug)]
+pub struct ShardCodec;
+
+impl PhysicalExtensionCodec for ShardCodec {
+    fn try_decode(
+        &self,
+        buf: &[u8],
+        inputs: &[Arc<dyn ExecutionPlan>],
+        _ctx: &TaskContext,
+        _proto_converter: &dyn PhysicalProtoConverterExtension,
+    ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
+        if !inputs.is_empty() {
+            return Err(DataFusionError::Internal(format!(
+                "a shard task has no inputs, not {}",
+                inputs.len()
+            )));
+        }
+        let node: ShardNode = serde_json::from_slice(buf)
+            .map_err(|e| DataFusionError::Internal(format!("a shard task: {e}")))?;
+        Ok(Arc::new(
+            ShardExec::new(node).map_err(|e| DataFusionError::External(Box::new(e)))?,
+        ))
+    }
+
+    fn try_encode(
+        &self,
+        node: Arc<dyn ExecutionPlan>,
+        buf: &mut Vec<u8>,
+        _proto_converter: &dyn PhysicalProtoConverterExtension,
+    ) -> datafusion::common::Result<()> {
+        let Some(exec) = node.downcast_ref::<ShardExec>() else {
+            return Err(DataFusionError::Internal(format!(
+                "the shard codec encodes ShardExec, not {}",
+                node.name()
+            )));
+        };
+        serde_json::to_writer(buf, &exec.node)
+            .map_err(|e| DataFusionError::Internal(format!("a shard task: {e}")))
+    }
+}
+
+/// Serve shard tasks on `listener` until the process ends: the worker of `lsmsearch worker
+/// --listen ADDR`. Shards are opened read-only with `settings`.
+pub async fn serve(listener: tokio::net::TcpListener, settings: Settings) -> Result<()> {
+    settings.validate()?;
+    if let Ok(mut s) = registry().settings.lock() {
+        *s = settings;
+    }
+    let worker = Worker::from_session_builder(|ctx: WorkerQueryContext| async move {
+        Ok(ctx.builder.with_distributed_user_codec(ShardCodec).build())
+    });
+    tonic::transport::Server::builder()
+        .add_service(worker.into_worker_server())
+        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+        .await
+        .map_err(|e| Error::new(ErrorKind::Unavailable, format!("worker: {e}")))
+}
+
+/// The workers a coordinator sends tasks to.
+#[derive(Debug, Clone)]
+struct Urls(Arc<Vec<Url>>);
+
+impl WorkerResolver for Urls {
+    fn get_urls(&self) -> datafusion::common::Result<Vec<Url>> {
+        Ok(self.0.as_ref().clone())
+    }
+}
+
+/// A sharded index searched through workers: the same searches as a [`super::ShardedIndex`]
+/// in this process, and the same results, with each shard's part run by a worker.
+pub struct DistributedIndex {
+    location: String,
+    layout: ShardLayout,
+    workers: Arc<Vec<Url>>,
+    ctx: SessionContext,
+}
+
+impl std::fmt::Debug for DistributedIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DistributedIndex")
+            .field("location", &self.location)
+            .field("shards", &self.layout.shards)
+            .field("workers", &self.workers)
+            .finish()
+    }
+}
+
+impl DistributedIndex {
+    /// The sharded index at `location` (which every worker must reach: a local path shared
+    /// with them, or `s3://...`), searched through the workers at `workers` (`HOST:PORT`).
+    pub async fn open(location: &str, workers: &[String]) -> Result<DistributedIndex> {
+        if workers.is_empty() {
+            return Err(Error::invalid(
+                "a distributed search needs at least one worker",
+            ));
+        }
+        let urls = workers
+            .iter()
+            .map(|w| {
+                let url = match w.contains("://") {
+                    true => w.clone(),
+                    false => format!("http://{w}"),
+                };
+                Url::parse(&url).map_err(|e| Error::invalid(format!("worker '{w}': {e}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let layout = ShardLayout::read(&Location::parse(location)?).await?;
+        let urls = Arc::new(urls);
+        let route = urls.clone();
+        let state = SessionStateBuilder::new()
+            .with_default_features()
+            .with_distributed_worker_resolver(Urls(urls.clone()))
+            .with_distributed_planner()
+            .with_distributed_user_codec(ShardCodec)
+            .with_distributed_desired_task_count_handler(desired_tasks)
+            .with_distributed_scale_up_leaf_node_handler(scale_up)
+            .with_distributed_route_tasks_handler(move |ev: RouteTasksEvent| {
+                // Task i always goes to worker i mod W: both phases of a search find a
+                // shard's point in time on the worker that took it.
+                Some(Ok(RouteTasksEventResponse::new(
+                    (0..ev.task_count)
+                        .map(|i| route[i % route.len()].clone())
+                        .collect(),
+                )))
+            })
+            .build();
+        Ok(DistributedIndex {
+            location: location.to_string(),
+            layout,
+            workers: urls,
+            ctx: SessionContext::from(state),
+        })
+    }
+
+    /// The layout: shard count, routing and schema.
+    pub fn layout(&self) -> &ShardLayout {
+        &self.layout
+    }
+
+    /// A new search: the token its points in time are pinned under.
+    fn search(&self) -> Search<'_> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        let token = format!(
+            "{:016x}",
+            xxhash_rust::xxh3::xxh3_64(format!("{now}-{}-{n}", std::process::id()).as_bytes())
+        );
+        Search { index: self, token }
+    }
+
+    /// Full-text search, exact (see [`super::ShardedPointInTime::search_fts`]).
+    pub async fn search_fts(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+    ) -> Result<Vec<RecordBatch>> {
+        super::search_fts(&self.search(), query, options).await
+    }
+
+    /// The exact number of live rows matching a full-text query.
+    pub async fn count_fts(&self, query: &str, options: &SearchOptions) -> Result<u64> {
+        super::count_fts(&self.search(), query, options).await
+    }
+
+    /// A full-text search and the number of live rows matching it, both of one point in
+    /// time of each shard.
+    pub async fn search_and_count_fts(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+    ) -> Result<(Vec<RecordBatch>, u64)> {
+        let search = self.search();
+        let rows = super::search_fts(&search, query, options).await?;
+        let count = super::count_fts(&search, query, options).await?;
+        Ok((rows, count))
+    }
+
+    /// Vector search (see [`super::ShardedPointInTime::search_vector`]).
+    pub async fn search_vector(
+        &self,
+        query: &[f32],
+        options: &VectorSearchOptions,
+    ) -> Result<Vec<RecordBatch>> {
+        super::search_vector(&self.search(), query, options).await
+    }
+
+    /// Hybrid search (see [`super::ShardedPointInTime::search_hybrid`]).
+    pub async fn search_hybrid(
+        &self,
+        query: &str,
+        vector: &[f32],
+        options: &HybridSearchOptions,
+    ) -> Result<Vec<RecordBatch>> {
+        super::search_hybrid(&self.search(), &self.layout.schema, query, vector, options).await
+    }
+
+    /// The distributed plan of a full-text search's second phase, as text: its stages, the
+    /// tasks of each and the workers they go to.
+    pub async fn explain_fts(&self, query: &str, options: &SearchOptions) -> Result<String> {
+        let search = self.search();
+        let node = search.node(
+            Pin::Find,
+            Request::Fts {
+                query: query.to_string(),
+                options: options.clone(),
+                statistics: FtsStatistics::default(),
+            },
+        );
+        let plan = search.planned(node, Some(options.k)).await?;
+        Ok(datafusion_distributed::display_plan_ascii(
+            plan.as_ref(),
+            false,
+        ))
+    }
+}
+
+/// A table whose scan is a physical plan made beforehand: how a plan built by hand reaches
+/// the session's query planner, which distributes it.
+#[derive(Debug)]
+struct Planned(Arc<dyn ExecutionPlan>);
+
+#[async_trait::async_trait]
+impl datafusion::datasource::TableProvider for Planned {
+    fn schema(&self) -> SchemaRef {
+        self.0.schema()
+    }
+
+    fn table_type(&self) -> datafusion::datasource::TableType {
+        datafusion::datasource::TableType::Temporary
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn datafusion::catalog::Session,
+        _projection: Option<&Vec<usize>>,
+        _filters: &[datafusion::logical_expr::Expr],
+        _limit: Option<usize>,
+    ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
+        Ok(self.0.clone())
+    }
+}
+
+/// One search through the workers.
+struct Search<'a> {
+    index: &'a DistributedIndex,
+    token: String,
+}
+
+impl Search<'_> {
+    fn node(&self, pin: Pin, request: Request) -> ShardNode {
+        ShardNode {
+            version: 1,
+            location: self.index.location.clone(),
+            schema: self.index.layout.schema.clone(),
+            shards: self.index.layout.shards,
+            reads: (0..self.index.layout.shards as usize).collect(),
+            search: self.token.clone(),
+            pin,
+            request,
+        }
+    }
+
+    /// `node` over every shard, merged by its order (keeping `fetch` rows) when it has one,
+    /// made distributed by the session's planner (which plans from a logical plan: a scan of
+    /// a table whose plan this is).
+    async fn planned(
+        &self,
+        node: ShardNode,
+        fetch: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let leaf = Arc::new(ShardExec::new(node)?);
+        let ordering = leaf
+            .ordering()
+            .ok_or_else(|| Error::internal("a shard node without an ordering"))?;
+        let plan: Arc<dyn ExecutionPlan> =
+            Arc::new(SortPreservingMergeExec::new(ordering, leaf).with_fetch(fetch));
+        let source = datafusion::datasource::provider_as_source(Arc::new(Planned(plan)));
+        let logical =
+            datafusion::logical_expr::LogicalPlanBuilder::scan("shards", source, None)?.build()?;
+        Ok(self
+            .index
+            .ctx
+            .state()
+            .create_physical_plan(&logical)
+            .await?)
+    }
+
+    /// Run `node` over every shard through the workers.
+    async fn run(&self, node: ShardNode, fetch: Option<usize>) -> Result<Vec<RecordBatch>> {
+        let plan = self.planned(node, fetch).await?;
+        if std::env::var("DEBUG_PLANS").is_ok() {
+            eprintln!(
+                "{}",
+                datafusion_distributed::display_plan_ascii(plan.as_ref(), false)
+            );
+        }
+        datafusion::physical_plan::collect(plan, self.index.ctx.task_ctx())
+            .await
+            .map_err(|e| self.failed(e))
+    }
+
+    /// The error of a search whose tasks failed: of the kind of ours when a worker returned
+    /// one (a task's error crosses as text: `External error: <kind>: ...`), otherwise
+    /// `Unavailable` (a worker that cannot be reached or died), naming the workers.
+    fn failed(&self, e: DataFusionError) -> Error {
+        let text = e.to_string();
+        let kind = [
+            ErrorKind::Invalid,
+            ErrorKind::Data,
+            ErrorKind::Timeout,
+            ErrorKind::Unavailable,
+        ]
+        .into_iter()
+        .find(|k| text.contains(&format!("External error: {k}: ")))
+        .unwrap_or(ErrorKind::Unavailable);
+        let workers: Vec<String> = self.index.workers.iter().map(|u| u.to_string()).collect();
+        // The shards whose tasks went to a worker the error names (task j reads the shards
+        // i with i mod T = j, and goes to worker j mod W).
+        let (n, w) = (self.index.layout.shards as usize, self.index.workers.len());
+        let tasks = n.min(w).max(1);
+        let named: Vec<usize> = (0..n)
+            .filter(|i| {
+                let url = &self.index.workers[(i % tasks) % w];
+                let at = format!(
+                    "{}:{}",
+                    url.host_str().unwrap_or_default(),
+                    url.port_or_known_default().unwrap_or_default()
+                );
+                text.contains(&at)
+            })
+            .collect();
+        let shards = match named.is_empty() {
+            true => String::new(),
+            false => format!(" (shards {named:?} were on the worker it names)"),
+        };
+        Error::new(
+            kind,
+            format!(
+                "a sharded search of {} on workers {}{shards}: {text}",
+                self.index.location,
+                workers.join(", ")
+            ),
+        )
+    }
+}
+
+#[async_trait::async_trait]
+impl Parts for Search<'_> {
+    async fn statistics(&self, query: &str, options: &SearchOptions) -> Result<FtsStatistics> {
+        let shards = self.index.layout.shards as usize;
+        let node = self.node(
+            Pin::Take,
+            Request::Statistics {
+                query: query.to_string(),
+                options: options.clone(),
+            },
+        );
+        // One row a shard: the merge's fetch keeps it above the tasks (a merge of one
+        // partition without a fetch is planned away, and the tasks with it).
+        let rows = self.run(node, Some(shards)).await?;
+        let mut sum = FtsStatistics::default();
+        let mut seen = vec![false; self.index.layout.shards as usize];
+        for b in &rows {
+            let shards = b.column(0).as_any().downcast_ref::<UInt32Array>();
+            let json = b.column(1).as_any().downcast_ref::<StringArray>();
+            let (Some(shards), Some(json)) = (shards, json) else {
+                return Err(Error::internal("shard statistics of an unexpected type"));
+            };
+            for i in 0..b.num_rows() {
+                let share: FtsStatistics = serde_json::from_str(json.value(i))
+                    .map_err(|e| Error::internal(format!("shard statistics: {e}")))?;
+                sum.add(&share);
+                if let Some(s) = seen.get_mut(shards.value(i) as usize) {
+                    *s = true;
+                }
+            }
+        }
+        self.all_shards(&seen)?;
+        Ok(sum)
+    }
+
+    async fn fts(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+        statistics: &FtsStatistics,
+    ) -> Result<Vec<RecordBatch>> {
+        let node = self.node(
+            Pin::Find,
+            Request::Fts {
+                query: query.to_string(),
+                options: options.clone(),
+                statistics: statistics.clone(),
+            },
+        );
+        self.run(node, Some(options.k)).await
+    }
+
+    async fn count(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+        statistics: Option<&FtsStatistics>,
+    ) -> Result<u64> {
+        let shards = self.index.layout.shards as usize;
+        let pin = match statistics {
+            Some(_) => Pin::Find,
+            None => Pin::Take,
+        };
+        let node = self.node(
+            pin,
+            Request::Count {
+                query: query.to_string(),
+                options: options.clone(),
+                statistics: statistics.cloned(),
+            },
+        );
+        // One row a shard: the merge's fetch keeps it above the tasks (a merge of one
+        // partition without a fetch is planned away, and the tasks with it).
+        let rows = self.run(node, Some(shards)).await?;
+        let mut seen = vec![false; self.index.layout.shards as usize];
+        let mut total = 0;
+        for b in &rows {
+            let shards = b.column(0).as_any().downcast_ref::<UInt32Array>();
+            let counts = b.column(1).as_any().downcast_ref::<UInt64Array>();
+            let (Some(shards), Some(counts)) = (shards, counts) else {
+                return Err(Error::internal("shard counts of an unexpected type"));
+            };
+            for i in 0..b.num_rows() {
+                total += counts.value(i);
+                if let Some(s) = seen.get_mut(shards.value(i) as usize) {
+                    *s = true;
+                }
+            }
+        }
+        self.all_shards(&seen)?;
+        Ok(total)
+    }
+
+    async fn vector(
+        &self,
+        query: &[f32],
+        options: &VectorSearchOptions,
+    ) -> Result<Vec<RecordBatch>> {
+        let node = self.node(
+            Pin::Take,
+            Request::Vector {
+                query: query.to_vec(),
+                options: options.clone(),
+            },
+        );
+        self.run(node, Some(options.k)).await
+    }
+}
+
+impl Search<'_> {
+    /// An `Unavailable` error naming the shards no task answered for (never a partial sum).
+    fn all_shards(&self, seen: &[bool]) -> Result<()> {
+        let missing: Vec<usize> = (0..seen.len()).filter(|i| !seen[*i]).collect();
+        match missing.is_empty() {
+            true => Ok(()),
+            false => Err(Error::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "a sharded search of {}: no worker answered for shards {missing:?}",
+                    self.index.location
+                ),
+            )),
+        }
+    }
+}
+
+/// One task per shard (the planner caps it at the number of workers).
+fn desired_tasks(
+    ev: DesiredTaskCountEvent,
+) -> Option<datafusion::common::Result<DesiredTaskCountEventResponse>> {
+    let exec = ev.plan.downcast_ref::<ShardExec>()?;
+    Some(Ok(DesiredTaskCountEventResponse::desired(
+        exec.node.reads.len().max(1),
+    )))
+}
+
+/// Task `j` of `T` reads the shards `i` with `i mod T = j`.
+fn scale_up(
+    ev: ScaleUpLeafNodeEvent,
+) -> Option<datafusion::common::Result<ScaleUpLeafNodeEventResponse>> {
+    let exec = ev.plan.downcast_ref::<ShardExec>()?;
+    let tasks = ev.task_count.max(1);
+    let variants = (0..tasks).map(|j| {
+        let reads: Vec<usize> = exec
+            .node
+            .reads
+            .iter()
+            .copied()
+            .filter(|i| i % tasks == j)
+            .collect();
+        ShardExec::new(exec.node.reading(reads))
+            .map(|e| Arc::new(e) as Arc<dyn ExecutionPlan>)
+            .map_err(|e| DataFusionError::External(Box::new(e)))
+    });
+    let variants = match variants.collect::<datafusion::common::Result<Vec<_>>>() {
+        Ok(v) => v,
+        Err(e) => return Some(Err(e)),
+    };
+    Some(
+        DistributedLeafExec::try_new(Arc::clone(ev.plan), variants)
+            .map(|leaf| ScaleUpLeafNodeEventResponse::new(Arc::new(leaf))),
+    )
+}
