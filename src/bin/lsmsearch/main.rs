@@ -184,6 +184,11 @@ enum Command {
         /// --count, the count and the search each have this long).
         #[arg(long)]
         timeout_ms: Option<u64>,
+        /// A sharded index: run each shard's part of the search on these workers
+        /// (`lsmsearch worker`), HOST:PORT,... (by default this process reads every shard).
+        /// The results are the same.
+        #[arg(long, value_delimiter = ',', value_name = "HOST:PORT,...")]
+        workers: Option<Vec<String>>,
         /// Full-text search: also print the exact number of live rows that match (and pass
         /// the filter and --min-score), counted on the search's snapshot: a line before the
         /// table, or a first JSON line {"count": N} with --json.
@@ -233,6 +238,17 @@ enum Command {
         /// The name the index has in the statement.
         #[arg(long, default_value = "docs")]
         table: String,
+    },
+    /// Serve the shard tasks of distributed searches (`lsmsearch search --workers`) on
+    /// HOST:PORT: shards are opened read-only from the location each task names. Prints
+    /// `listening on ADDR` once it accepts connections (port 0 picks a free port).
+    Worker {
+        /// The address to listen on, e.g. 127.0.0.1:7070.
+        #[arg(long)]
+        listen: String,
+        /// Settings of the shards' read-only handles, as JSON (`Settings` fields).
+        #[arg(long, value_parser = settings_json, default_value = "{}")]
+        settings: Settings,
     },
     /// Print generations, memtable rows, pending WAL objects and the writer epoch.
     Stats {
@@ -369,6 +385,7 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
             weights,
             candidates,
             timeout_ms,
+            workers,
             count,
             highlight,
             highlight_columns,
@@ -481,8 +498,12 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
                 }),
                 explain,
             };
-            search(&open, query, request, json).await
+            match workers {
+                Some(w) => distributed_search(&open, &w, query, request, json).await,
+                None => search(&open, query, request, json).await,
+            }
         }
+        Command::Worker { listen, settings } => worker(&listen, settings, json).await,
         Command::Explain {
             open,
             fts,
@@ -863,6 +884,92 @@ async fn search(open: &Open, query: Query, r: SearchRequest, json: bool) -> lsms
         (None, _) => {}
     }
     print_rows(&rows, json)
+}
+
+/// `lsmsearch search --workers`: each shard's part of the search on a worker.
+async fn distributed_search(
+    open: &Open,
+    workers: &[String],
+    query: Query,
+    r: SearchRequest,
+    json: bool,
+) -> lsmsearch::Result<()> {
+    let index =
+        lsmsearch::shard::distributed::DistributedIndex::open(&open.location, workers).await?;
+    let (rows, matched) = match query {
+        Query::Fts(q) => {
+            let opts = SearchOptions {
+                k: r.k,
+                filter: r.filter,
+                conjunction: r.conjunction,
+                min_score: r.min_score,
+                offset: r.offset,
+                columns: r.columns,
+                timeout: r.timeout,
+                highlight: r.highlight,
+                explain: r.explain,
+            };
+            // With --count, the count and the rows of one point in time of each shard.
+            match r.count {
+                true => {
+                    let (rows, n) = index.search_and_count_fts(&q, &opts).await?;
+                    (rows, Some(n))
+                }
+                false => (index.search_fts(&q, &opts).await?, None),
+            }
+        }
+        Query::Vector(v) => {
+            let opts = VectorSearchOptions {
+                k: r.k,
+                filter: r.filter,
+                ef: r.ef,
+                exact: r.exact,
+                max_distance: r.max_distance,
+                offset: r.offset,
+                columns: r.columns,
+                timeout: r.timeout,
+            };
+            (index.search_vector(&v, &opts).await?, None)
+        }
+        Query::Hybrid(q, v) => {
+            let opts = HybridSearchOptions {
+                k: r.k,
+                offset: r.offset,
+                filter: r.filter,
+                columns: r.columns,
+                fusion: r.fusion,
+                candidates: r.candidates,
+                conjunction: r.conjunction,
+                ef: r.ef,
+                exact: r.exact,
+                timeout: r.timeout,
+            };
+            (index.search_hybrid(&q, &v, &opts).await?, None)
+        }
+    };
+    match (matched, json) {
+        (Some(n), true) => println!("{}", serde_json::json!({ "count": n })),
+        (Some(1), false) => println!("1 live row matches"),
+        (Some(n), false) => println!("{n} live rows match"),
+        (None, _) => {}
+    }
+    print_rows(&rows, json)
+}
+
+/// `lsmsearch worker`.
+async fn worker(listen: &str, settings: Settings, json: bool) -> lsmsearch::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| Error::invalid(format!("cannot listen on {listen}: {e}")))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::invalid(format!("cannot listen on {listen}: {e}")))?;
+    match json {
+        true => println!("{}", serde_json::json!({ "listening": addr.to_string() })),
+        false => println!("listening on {addr}"),
+    }
+    let _ = std::io::stdout().flush();
+    lsmsearch::shard::distributed::serve(listener, settings).await
 }
 
 /// Characters of a text value a table shows (`--json` prints them whole).

@@ -1,0 +1,322 @@
+//! Sharded searches through workers: three workers on localhost (in this process, then as
+//! `lsmsearch worker` processes) over three shards with updates and deletes return exactly
+//! what the same searches return in one process (which `tests/sharded.rs` proves equal to
+//! one index, one tantivy index, brute force and the reference fusion), and full text ranks
+//! as one tantivy index. A worker killed between searches gives a clear error, never fewer
+//! rows without saying so.
+
+mod common;
+
+use arrow::array::{AsArray, RecordBatch};
+use arrow::datatypes::Float32Type;
+use common::fts::{assert_same_ranking, Reference};
+use common::{batch, schema, Row};
+use lsmsearch::shard::distributed::{serve, DistributedIndex};
+use lsmsearch::shard::ShardedIndex;
+use lsmsearch::{
+    ErrorKind, Fusion, Highlight, HybridSearchOptions, Key, Location, SearchOptions, Settings,
+    VectorSearchOptions,
+};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+const WORDS: &[&str] = &[
+    "wing", "flow", "shock", "layer", "heat", "plate", "mach", "drag",
+];
+
+fn settings() -> Settings {
+    Settings {
+        memtable_max_rows: 1_000_000,
+        compaction: false,
+        vector_exact_below: 4,
+        ..Settings::default()
+    }
+}
+
+fn row(i: usize, version: usize) -> Row {
+    let words: Vec<&str> = (0..(i + version) % 6 + 1)
+        .map(|w| WORDS[(i * 5 + w * 3 + version) % 8])
+        .collect();
+    let x = ((i * 7 + version) % 11) as f32;
+    Row {
+        id: format!("d{i:03}"),
+        body: words.join(" "),
+        year: version as i64,
+        emb: [x, 1.0 - x, x / 3.0, 0.5],
+    }
+}
+
+/// A sharded index of 3 shards at `dir`: rows written, updated and deleted across flushes
+/// (each shard split into generations and a memtable), and its live rows.
+async fn build(dir: &std::path::Path) -> (String, BTreeMap<String, Row>) {
+    let location = dir.join("idx").display().to_string();
+    let s = schema();
+    let index = ShardedIndex::create(
+        Location::parse(&location).unwrap(),
+        s.clone(),
+        3,
+        settings(),
+    )
+    .await
+    .unwrap();
+    let mut live = BTreeMap::new();
+    for version in 0..4 {
+        let rows: Vec<Row> = (0..120)
+            .filter(|i| (i + version) % (version + 2) == 0)
+            .map(|i| row(i, version))
+            .collect();
+        index.append(&batch(&s, &rows)).await.unwrap();
+        for r in rows {
+            live.insert(r.id.clone(), r);
+        }
+        let gone: Vec<Key> = (0..120)
+            .filter(|i| i % 17 == version)
+            .map(|i| Key::from(format!("d{i:03}").as_str()))
+            .collect();
+        index.delete(&gone).await.unwrap();
+        for k in &gone {
+            if let Key::Str(k) = k {
+                live.remove(k);
+            }
+        }
+        if version < 3 {
+            index.flush().await.unwrap();
+        }
+    }
+    index.close().await.unwrap();
+    (location, live)
+}
+
+fn ranked(batches: &[RecordBatch]) -> Vec<(String, f32)> {
+    let mut out = Vec::new();
+    for b in batches {
+        let keys = b.column(0).as_string::<i32>();
+        let values = b.column(1).as_primitive::<Float32Type>();
+        for i in 0..b.num_rows() {
+            out.push((keys.value(i).to_string(), values.value(i)));
+        }
+    }
+    out
+}
+
+fn one(batches: &[RecordBatch]) -> Option<RecordBatch> {
+    let first = batches.first()?;
+    let all = arrow::compute::concat_batches(&first.schema(), batches).unwrap();
+    (all.num_rows() > 0).then_some(all)
+}
+
+/// Every search of the equivalence cases through `remote`, against the same search of
+/// `local` (every shard read in this process) and one tantivy index of `live`.
+async fn same_results(
+    remote: &DistributedIndex,
+    local: &ShardedIndex,
+    live: &BTreeMap<String, Row>,
+) {
+    let docs = live
+        .iter()
+        .map(|(k, r)| (k.clone(), vec![Some(r.body.clone())]))
+        .collect();
+    let reference = Reference::new(&["body"], &docs);
+    for (q, k, offset) in [
+        ("wing", 5, 0),
+        ("shock layer", 7, 3),
+        ("+flow heat", 4, 1),
+        ("\"shock layer\"", 10, 0),
+        ("mach OR drag -plate", 6, 2),
+    ] {
+        let ctx = format!("{q:?} k {k} offset {offset}");
+        let opts = SearchOptions {
+            k,
+            offset,
+            highlight: Some(Highlight::default()),
+            explain: true,
+            ..SearchOptions::default()
+        };
+        let got = remote.search_fts(q, &opts).await.unwrap();
+        let all = reference.search(q, false);
+        let want: Vec<(String, f32)> = all.iter().skip(offset).cloned().collect();
+        assert_same_ranking(&ranked(&got), &want, k, &ctx);
+        assert_eq!(
+            one(&got),
+            one(&local.search_fts(q, &opts).await.unwrap()),
+            "{ctx}"
+        );
+        let (rows, n) = remote.search_and_count_fts(q, &opts).await.unwrap();
+        assert_eq!(n, all.len() as u64, "{ctx}: count");
+        assert_eq!(one(&rows), one(&got), "{ctx}: counted");
+        let floor = SearchOptions {
+            min_score: all.get(all.len() / 2).map(|r| r.1),
+            ..SearchOptions::with_k(1)
+        };
+        assert_eq!(
+            remote.count_fts(q, &floor).await.unwrap(),
+            local.count_fts(q, &floor).await.unwrap(),
+            "{ctx}: count with min_score"
+        );
+    }
+    for (v, k, offset) in [([1.0, 0.0, 0.5, 0.5], 6, 0), ([4.0, -3.0, 1.0, 0.5], 5, 2)] {
+        let opts = VectorSearchOptions {
+            k,
+            offset,
+            exact: true,
+            ..VectorSearchOptions::default()
+        };
+        let got = remote.search_vector(&v, &opts).await.unwrap();
+        assert_eq!(ranked(&got).len(), k, "{v:?}");
+        assert_eq!(
+            one(&got),
+            one(&local.search_vector(&v, &opts).await.unwrap()),
+            "{v:?}"
+        );
+        for fusion in [
+            Fusion::Rrf { k: 60.0 },
+            Fusion::Weighted {
+                text: 0.3,
+                vector: 0.7,
+            },
+        ] {
+            let opts = HybridSearchOptions {
+                k,
+                offset,
+                fusion,
+                exact: true,
+                ..HybridSearchOptions::default()
+            };
+            let got = remote.search_hybrid("flow wing", &v, &opts).await.unwrap();
+            assert_eq!(
+                one(&got),
+                one(&local.search_hybrid("flow wing", &v, &opts).await.unwrap()),
+                "{v:?} {fusion:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_workers_in_this_process_search_as_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let (location, live) = build(dir.path()).await;
+    let mut addrs = Vec::new();
+    for _ in 0..3 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        addrs.push(listener.local_addr().unwrap().to_string());
+        tokio::spawn(serve(listener, Settings::default()));
+    }
+    let local = ShardedIndex::open_read_only(Location::parse(&location).unwrap(), settings())
+        .await
+        .unwrap();
+    let remote = DistributedIndex::open(&location, &addrs).await.unwrap();
+    same_results(&remote, &local, &live).await;
+
+    // The plan shows a stage of three tasks, one shard each, on the three workers.
+    let plan = remote
+        .explain_fts("wing", &SearchOptions::with_k(5))
+        .await
+        .unwrap();
+    assert!(plan.contains("Stage"), "{plan}");
+    for shard in 0..3 {
+        assert!(plan.contains(&format!("shards=[{shard}] of 3")), "{plan}");
+    }
+
+    // With two workers, one task reads two shards: the same results.
+    let two = DistributedIndex::open(&location, &addrs[..2])
+        .await
+        .unwrap();
+    same_results(&two, &local, &live).await;
+    local.close().await.unwrap();
+}
+
+/// A `lsmsearch worker` process and the address it listens on.
+fn start_worker() -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lsmsearch"))
+        .args(["worker", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("worker said {line:?}"))
+        .to_string();
+    (child, addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_processes_search_as_one_process_and_a_dead_one_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (location, live) = build(dir.path()).await;
+    let mut workers: Vec<(Child, String)> = (0..3).map(|_| start_worker()).collect();
+    let addrs: Vec<String> = workers.iter().map(|w| w.1.clone()).collect();
+    let local = ShardedIndex::open_read_only(Location::parse(&location).unwrap(), settings())
+        .await
+        .unwrap();
+    let remote = DistributedIndex::open(&location, &addrs).await.unwrap();
+    same_results(&remote, &local, &live).await;
+
+    // The command line: the same rows with --workers as without.
+    let cli = |extra: &[&str]| {
+        let mut args = vec![
+            "--json",
+            "search",
+            location.as_str(),
+            "--fts",
+            "shock layer",
+            "--k",
+            "5",
+        ];
+        args.extend_from_slice(extra);
+        let out = Command::new(env!("CARGO_BIN_EXE_lsmsearch"))
+            .args(&args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let joined = addrs.join(",");
+    let (ok, with, err) = cli(&["--workers", &joined]);
+    assert!(ok, "{err}");
+    let (ok, without, err) = cli(&[]);
+    assert!(ok, "{err}");
+    assert_eq!(with, without);
+
+    // A worker killed: the search fails with an Unavailable error, never fewer rows.
+    workers[1].0.kill().unwrap();
+    workers[1].0.wait().unwrap();
+    for _ in 0..3 {
+        match remote.search_fts("wing", &SearchOptions::with_k(50)).await {
+            Ok(rows) => assert_eq!(
+                one(&rows),
+                one(&local
+                    .search_fts("wing", &SearchOptions::with_k(50))
+                    .await
+                    .unwrap()),
+                "a search that succeeds returns every row"
+            ),
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+                assert!(e.to_string().contains(&addrs[1]), "{e}");
+                assert!(e.to_string().contains("shards [1]"), "{e}");
+            }
+        }
+    }
+    // With --json the error is a JSON line: its kind and a message naming the workers.
+    let (ok, out, _) = cli(&["--workers", &joined]);
+    assert!(!ok);
+    let e: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(e["kind"], "Unavailable", "{out}");
+    assert!(e["error"].as_str().unwrap().contains(&addrs[1]), "{out}");
+    for (mut child, _) in workers {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    local.close().await.unwrap();
+}
