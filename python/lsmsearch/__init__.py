@@ -17,7 +17,9 @@ Example (README.md's Python section has a longer one)::
     index.search("shock").limit(5).to_list()
 
 Every call runs in Rust with the GIL released: other Python threads run meanwhile, and
-Ctrl-C interrupts a search or SQL statement that waits (a write completes first). A failure raises a subclass of
+Ctrl-C interrupts a search, scan, SQL statement, refresh or compaction (a compaction publishes its
+merge whole or not at all); a write (``add``, ``delete``, ``flush``, ``close``) completes first. A
+failure raises a subclass of
 :class:`LsmsearchError` (see :mod:`lsmsearch.errors`).
 """
 

@@ -2,8 +2,11 @@
 //!
 //! The Python half (`lsmsearch/__init__.py`) shapes the API (query builders, input
 //! conversion, pandas and polars); this module holds the handles and runs every call on a
-//! private tokio runtime with the GIL released; a search, scan or SQL statement on the main
-//! thread runs Python's signal handlers while it waits (Ctrl-C stops it), a write does not.
+//! private tokio runtime with the GIL released. On the main thread, a call that reads (a
+//! search, scan, SQL statement, point in time, refresh, read-only open) or compacts runs
+//! Python's signal handlers while it waits past its first 50 ms (Ctrl-C stops it; a compaction
+//! publishes its merge whole or not at all); a write (`add`, `delete`, `flush`, `close`, opening a
+//! writer) completes first.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -76,8 +79,10 @@ fn on_main_thread(py: Python<'_>) -> PyResult<bool> {
 
 /// Run `fut` to completion with the GIL released, so other Python threads run meanwhile.
 ///
-/// The calling thread polls the call's future itself (its arms run on the runtime's
-/// threads), as a task would cost the query a thread of the runtime's pool. On the main
+/// The calling thread polls the call's future itself, as a task would cost the query a
+/// thread of the runtime's pool (the work is elsewhere: planning on blocking threads, the
+/// arms on the query pool, batches between them on the runtime's threads). No poll blocks
+/// for long, so the slice's timer fires on time. On the main
 /// thread, the only one signal handlers run on, it does so for one slice of SIGNAL_CHECK;
 /// a call still running then becomes a task of the runtime before any handler runs, and the
 /// thread waits in slices, running Python's signal handlers between them, outside the
