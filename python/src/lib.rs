@@ -118,20 +118,33 @@ where
             return Err(signal);
         }
         let step = py.detach(|| {
-            block_on(&rt, async {
-                tokio::time::timeout(SIGNAL_CHECK, &mut task).await
+            polled(|| {
+                block_on(&rt, async {
+                    tokio::time::timeout(SIGNAL_CHECK, &mut task).await
+                })
             })
         });
-        if let Ok(joined) = step {
-            return finished(
-                py,
-                joined.map_err(|e| format!("an lsmsearch task failed: {e}")),
-            );
+        match step {
+            Ok(Ok(Ok(done))) => return finished(py, Ok(done)),
+            // The task panicked: the same error as a panic in the first slice.
+            Ok(Ok(Err(e))) => {
+                let message = match e.try_into_panic() {
+                    Ok(panic) => panic_message(panic),
+                    Err(e) => format!("an lsmsearch task failed: {e}"),
+                };
+                return finished(py, Err(message));
+            }
+            Ok(Err(_)) => {}
+            Err(message) => {
+                task.abort();
+                return finished(py, Err(message));
+            }
         }
     }
 }
 
-/// Run the write `fut` to completion on the calling thread with the GIL released. A write
+/// Run the write `fut` to completion on the calling thread (a thread of its own when the
+/// calling thread already drives a runtime) with the GIL released. A write
 /// is not interrupted: a signal that arrives meanwhile (Ctrl-C) is handled once it returns,
 /// so no write is left half done.
 fn write<T, F>(py: Python<'_>, fut: F) -> PyResult<T>
@@ -147,14 +160,17 @@ where
 /// `poll()`'s value, or the message of its panic: a panic in the library must reach Python
 /// as an exception, not unwind through the interpreter.
 fn polled<T>(poll: impl FnOnce() -> T) -> Result<T, String> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(poll)).map_err(|panic| {
-        let what = panic
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic".to_string());
-        format!("an lsmsearch call panicked: {what}")
-    })
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(poll)).map_err(panic_message)
+}
+
+/// The message of the `InternalError` a panic becomes.
+fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".to_string());
+    format!("an lsmsearch call panicked: {what}")
 }
 
 /// The result of a finished call: its value, its error as an exception, or an
