@@ -5,7 +5,7 @@
 //! ```text
 //! error ← key, settings ← schema ← storage ← format ← text, vector
 //!       ← memtable, generation, wal, manifest ← read ← query ← gc ← writer ← compaction
-//!       ← db ← bench, ingest, sql ← fuzz
+//!       ← db ← bench, ingest, sql, shard ← fuzz
 //! ```
 //!
 //! This test reads every `crate::…` path in `src/` (outside comments; `src/bin/` is the
@@ -40,6 +40,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("db", 12),
     ("bench", 13),
     ("sql", 13),
+    ("shard", 13),
     ("ingest", 13),
     ("fuzz", 14),
 ];
