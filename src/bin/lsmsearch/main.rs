@@ -11,6 +11,7 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+mod bench_shards;
 mod demo;
 mod handles;
 
@@ -293,6 +294,10 @@ enum BenchCommand {
     /// existing index, for the queries (`text`, `emb`) of a Parquet file such as the one
     /// `bench corpus` writes.
     Queries(lsmsearch::bench::queries::QueriesOptions),
+    /// One index against the same corpus rows in N shards: warm p50 of full-text and vector
+    /// searches and queries/s, in this process and through 1, 2, ... worker processes over
+    /// loopback, with peak RSS.
+    Shards(bench_shards::ShardsOptions),
     /// Write the benchmark corpus (Cranfield replicated, with vectors) to OUT/docs.parquet and
     /// its queries to OUT/queries.parquet, for measuring other systems on the same data.
     Corpus {
@@ -541,6 +546,14 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
                     println!("{}", serde_json::to_string(&report).unwrap_or_default());
                 } else {
                     print!("{}", report.table());
+                }
+                Ok(())
+            }
+            BenchCommand::Shards(opts) => {
+                let report = bench_shards::run(&opts, !json).await?;
+                match json {
+                    true => println!("{}", serde_json::to_string(&report).unwrap_or_default()),
+                    false => print!("{}", report.table()),
                 }
                 Ok(())
             }

@@ -1,0 +1,352 @@
+//! `lsmsearch bench shards`: one index against the same rows in N shards, searched in this
+//! process and through worker processes (`lsmsearch worker`) over loopback: warm p50 of
+//! full-text and vector searches, queries/s with several clients, and peak RSS.
+
+use lsmsearch::bench::corpus::Corpus;
+use lsmsearch::shard::distributed::DistributedIndex;
+use lsmsearch::shard::ShardedIndex;
+use lsmsearch::{
+    Error, Index, Location, ReadOnlyIndex, SearchOptions, Settings, VectorSearchOptions,
+};
+use serde::Serialize;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The flags of `lsmsearch bench shards`.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ShardsOptions {
+    /// Rows of the benchmark corpus (`bench corpus`).
+    #[arg(long, default_value_t = 100_000)]
+    docs: usize,
+    /// Dimensions of its vectors.
+    #[arg(long, default_value_t = 128)]
+    dim: usize,
+    /// Shards of the sharded index.
+    #[arg(long, default_value_t = 3)]
+    shards: u32,
+    /// Numbers of worker processes to measure, e.g. 1,2,3.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
+    workers: Vec<usize>,
+    /// Searches measured per kind and configuration (cycling over the corpus queries), after
+    /// a round that warms the caches.
+    #[arg(long, default_value_t = 300)]
+    queries: usize,
+    /// Clients searching at once for the queries/s figure.
+    #[arg(long, default_value_t = 4)]
+    clients: usize,
+    /// Where the corpus and the two indexes are written.
+    #[arg(long, default_value = "bench-out/shards")]
+    out: PathBuf,
+    /// Reuse the corpus and indexes a previous run left in OUT.
+    #[arg(long)]
+    reuse: bool,
+}
+
+/// What one configuration measured.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Row {
+    /// `one index`, `N shards, this process` or `N shards, W workers`.
+    pub config: String,
+    pub fts_p50_ms: f64,
+    pub vector_p50_ms: f64,
+    /// Searches per second with `clients` clients, full text and vector alternating.
+    pub queries_per_s: f64,
+    /// Peak RSS of this process (the coordinator) so far, MiB.
+    pub coordinator_peak_mib: f64,
+    /// Peak RSS of each worker process, MiB.
+    pub worker_peak_mib: Vec<f64>,
+}
+
+/// What the benchmark measured.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ShardsReport {
+    pub docs: usize,
+    pub shards: u32,
+    /// Ingest of the corpus in 1,000-row batches: one index, then the sharded one (rows/s).
+    pub ingest_rows_per_s: (f64, f64),
+    pub rows: Vec<Row>,
+}
+
+impl ShardsReport {
+    pub(crate) fn table(&self) -> String {
+        let mut out = format!(
+            "{} rows; ingest {:.0} rows/s into one index, {:.0} into {} shards\n",
+            self.docs, self.ingest_rows_per_s.0, self.ingest_rows_per_s.1, self.shards
+        );
+        out += &format!(
+            "{:<26} {:>10} {:>12} {:>10} {:>14} {:>16}\n",
+            "", "fts p50 ms", "vector p50 ms", "queries/s", "coordinator MiB", "workers MiB"
+        );
+        for r in &self.rows {
+            let workers: Vec<String> = r
+                .worker_peak_mib
+                .iter()
+                .map(|m| format!("{m:.0}"))
+                .collect();
+            out += &format!(
+                "{:<26} {:>10.3} {:>12.3} {:>10.1} {:>14.0} {:>16}\n",
+                r.config,
+                r.fts_p50_ms,
+                r.vector_p50_ms,
+                r.queries_per_s,
+                r.coordinator_peak_mib,
+                workers.join(",")
+            );
+        }
+        out
+    }
+}
+
+/// What a configuration searches.
+enum Target {
+    One(Box<ReadOnlyIndex>),
+    Sharded(ShardedIndex),
+    Distributed(DistributedIndex),
+}
+
+impl Target {
+    /// One search of `kind` (`fts` or `vector`); the rows it returned.
+    async fn search(&self, fts: bool, q: &(String, Vec<f32>)) -> lsmsearch::Result<usize> {
+        let (t, v) = (SearchOptions::with_k(10), VectorSearchOptions::with_k(10));
+        let rows = match (self, fts) {
+            (Target::One(i), true) => i.search_fts(&q.0, &t).await?,
+            (Target::One(i), false) => i.search_vector(&q.1, &v).await?,
+            (Target::Sharded(i), true) => i.search_fts(&q.0, &t).await?,
+            (Target::Sharded(i), false) => i.search_vector(&q.1, &v).await?,
+            (Target::Distributed(i), true) => i.search_fts(&q.0, &t).await?,
+            (Target::Distributed(i), false) => i.search_vector(&q.1, &v).await?,
+        };
+        Ok(rows.iter().map(|b| b.num_rows()).sum())
+    }
+}
+
+/// Peak RSS of process `pid` ("self" for this one), MiB, from /proc (0 elsewhere).
+fn peak_mib(pid: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// Append the corpus's rows to `append` in 1,000-row batches: rows/s.
+async fn ingest<F, Fut>(
+    docs: &Path,
+    schema: &lsmsearch::IndexSchema,
+    append: F,
+) -> lsmsearch::Result<f64>
+where
+    F: Fn(arrow::array::RecordBatch) -> Fut,
+    Fut: std::future::Future<Output = lsmsearch::Result<()>>,
+{
+    let started = Instant::now();
+    let mut rows = 0;
+    for batch in lsmsearch::ingest::read_rows(docs, &schema.arrow_schema(), 1000)? {
+        let batch = batch?;
+        rows += batch.num_rows();
+        append(batch).await?;
+    }
+    Ok(rows as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Build the corpus and both indexes under `out` (unless reused): ingest rows/s of each.
+async fn build(o: &ShardsOptions) -> lsmsearch::Result<(f64, f64)> {
+    let (corpus, one, sharded) = (
+        o.out.join("corpus"),
+        o.out.join("one"),
+        o.out.join("sharded"),
+    );
+    if o.reuse && one.exists() && sharded.exists() {
+        return Ok((0.0, 0.0));
+    }
+    for d in [&one, &sharded] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    Corpus::load(None)?.export(o.docs, o.dim, &corpus)?;
+    let schema = Corpus::schema(Some(o.dim));
+    let docs = corpus.join("docs.parquet");
+    let index = Index::create(
+        Location::parse(&path(&one)?)?,
+        schema.clone(),
+        Settings::default(),
+    )
+    .await?;
+    let one_rate = ingest(&docs, &schema, |b| {
+        let index = &index;
+        async move { index.append(&b).await.map(drop) }
+    })
+    .await?;
+    index.close().await?;
+    let index = ShardedIndex::create(
+        Location::parse(&path(&sharded)?)?,
+        schema.clone(),
+        o.shards,
+        Settings::default(),
+    )
+    .await?;
+    let sharded_rate = ingest(&docs, &schema, |b| {
+        let index = &index;
+        async move { index.append(&b).await.map(drop) }
+    })
+    .await?;
+    index.close().await?;
+    Ok((one_rate, sharded_rate))
+}
+
+fn path(p: &Path) -> lsmsearch::Result<String> {
+    p.to_str()
+        .map(str::to_string)
+        .ok_or_else(|| Error::invalid(format!("{} is not UTF-8", p.display())))
+}
+
+/// Warm p50 of each kind, then queries/s with `clients` clients.
+async fn measure(
+    config: String,
+    target: Arc<Target>,
+    queries: &Arc<Vec<(String, Vec<f32>)>>,
+    o: &ShardsOptions,
+    workers: &[Child],
+) -> lsmsearch::Result<Row> {
+    let n = o.queries.max(1);
+    for q in queries.iter().take(n) {
+        target.search(true, q).await?;
+        target.search(false, q).await?;
+    }
+    let mut p50 = [0.0; 2];
+    for (slot, fts) in [(0, true), (1, false)] {
+        let mut ms = Vec::with_capacity(n);
+        for i in 0..n {
+            let t = Instant::now();
+            target.search(fts, &queries[i % queries.len()]).await?;
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        ms.sort_by(f64::total_cmp);
+        p50[slot] = ms[ms.len() / 2];
+    }
+    let started = Instant::now();
+    let clients = o.clients.max(1);
+    let per = n.div_ceil(clients);
+    let tasks: Vec<_> = (0..clients)
+        .map(|c| {
+            let (target, queries) = (target.clone(), queries.clone());
+            tokio::spawn(async move {
+                for i in 0..per {
+                    let q = &queries[(c * per + i) % queries.len()];
+                    target.search(i % 2 == 0, q).await?;
+                }
+                Ok::<_, Error>(())
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await
+            .map_err(|e| Error::invalid(format!("a client: {e}")))??;
+    }
+    let qps = (per * clients) as f64 / started.elapsed().as_secs_f64();
+    Ok(Row {
+        config,
+        fts_p50_ms: p50[0],
+        vector_p50_ms: p50[1],
+        queries_per_s: qps,
+        coordinator_peak_mib: peak_mib("self"),
+        worker_peak_mib: workers
+            .iter()
+            .map(|w| peak_mib(&w.id().to_string()))
+            .collect(),
+    })
+}
+
+/// A worker process over loopback, and its address.
+fn start_worker() -> lsmsearch::Result<(Child, String)> {
+    let exe = std::env::current_exe().map_err(|e| Error::invalid(format!("this program: {e}")))?;
+    let mut child = Command::new(exe)
+        .args(["worker", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| Error::invalid(format!("cannot start a worker: {e}")))?;
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        let _ = BufReader::new(out).read_line(&mut line);
+    }
+    match line.trim().strip_prefix("listening on ") {
+        Some(addr) => Ok((child, addr.to_string())),
+        None => {
+            let _ = child.kill();
+            Err(Error::invalid(format!("a worker said {line:?}")))
+        }
+    }
+}
+
+/// Run the benchmark.
+pub(crate) async fn run(o: &ShardsOptions, print: bool) -> lsmsearch::Result<ShardsReport> {
+    if o.docs == 0 || o.dim == 0 || o.workers.contains(&0) {
+        return Err(Error::invalid(
+            "--docs, --dim and --workers need at least 1",
+        ));
+    }
+    let ingest = build(o).await?;
+    let queries = Arc::new(lsmsearch::bench::queries::read_queries(
+        &o.out.join("corpus").join("queries.parquet"),
+    )?);
+    let (one, sharded) = (path(&o.out.join("one"))?, path(&o.out.join("sharded"))?);
+    let mut rows = Vec::new();
+    let mut report = |row: Row| {
+        if print {
+            eprintln!(
+                "{}: fts {:.3} ms, vector {:.3} ms, {:.1} queries/s",
+                row.config, row.fts_p50_ms, row.vector_p50_ms, row.queries_per_s
+            );
+        }
+        rows.push(row);
+    };
+    let target = Arc::new(Target::One(Box::new(
+        Index::open_read_only(Location::parse(&one)?, Settings::default()).await?,
+    )));
+    report(measure("one index".into(), target.clone(), &queries, o, &[]).await?);
+    if let Target::One(i) = target.as_ref() {
+        i.close().await?;
+    }
+    let target = Arc::new(Target::Sharded(
+        ShardedIndex::open_read_only(Location::parse(&sharded)?, Settings::default()).await?,
+    ));
+    let config = format!("{} shards, this process", o.shards);
+    report(measure(config, target.clone(), &queries, o, &[]).await?);
+    if let Target::Sharded(i) = target.as_ref() {
+        i.close().await?;
+    }
+    for &w in &o.workers {
+        let mut started = Vec::new();
+        for _ in 0..w {
+            started.push(start_worker()?);
+        }
+        let addrs: Vec<String> = started.iter().map(|s| s.1.clone()).collect();
+        let children: Vec<Child> = started.into_iter().map(|s| s.0).collect();
+        let measured = async {
+            let target = Arc::new(Target::Distributed(
+                DistributedIndex::open(&sharded, &addrs).await?,
+            ));
+            let config = format!("{} shards, {w} workers", o.shards);
+            measure(config, target, &queries, o, &children).await
+        }
+        .await;
+        for mut c in children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        report(measured?);
+    }
+    Ok(ShardsReport {
+        docs: o.docs,
+        shards: o.shards,
+        ingest_rows_per_s: ingest,
+        rows,
+    })
+}
