@@ -320,3 +320,134 @@ async fn worker_processes_search_as_one_process_and_a_dead_one_is_a_clear_error(
     }
     local.close().await.unwrap();
 }
+
+/// Three workers in this process, and their addresses.
+async fn workers_here(n: usize) -> Vec<String> {
+    let mut addrs = Vec::new();
+    for _ in 0..n {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        addrs.push(listener.local_addr().unwrap().to_string());
+        tokio::spawn(serve(listener, Settings::default()));
+    }
+    addrs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_worker_that_cannot_be_reached_is_an_error_not_a_local_search() {
+    let dir = tempfile::tempdir().unwrap();
+    let (location, _) = build(dir.path()).await;
+    // Nothing listens on port 1: the search must not quietly run in this process.
+    let remote = DistributedIndex::open(&location, &["127.0.0.1:1".to_string()])
+        .await
+        .unwrap();
+    let e = remote
+        .search_fts("wing", &SearchOptions::with_k(5))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    let e = remote
+        .search_vector(&[1.0, 0.0, 0.5, 0.5], &VectorSearchOptions::with_k(5))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn options_a_worker_cannot_be_sent_are_invalid_as_in_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let (location, _) = build(dir.path()).await;
+    let remote = DistributedIndex::open(&location, &workers_here(2).await)
+        .await
+        .unwrap();
+    let local = ShardedIndex::open_read_only(Location::parse(&location).unwrap(), settings())
+        .await
+        .unwrap();
+    for floor in [f32::INFINITY, f32::NAN, -1.0] {
+        let opts = SearchOptions {
+            min_score: Some(floor),
+            ..SearchOptions::with_k(5)
+        };
+        let want = local.search_fts("wing", &opts).await.unwrap_err();
+        let got = remote.search_fts("wing", &opts).await.unwrap_err();
+        assert_eq!(
+            (got.kind(), want.kind()),
+            (ErrorKind::Invalid, ErrorKind::Invalid),
+            "{floor}: {got}"
+        );
+    }
+    for v in [[f32::NAN, 0.0, 0.0, 0.0], [f32::INFINITY, 1.0, 0.0, 0.0]] {
+        let got = remote
+            .search_vector(&v, &VectorSearchOptions::with_k(5))
+            .await
+            .unwrap_err();
+        assert_eq!(got.kind(), ErrorKind::Invalid, "{v:?}: {got}");
+    }
+    let radius = VectorSearchOptions {
+        max_distance: Some(f32::NAN),
+        ..VectorSearchOptions::with_k(5)
+    };
+    let got = remote
+        .search_vector(&[1.0, 0.0, 0.5, 0.5], &radius)
+        .await
+        .unwrap_err();
+    assert_eq!(got.kind(), ErrorKind::Invalid, "{got}");
+    local.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hybrid_search_naming_score_returns_what_one_process_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let (location, _) = build(dir.path()).await;
+    let remote = DistributedIndex::open(&location, &workers_here(2).await)
+        .await
+        .unwrap();
+    let local = ShardedIndex::open_read_only(Location::parse(&location).unwrap(), settings())
+        .await
+        .unwrap();
+    // A hybrid search naming _score among its columns, as one index allows.
+    let opts = HybridSearchOptions {
+        columns: Some(vec!["_score".into(), "year".into()]),
+        exact: true,
+        ..HybridSearchOptions::with_k(5)
+    };
+    let want = local
+        .search_hybrid("wing", &[1.0, 0.0, 0.5, 0.5], &opts)
+        .await
+        .unwrap();
+    let got = remote
+        .search_hybrid("wing", &[1.0, 0.0, 0.5, 0.5], &opts)
+        .await
+        .unwrap();
+    assert_eq!(one(&got), one(&want));
+    local.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_of_another_schema_is_an_invalid_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (location, _) = build(dir.path()).await;
+    // Shard 1 replaced by an index of another schema, behind the descriptor's back.
+    let shard1 = dir.path().join("idx").join("shard-1");
+    std::fs::remove_dir_all(&shard1).unwrap();
+    let other =
+        lsmsearch::IndexSchema::from_json(r#"{"primary_key": "id", "text": ["body"]}"#).unwrap();
+    lsmsearch::Index::create(
+        Location::parse(shard1.to_str().unwrap()).unwrap(),
+        other,
+        settings(),
+    )
+    .await
+    .unwrap()
+    .close()
+    .await
+    .unwrap();
+    let remote = DistributedIndex::open(&location, &workers_here(3).await)
+        .await
+        .unwrap();
+    let e = remote
+        .search_fts("wing", &SearchOptions::with_k(5))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+    assert!(e.to_string().contains("shard 1"), "{e}");
+}

@@ -606,3 +606,26 @@ fn the_command_line_creates_writes_and_searches_a_sharded_index_as_one() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("sharded index (3 shards)"), "{err}");
 }
+
+#[tokio::test]
+async fn a_delete_with_a_key_of_another_type_deletes_nothing() {
+    let s = schema();
+    let index = ShardedIndex::create(memory_root(), s.clone(), 3, settings())
+        .await
+        .unwrap();
+    let rows: Vec<Row> = (0..30).map(|i| Row::new(format!("r{i}"), i)).collect();
+    index.append(&batch(&s, &rows)).await.unwrap();
+    // Keys of every shard, and one of the wrong type.
+    let mut keys: Vec<Key> = (0..10)
+        .map(|i| Key::from(format!("r{i}").as_str()))
+        .collect();
+    keys.push(Key::I64(3));
+    let e = index.delete(&keys).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+    let all = SearchOptions::with_k(100);
+    assert_eq!(
+        ranked(&index.search_fts("body", &all).await.unwrap()).len(),
+        30
+    );
+    index.close().await.unwrap();
+}

@@ -347,16 +347,26 @@ struct Registry {
     pinned: moka::future::Cache<(String, String, usize), PointInTime>,
 }
 
+/// A cache of pinned points in time of at most `capacity` entries, each kept
+/// [`PINNED_FOR`].
+fn pin_cache<K, V>(capacity: u64) -> moka::future::Cache<K, V>
+where
+    K: std::hash::Hash + Eq + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+{
+    moka::future::Cache::builder()
+        .max_capacity(capacity)
+        .time_to_live(PINNED_FOR)
+        .build()
+}
+
 /// This process's registry (workers in one process share it).
 fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
     REGISTRY.get_or_init(|| Registry {
         settings: Mutex::new(Settings::default()),
         handles: tokio::sync::Mutex::new(HashMap::new()),
-        pinned: moka::future::Cache::builder()
-            .max_capacity(MAX_PINNED)
-            .time_to_live(PINNED_FOR)
-            .build(),
+        pinned: pin_cache(MAX_PINNED),
     })
 }
 
@@ -932,4 +942,21 @@ fn scale_up(
         DistributedLeafExec::try_new(Arc::clone(ev.plan), variants)
             .map(|leaf| ScaleUpLeafNodeEventResponse::new(Arc::new(leaf))),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_full_pin_cache_takes_the_newest_pin() {
+        // A search's second phase follows its first within milliseconds: the cache must
+        // keep the newest pins, whatever older pins it holds.
+        let cache: moka::future::Cache<u64, u64> = pin_cache(64);
+        for i in 0..1_000u64 {
+            cache.insert(i, i).await;
+            cache.run_pending_tasks().await;
+            assert_eq!(cache.get(&i).await, Some(i), "pin {i} was not kept");
+        }
+    }
 }
