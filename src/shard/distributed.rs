@@ -48,7 +48,7 @@ use url::Url;
 /// second phase.
 const PINNED_FOR: Duration = Duration::from_secs(60);
 
-/// The most points in time a worker keeps pinned at once (the oldest go first).
+/// The most points in time a worker keeps pinned at once (the least recently used go first).
 const MAX_PINNED: u64 = 4096;
 
 /// What a shard's part of a search does.
@@ -354,9 +354,12 @@ where
     K: std::hash::Hash + Eq + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
 {
+    // Least recently used first: the default admission policy (TinyLFU) turns away a new
+    // key once the cache is full, and a pin is needed only by the search that took it.
     moka::future::Cache::builder()
         .max_capacity(capacity)
         .time_to_live(PINNED_FOR)
+        .eviction_policy(moka::policy::EvictionPolicy::lru())
         .build()
 }
 
@@ -581,7 +584,11 @@ impl DistributedIndex {
             "{:016x}",
             xxhash_rust::xxh3::xxh3_64(format!("{now}-{}-{n}", std::process::id()).as_bytes())
         );
-        Search { index: self, token }
+        Search {
+            index: self,
+            token,
+            taken: std::sync::atomic::AtomicBool::new(false),
+        }
     }
 
     /// Full-text search, exact (see [`super::ShardedPointInTime::search_fts`]).
@@ -680,6 +687,9 @@ impl datafusion::datasource::TableProvider for Planned {
 struct Search<'a> {
     index: &'a DistributedIndex,
     token: String,
+    /// Whether a part of this search took its points in time: later parts must find them
+    /// (one that finds none fails, rather than read another snapshot).
+    taken: std::sync::atomic::AtomicBool,
 }
 
 impl Search<'_> {
@@ -794,6 +804,7 @@ impl Parts for Search<'_> {
         // One row a shard: the merge's fetch keeps it above the tasks (a merge of one
         // partition without a fetch is planned away, and the tasks with it).
         let rows = self.run(node, Some(shards)).await?;
+        self.taken.store(true, std::sync::atomic::Ordering::Release);
         let mut sum = FtsStatistics::default();
         let mut seen = vec![false; self.index.layout.shards as usize];
         for b in &rows {
@@ -839,9 +850,9 @@ impl Parts for Search<'_> {
         statistics: Option<&FtsStatistics>,
     ) -> Result<u64> {
         let shards = self.index.layout.shards as usize;
-        let pin = match statistics {
-            Some(_) => Pin::Find,
-            None => Pin::Take,
+        let pin = match statistics.is_some() || self.taken() {
+            true => Pin::Find,
+            false => Pin::Take,
         };
         let node = self.node(
             pin,
@@ -878,18 +889,29 @@ impl Parts for Search<'_> {
         query: &[f32],
         options: &VectorSearchOptions,
     ) -> Result<Vec<RecordBatch>> {
+        let pin = match self.taken() {
+            true => Pin::Find,
+            false => Pin::Take,
+        };
         let node = self.node(
-            Pin::Take,
+            pin,
             Request::Vector {
                 query: query.to_vec(),
                 options: options.clone(),
             },
         );
-        self.run(node, Some(options.k)).await
+        let rows = self.run(node, Some(options.k)).await?;
+        self.taken.store(true, std::sync::atomic::Ordering::Release);
+        Ok(rows)
     }
 }
 
 impl Search<'_> {
+    /// Whether a part of this search took its points in time.
+    fn taken(&self) -> bool {
+        self.taken.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// An `Unavailable` error naming the shards no task answered for (never a partial sum).
     fn all_shards(&self, seen: &[bool]) -> Result<()> {
         let missing: Vec<usize> = (0..seen.len()).filter(|i| !seen[*i]).collect();
