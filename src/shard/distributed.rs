@@ -496,8 +496,14 @@ pub async fn serve(listener: tokio::net::TcpListener, settings: Settings) -> Res
 struct Urls(Arc<Vec<Url>>);
 
 impl WorkerResolver for Urls {
+    /// The workers, the first twice when there is one: the planner keeps a stage of one
+    /// task in the coordinator, and every shard's part must run on a worker.
     fn get_urls(&self) -> datafusion::common::Result<Vec<Url>> {
-        Ok(self.0.as_ref().clone())
+        let mut urls = self.0.as_ref().clone();
+        if urls.len() == 1 {
+            urls.push(urls[0].clone());
+        }
+        Ok(urls)
     }
 }
 
@@ -763,7 +769,7 @@ impl Search<'_> {
         // The shards whose tasks went to a worker the error names (task j reads the shards
         // i with i mod T = j, and goes to worker j mod W).
         let (n, w) = (self.index.layout.shards as usize, self.index.workers.len());
-        let tasks = n.min(w).max(1);
+        let tasks = task_count(n, w);
         let named: Vec<usize> = (0..n)
             .filter(|i| {
                 let url = &self.index.workers[(i % tasks) % w];
@@ -928,14 +934,22 @@ impl Search<'_> {
     }
 }
 
-/// One task per shard (the planner caps it at the number of workers).
+/// One task per shard, and at least two (the planner runs a stage of one task in the
+/// coordinator; a task may read no shard); the planner caps it at the number of workers.
 fn desired_tasks(
     ev: DesiredTaskCountEvent,
 ) -> Option<datafusion::common::Result<DesiredTaskCountEventResponse>> {
     let exec = ev.plan.downcast_ref::<ShardExec>()?;
-    Some(Ok(DesiredTaskCountEventResponse::desired(
-        exec.node.reads.len().max(1),
-    )))
+    Some(Ok(DesiredTaskCountEventResponse::desired(task_count(
+        exec.node.reads.len(),
+        usize::MAX,
+    ))))
+}
+
+/// The tasks of a search over `shards` shards on `workers` workers: one a shard, at least
+/// two, at most one a worker (a single worker counted twice).
+fn task_count(shards: usize, workers: usize) -> usize {
+    shards.max(2).min(workers.max(2))
 }
 
 /// Task `j` of `T` reads the shards `i` with `i mod T = j`.
