@@ -220,6 +220,16 @@ pub(crate) fn statistics(
     Ok(stats.to_public(ts))
 }
 
+/// Check a full-text score floor (`min_score`): finite and at least 0.
+pub(crate) fn check_min_score(min_score: Option<f32>) -> Result<()> {
+    match min_score.filter(|t| !(t.is_finite() && *t >= 0.0)) {
+        Some(t) => Err(Error::invalid(format!(
+            "min_score is {t}: it must be a finite number at least 0"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// The query's terms, each with whether its search reads positions (a phrase's), and the
 /// terms alone, sorted and unique.
 fn query_terms(query: &dyn Query) -> (Vec<(Term, bool)>, Vec<Term>) {
@@ -428,11 +438,7 @@ pub(crate) fn prepare(
     let ts =
         text.ok_or_else(|| Error::invalid("full-text search on an index without text columns"))?;
     let window = super::result_window(opts.k, opts.offset)?;
-    if let Some(t) = opts.min_score.filter(|t| !(t.is_finite() && *t >= 0.0)) {
-        return Err(Error::invalid(format!(
-            "min_score is {t}: it must be a finite number at least 0"
-        )));
-    }
+    check_min_score(opts.min_score)?;
     let query: Arc<dyn Query> = Arc::from(parse_query(ts, query, opts.conjunction)?);
     let user = schema.arrow_schema();
     let filter = opts

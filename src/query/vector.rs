@@ -86,7 +86,7 @@ impl VectorSearchOptions {
 }
 
 /// Check a radius (`max_distance`) under `metric`: finite, and at least 0 but for `dot`.
-fn check_radius(metric: Metric, max_distance: Option<f32>) -> Result<()> {
+pub(crate) fn check_radius(metric: Metric, max_distance: Option<f32>) -> Result<()> {
     match max_distance {
         Some(r) if !r.is_finite() => Err(Error::invalid(format!(
             "max_distance is {r}: it must be a finite number"

@@ -737,8 +737,30 @@ impl Search<'_> {
             .await?)
     }
 
+    /// What a worker would refuse (as one process refuses it), refused here: a value JSON
+    /// cannot carry (NaN and infinities become null, which would read as no option).
+    fn check(&self, request: &Request) -> Result<()> {
+        let schema = &self.index.layout.schema;
+        match request {
+            Request::Statistics { options, .. }
+            | Request::Fts { options, .. }
+            | Request::Count { options, .. } => {
+                crate::query::fts::check_min_score(options.min_score)
+            }
+            Request::Vector { query, options } => {
+                crate::query::vector::check_query(schema, query)?;
+                let metric = schema.vector.as_ref().map(|v| v.metric);
+                match metric {
+                    Some(m) => crate::query::vector::check_radius(m, options.max_distance),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+
     /// Run `node` over every shard through the workers.
     async fn run(&self, node: ShardNode, fetch: Option<usize>) -> Result<Vec<RecordBatch>> {
+        self.check(&node.request)?;
         let plan = self.planned(node, fetch).await?;
         if std::env::var("DEBUG_PLANS").is_ok() {
             eprintln!(
