@@ -858,9 +858,11 @@ pub(crate) async fn search_hybrid(
         let window = result_window(options.k, options.offset)?;
         let candidates = hybrid::candidates(options, window)?;
         hybrid::check_fusion(options.fusion)?;
+        // The hybrid's own columns (its `_score` included) are always returned: the parts
+        // read the user columns named.
         let columns: Option<Vec<String>> = options.columns.as_ref().map(|c| {
             c.iter()
-                .filter(|n| !hybrid::OWN_COLUMNS.contains(&n.as_str()))
+                .filter(|n| !hybrid::OWN_COLUMNS.contains(&n.as_str()) && *n != SCORE_COLUMN)
                 .cloned()
                 .collect()
         });
