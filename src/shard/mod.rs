@@ -444,6 +444,8 @@ impl ShardedIndex {
     /// [`ShardedIndex::delete`] with `options`; as [`ShardedIndex::append_with`], every key's
     /// shard must be one this handle writes.
     pub async fn delete_with(&self, keys: &[Key], options: WriteOptions) -> Result<WriteReceipt> {
+        // Every key of the index's type, checked before any shard deletes.
+        self.layout.schema.key_column(keys)?;
         let mut by_shard: Vec<Vec<Key>> = vec![Vec::new(); self.shards.len()];
         for key in keys {
             by_shard[self.layout.shard_of(key)].push(key.clone());
