@@ -423,6 +423,14 @@ impl Registry {
                 .pinned
                 .try_get_with(key, async {
                     let h = self.handle(&node.location, shard, node.shards).await?;
+                    // A shard must have the schema the task was planned for.
+                    if h.schema() != &node.schema {
+                        return Err(Error::invalid(format!(
+                            "shard {shard} of {} at {} has another schema than the index's \
+                             descriptor",
+                            node.shards, node.location
+                        )));
+                    }
                     h.refresh().await?;
                     h.point_in_time().await
                 })
@@ -778,15 +786,32 @@ impl Search<'_> {
     /// `Unavailable` (a worker that cannot be reached or died), naming the workers.
     fn failed(&self, e: DataFusionError) -> Error {
         let text = e.to_string();
-        let kind = [
+        let ours = [
             ErrorKind::Invalid,
             ErrorKind::Data,
             ErrorKind::Timeout,
             ErrorKind::Unavailable,
+            ErrorKind::Fenced,
+            ErrorKind::Closed,
+            ErrorKind::Internal,
         ]
         .into_iter()
-        .find(|k| text.contains(&format!("External error: {k}: ")))
-        .unwrap_or(ErrorKind::Unavailable);
+        .find(|k| text.contains(&format!("External error: {k}: ")));
+        // Not ours: a worker that could not be reached or went away is Unavailable (retry
+        // it), anything else Internal.
+        let unreachable = [
+            "transport error",
+            "Error connecting",
+            "connection",
+            "Connection",
+        ]
+        .iter()
+        .any(|t| text.contains(t));
+        let kind = match (ours, unreachable) {
+            (Some(k), _) => k,
+            (None, true) => ErrorKind::Unavailable,
+            (None, false) => ErrorKind::Internal,
+        };
         let workers: Vec<String> = self.index.workers.iter().map(|u| u.to_string()).collect();
         // The shards whose tasks went to a worker the error names (task j reads the shards
         // i with i mod T = j, and goes to worker j mod W).
