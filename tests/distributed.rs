@@ -450,4 +450,5 @@ async fn a_shard_of_another_schema_is_an_invalid_error_naming_it() {
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
     assert!(e.to_string().contains("shard 1"), "{e}");
+    assert!(!e.to_string().contains("invalid input: invalid input"), "{e}");
 }
