@@ -435,7 +435,7 @@ impl Registry {
                     h.point_in_time().await
                 })
                 .await
-                .map_err(|e: Arc<Error>| Error::new(e.kind(), e.to_string())),
+                .map_err(|e: Arc<Error>| Error::new(e.kind(), e.message())),
         }
     }
 }
