@@ -288,6 +288,53 @@ async fn worker_processes_search_as_one_process_and_a_dead_one_is_a_clear_error(
     assert!(ok, "{err}");
     assert_eq!(with, without);
 
+    // A location relative to the command's directory: the workers (started elsewhere)
+    // read the same index.
+    let out = Command::new(env!("CARGO_BIN_EXE_lsmsearch"))
+        .current_dir(dir.path())
+        .args([
+            "--json",
+            "search",
+            "idx",
+            "--fts",
+            "shock layer",
+            "--k",
+            "5",
+            "--workers",
+            &joined,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), without);
+
+    // A worker that stops answering: the search fails Unavailable past the task deadline.
+    let stopped = workers[2].0.id().to_string();
+    Command::new("kill")
+        .args(["-STOP", &stopped])
+        .status()
+        .unwrap();
+    let patient = DistributedIndex::open(&location, &addrs)
+        .await
+        .unwrap()
+        .with_task_timeout(std::time::Duration::from_secs(2));
+    let e = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        patient.search_fts("wing", &SearchOptions::with_k(5)),
+    )
+    .await
+    .expect("the search returns past its task deadline")
+    .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    Command::new("kill")
+        .args(["-CONT", &stopped])
+        .status()
+        .unwrap();
+
     // A worker killed: the search fails with an Unavailable error, never fewer rows.
     workers[1].0.kill().unwrap();
     workers[1].0.wait().unwrap();
@@ -450,5 +497,8 @@ async fn a_shard_of_another_schema_is_an_invalid_error_naming_it() {
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
     assert!(e.to_string().contains("shard 1"), "{e}");
-    assert!(!e.to_string().contains("invalid input: invalid input"), "{e}");
+    assert!(
+        !e.to_string().contains("invalid input: invalid input"),
+        "{e}"
+    );
 }

@@ -629,3 +629,13 @@ async fn a_delete_with_a_key_of_another_type_deletes_nothing() {
     );
     index.close().await.unwrap();
 }
+
+#[test]
+fn a_layout_of_zero_shards_does_not_divide_by_zero() {
+    // Its fields are public: a layout built by hand may say 0 shards.
+    let layout = ShardLayout {
+        shards: 0,
+        ..ShardLayout::new(1, schema()).unwrap()
+    };
+    assert_eq!(layout.shard_of(&Key::from("a")), 0);
+}

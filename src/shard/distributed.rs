@@ -48,6 +48,9 @@ use url::Url;
 /// second phase.
 const PINNED_FOR: Duration = Duration::from_secs(60);
 
+/// How long a round of a search's tasks may take by default.
+const DEFAULT_TASK_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The most points in time a worker keeps pinned at once (the least recently used go first).
 const MAX_PINNED: u64 = 4096;
 
@@ -518,6 +521,8 @@ impl WorkerResolver for Urls {
 /// A sharded index searched through workers: the same searches as a [`super::ShardedIndex`]
 /// in this process, and the same results, with each shard's part run by a worker.
 pub struct DistributedIndex {
+    /// How long a search's tasks may take to answer.
+    task_timeout: Duration,
     location: String,
     layout: ShardLayout,
     workers: Arc<Vec<Url>>,
@@ -574,6 +579,7 @@ impl DistributedIndex {
             })
             .build();
         Ok(DistributedIndex {
+            task_timeout: DEFAULT_TASK_TIMEOUT,
             location: location.to_string(),
             layout,
             workers: urls,
@@ -584,6 +590,14 @@ impl DistributedIndex {
     /// The layout: shard count, routing and schema.
     pub fn layout(&self) -> &ShardLayout {
         &self.layout
+    }
+
+    /// How long each round of a search's tasks may take before the search fails with an
+    /// `Unavailable` error naming the workers (default 30 s): a worker that stops answering
+    /// without closing its connection.
+    pub fn with_task_timeout(mut self, timeout: Duration) -> DistributedIndex {
+        self.task_timeout = timeout;
+        self
     }
 
     /// A new search: the token its points in time are pinned under.
