@@ -99,12 +99,18 @@ impl ShardLayout {
 
     /// The shard holding `key`.
     pub fn shard_of(&self, key: &Key) -> usize {
-        (key.hash_with_seed(self.seed) % u64::from(self.shards)) as usize
+        (key.hash_with_seed(self.seed) % self.modulus()) as usize
+    }
+
+    /// The shard count as a divisor: at least 1 (the fields are public, and a layout built
+    /// by hand may say 0; one read from a descriptor never does).
+    fn modulus(&self) -> u64 {
+        u64::from(self.shards.max(1))
     }
 
     /// The shard of the key at `row` of a key column; `None` for a null key.
     fn shard_at(&self, keys: &dyn Array, row: usize) -> Option<usize> {
-        Key::hash_at_with_seed(keys, row, self.seed).map(|h| (h % u64::from(self.shards)) as usize)
+        Key::hash_at_with_seed(keys, row, self.seed).map(|h| (h % self.modulus()) as usize)
     }
 
     /// Where shard `shard` lives under `root`: `<root>/shard-<shard>`.
