@@ -559,6 +559,18 @@ impl DistributedIndex {
             })
             .collect::<Result<Vec<_>>>()?;
         let layout = ShardLayout::read(&Location::parse(location)?).await?;
+        // Workers resolve a local path in their own directory: send them an absolute one.
+        let location = match location.contains("://") && !location.starts_with("file://") {
+            true => location.to_string(),
+            false => {
+                let path = location.strip_prefix("file://").unwrap_or(location);
+                std::fs::canonicalize(path)
+                    .map_err(|e| Error::invalid(format!("location '{location}': {e}")))?
+                    .to_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| Error::invalid(format!("location '{location}' is not UTF-8")))?
+            }
+        };
         let urls = Arc::new(urls);
         let route = urls.clone();
         let state = SessionStateBuilder::new()
@@ -580,7 +592,7 @@ impl DistributedIndex {
             .build();
         Ok(DistributedIndex {
             task_timeout: DEFAULT_TASK_TIMEOUT,
-            location: location.to_string(),
+            location,
             layout,
             workers: urls,
             ctx: SessionContext::from(state),
