@@ -796,15 +796,24 @@ impl Search<'_> {
     async fn run(&self, node: ShardNode, fetch: Option<usize>) -> Result<Vec<RecordBatch>> {
         self.check(&node.request)?;
         let plan = self.planned(node, fetch).await?;
-        if std::env::var("DEBUG_PLANS").is_ok() {
-            eprintln!(
-                "{}",
-                datafusion_distributed::display_plan_ascii(plan.as_ref(), false)
-            );
+        let tasks = datafusion::physical_plan::collect(plan, self.index.ctx.task_ctx());
+        match tokio::time::timeout(self.index.task_timeout, tasks).await {
+            Ok(done) => done.map_err(|e| self.failed(e)),
+            Err(_) => {
+                let workers: Vec<String> =
+                    self.index.workers.iter().map(|u| u.to_string()).collect();
+                Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "a sharded search of {}: the tasks on workers {} did not answer within \
+                         {:?}",
+                        self.index.location,
+                        workers.join(", "),
+                        self.index.task_timeout
+                    ),
+                ))
+            }
         }
-        datafusion::physical_plan::collect(plan, self.index.ctx.task_ctx())
-            .await
-            .map_err(|e| self.failed(e))
     }
 
     /// The error of a search whose tasks failed: of the kind of ours when a worker returned
