@@ -227,6 +227,21 @@ async fn three_workers_in_this_process_search_as_one_process() {
     local.close().await.unwrap();
 }
 
+/// Worker processes, killed (and continued first, if stopped) when dropped: a failing test
+/// leaves none behind.
+struct Workers(Vec<(Child, String)>);
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for (child, _) in &mut self.0 {
+            let pid = child.id().to_string();
+            let _ = Command::new("kill").args(["-CONT", &pid]).status();
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// A `lsmsearch worker` process and the address it listens on.
 fn start_worker() -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_lsmsearch"))
@@ -251,8 +266,8 @@ fn start_worker() -> (Child, String) {
 async fn worker_processes_search_as_one_process_and_a_dead_one_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let (location, live) = build(dir.path()).await;
-    let mut workers: Vec<(Child, String)> = (0..3).map(|_| start_worker()).collect();
-    let addrs: Vec<String> = workers.iter().map(|w| w.1.clone()).collect();
+    let mut workers = Workers((0..3).map(|_| start_worker()).collect());
+    let addrs: Vec<String> = workers.0.iter().map(|w| w.1.clone()).collect();
     let local = ShardedIndex::open_read_only(Location::parse(&location).unwrap(), settings())
         .await
         .unwrap();
@@ -313,7 +328,7 @@ async fn worker_processes_search_as_one_process_and_a_dead_one_is_a_clear_error(
     assert_eq!(String::from_utf8_lossy(&out.stdout), without);
 
     // A worker that stops answering: the search fails Unavailable past the task deadline.
-    let stopped = workers[2].0.id().to_string();
+    let stopped = workers.0[2].0.id().to_string();
     Command::new("kill")
         .args(["-STOP", &stopped])
         .status()
@@ -336,8 +351,8 @@ async fn worker_processes_search_as_one_process_and_a_dead_one_is_a_clear_error(
         .unwrap();
 
     // A worker killed: the search fails with an Unavailable error, never fewer rows.
-    workers[1].0.kill().unwrap();
-    workers[1].0.wait().unwrap();
+    workers.0[1].0.kill().unwrap();
+    workers.0[1].0.wait().unwrap();
     for _ in 0..3 {
         match remote.search_fts("wing", &SearchOptions::with_k(50)).await {
             Ok(rows) => assert_eq!(
@@ -361,10 +376,6 @@ async fn worker_processes_search_as_one_process_and_a_dead_one_is_a_clear_error(
     let e: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(e["kind"], "Unavailable", "{out}");
     assert!(e["error"].as_str().unwrap().contains(&addrs[1]), "{out}");
-    for (mut child, _) in workers {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
     local.close().await.unwrap();
 }
 
