@@ -443,7 +443,7 @@ impl Registry {
     }
 }
 
-/// The codec of [`ShardExec`]: its [`ShardNode`] as JSON.
+/// The codec of [`ShardExec`]: the description of its part of a search (format 1) as JSON.
 #[derive(Debug)]
 pub struct ShardCodec;
 
