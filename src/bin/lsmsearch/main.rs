@@ -826,26 +826,74 @@ struct SearchRequest {
     explain: bool,
 }
 
+impl SearchRequest {
+    /// The options of a full-text search.
+    fn fts_options(self) -> SearchOptions {
+        SearchOptions {
+            k: self.k,
+            filter: self.filter,
+            conjunction: self.conjunction,
+            min_score: self.min_score,
+            offset: self.offset,
+            columns: self.columns,
+            timeout: self.timeout,
+            highlight: self.highlight,
+            explain: self.explain,
+        }
+    }
+
+    /// The options of a vector search.
+    fn vector_options(self) -> VectorSearchOptions {
+        VectorSearchOptions {
+            k: self.k,
+            filter: self.filter,
+            ef: self.ef,
+            exact: self.exact,
+            max_distance: self.max_distance,
+            offset: self.offset,
+            columns: self.columns,
+            timeout: self.timeout,
+        }
+    }
+
+    /// The options of a hybrid search.
+    fn hybrid_options(self) -> HybridSearchOptions {
+        HybridSearchOptions {
+            k: self.k,
+            offset: self.offset,
+            filter: self.filter,
+            columns: self.columns,
+            fusion: self.fusion,
+            candidates: self.candidates,
+            conjunction: self.conjunction,
+            ef: self.ef,
+            exact: self.exact,
+            timeout: self.timeout,
+        }
+    }
+}
+
+/// `--count`'s line: the number of live rows matching, when counted.
+fn print_count(matched: Option<u64>, json: bool) {
+    match (matched, json) {
+        (Some(n), true) => println!("{}", serde_json::json!({ "count": n })),
+        (Some(1), false) => println!("1 live row matches"),
+        (Some(n), false) => println!("{n} live rows match"),
+        (None, _) => {}
+    }
+}
+
 /// `lsmsearch search`.
 async fn search(open: &Open, query: Query, r: SearchRequest, json: bool) -> lsmsearch::Result<()> {
     let index = Reader::open(&open.location, open.settings.clone()).await?;
     let mut matched = None;
     let rows = match query {
         Query::Fts(q) => {
-            let opts = SearchOptions {
-                k: r.k,
-                filter: r.filter,
-                conjunction: r.conjunction,
-                min_score: r.min_score,
-                offset: r.offset,
-                columns: r.columns,
-                timeout: r.timeout,
-                highlight: r.highlight,
-                explain: r.explain,
-            };
+            let count = r.count;
+            let opts = r.fts_options();
             // With --count, the count and the rows of one snapshot.
             index
-                .search_fts(&q, &opts, r.count)
+                .search_fts(&q, &opts, count)
                 .await
                 .map(|(rows, count)| {
                     matched = count;
@@ -853,31 +901,11 @@ async fn search(open: &Open, query: Query, r: SearchRequest, json: bool) -> lsms
                 })
         }
         Query::Vector(v) => {
-            let opts = VectorSearchOptions {
-                k: r.k,
-                filter: r.filter,
-                ef: r.ef,
-                exact: r.exact,
-                max_distance: r.max_distance,
-                offset: r.offset,
-                columns: r.columns,
-                timeout: r.timeout,
-            };
+            let opts = r.vector_options();
             index.search_vector(&v, &opts).await
         }
         Query::Hybrid(q, v) => {
-            let opts = HybridSearchOptions {
-                k: r.k,
-                offset: r.offset,
-                filter: r.filter,
-                columns: r.columns,
-                fusion: r.fusion,
-                candidates: r.candidates,
-                conjunction: r.conjunction,
-                ef: r.ef,
-                exact: r.exact,
-                timeout: r.timeout,
-            };
+            let opts = r.hybrid_options();
             index.search_hybrid(&q, &v, &opts).await
         }
     };
@@ -890,12 +918,7 @@ async fn search(open: &Open, query: Query, r: SearchRequest, json: bool) -> lsms
     };
     // The block cache's disk tier (when there is one) is written for the next process.
     index.close().await?;
-    match (matched, json) {
-        (Some(n), true) => println!("{}", serde_json::json!({ "count": n })),
-        (Some(1), false) => println!("1 live row matches"),
-        (Some(n), false) => println!("{n} live rows match"),
-        (None, _) => {}
-    }
+    print_count(matched, json);
     print_rows(&rows, json)
 }
 
@@ -911,19 +934,10 @@ async fn distributed_search(
         lsmsearch::shard::distributed::DistributedIndex::open(&open.location, workers).await?;
     let (rows, matched) = match query {
         Query::Fts(q) => {
-            let opts = SearchOptions {
-                k: r.k,
-                filter: r.filter,
-                conjunction: r.conjunction,
-                min_score: r.min_score,
-                offset: r.offset,
-                columns: r.columns,
-                timeout: r.timeout,
-                highlight: r.highlight,
-                explain: r.explain,
-            };
+            let count = r.count;
+            let opts = r.fts_options();
             // With --count, the count and the rows of one point in time of each shard.
-            match r.count {
+            match count {
                 true => {
                     let (rows, n) = index.search_and_count_fts(&q, &opts).await?;
                     (rows, Some(n))
@@ -932,40 +946,15 @@ async fn distributed_search(
             }
         }
         Query::Vector(v) => {
-            let opts = VectorSearchOptions {
-                k: r.k,
-                filter: r.filter,
-                ef: r.ef,
-                exact: r.exact,
-                max_distance: r.max_distance,
-                offset: r.offset,
-                columns: r.columns,
-                timeout: r.timeout,
-            };
+            let opts = r.vector_options();
             (index.search_vector(&v, &opts).await?, None)
         }
         Query::Hybrid(q, v) => {
-            let opts = HybridSearchOptions {
-                k: r.k,
-                offset: r.offset,
-                filter: r.filter,
-                columns: r.columns,
-                fusion: r.fusion,
-                candidates: r.candidates,
-                conjunction: r.conjunction,
-                ef: r.ef,
-                exact: r.exact,
-                timeout: r.timeout,
-            };
+            let opts = r.hybrid_options();
             (index.search_hybrid(&q, &v, &opts).await?, None)
         }
     };
-    match (matched, json) {
-        (Some(n), true) => println!("{}", serde_json::json!({ "count": n })),
-        (Some(1), false) => println!("1 live row matches"),
-        (Some(n), false) => println!("{n} live rows match"),
-        (None, _) => {}
-    }
+    print_count(matched, json);
     print_rows(&rows, json)
 }
 
