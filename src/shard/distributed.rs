@@ -13,7 +13,7 @@
 //! that finds no point in time (its worker restarted, or the task moved) fails with an
 //! `Unavailable` error naming the shard, never with rows of another snapshot.
 
-use super::{merge, Parts, ShardLayout};
+use super::{Parts, ShardLayout};
 use crate::query::{
     returned_columns, FtsStatistics, HybridSearchOptions, SearchOptions, VectorSearchOptions,
     DISTANCE_COLUMN, SCORE_COLUMN,
@@ -317,23 +317,24 @@ async fn run(node: &ShardNode, schema: &SchemaRef) -> Result<RecordBatch> {
                 ],
             )?]
         }
+        // The shards' rows merged as in one process: the same code ranks them.
         Request::Fts {
             query,
             options,
             statistics,
         } => {
-            let ranked = futures::future::try_join_all(
-                pits.iter()
-                    .map(|p| p.search_fts_with_statistics(query, options, statistics)),
-            )
-            .await?;
-            merge(ranked, SCORE_COLUMN, true, 0, options.k)?
+            let local = super::ShardedPointInTime {
+                schema: node.schema.clone(),
+                pits,
+            };
+            Parts::fts(&local, query, options, statistics).await?
         }
         Request::Vector { query, options } => {
-            let ranked =
-                futures::future::try_join_all(pits.iter().map(|p| p.search_vector(query, options)))
-                    .await?;
-            merge(ranked, DISTANCE_COLUMN, false, 0, options.k)?
+            let local = super::ShardedPointInTime {
+                schema: node.schema.clone(),
+                pits,
+            };
+            Parts::vector(&local, query, options).await?
         }
     };
     match batches.first() {
