@@ -891,3 +891,58 @@ async fn postings_pushed_out_of_the_caches_are_fetched_again_in_one_round() {
     assert!(again.gets >= 3, "the postings left the caches: {again:?}");
     assert!(again.round_trips <= 2, "{again:?}");
 }
+
+/// A refresh reads the WAL objects written since the last one, and nothing else: with nothing
+/// new it reads no WAL object, and one new object costs one GET whatever the WAL's length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refresh_reads_only_the_wal_objects_written_since() {
+    let inner = one_generation(1_000).await;
+    let s = schema();
+    let writer = Index::open(
+        Location::from_store(inner.clone(), "idx"),
+        Settings::default(),
+    )
+    .await
+    .unwrap();
+    // Eight WAL objects past the generation.
+    for i in 0..8 {
+        let from = 1_000 + i * 10;
+        writer.append(&batch(&s, from, from + 10)).await.unwrap();
+    }
+    let store = LatencyStore::new(inner, LatencyConfig::default());
+    let ro = read_only(store.clone()).await;
+    assert_eq!(ro.stats().memtable_rows, 80);
+    store.reset();
+    ro.refresh().await.unwrap();
+    let idle = store.counters();
+    // The manifest's hint (it carries the manifest) and nothing of the WAL.
+    assert_eq!(idle.gets, 1, "{idle:?}");
+    writer.append(&batch(&s, 1_080, 1_090)).await.unwrap();
+    store.reset();
+    ro.refresh().await.unwrap();
+    let one = store.counters();
+    assert_eq!(one.gets, 2, "{one:?}");
+    assert_eq!(ro.stats().memtable_rows, 90);
+    let all = ro.scan(ScanOptions::default()).await.unwrap();
+    assert_eq!(
+        all.iter().map(|b| b.num_rows()).sum::<usize>(),
+        1_090,
+        "every row once"
+    );
+    // A row updated in the WAL replaces its earlier version in what the view shows.
+    writer.append(&batch(&s, 1_005, 1_006)).await.unwrap();
+    ro.refresh().await.unwrap();
+    let hits = ro
+        .search_fts(
+            "wing flow shock layer heat nozzle lift drag mach jet plate wave",
+            &SearchOptions::with_k(2_000),
+        )
+        .await
+        .unwrap();
+    let mut got = keys(&hits);
+    got.sort();
+    let before = got.len();
+    got.dedup();
+    assert_eq!(before, got.len(), "a key shown twice");
+    writer.close().await.unwrap();
+}
