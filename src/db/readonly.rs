@@ -36,6 +36,8 @@ pub struct ReadOnlyIndex {
     /// per memtable id).
     next_view_id: AtomicU64,
     view: std::sync::RwLock<View>,
+    /// Held by a refresh: one at a time, so that new WAL objects join the view's memtable once.
+    refreshing: tokio::sync::Mutex<()>,
     /// Set by [`ReadOnlyIndex::close`]: reads are refused.
     closed: std::sync::atomic::AtomicBool,
 }
@@ -65,6 +67,7 @@ impl ReadOnlyIndex {
             manifests,
             reader,
             next_view_id: AtomicU64::new(1),
+            refreshing: Default::default(),
             closed: Default::default(),
         };
         let view = handle.load_view(Some((m, wal))).await?;
@@ -150,8 +153,70 @@ impl ReadOnlyIndex {
     /// manifest no longer lists (a compaction replaced them) leave the cache for good. A view
     /// never moves backwards: when a concurrent refresh already installed a newer view, this
     /// one keeps it.
+    ///
+    /// Only what is new is read: with the same manifest, the WAL objects written since the
+    /// last refresh join the view's memtable (nothing is read when there are none); a new
+    /// manifest loads a new view.
     pub async fn refresh(&self) -> Result<()> {
-        let view = self.load_view(None).await?;
+        let _one = self.refreshing.lock().await;
+        let (version, from, next) = {
+            let v = self.view();
+            (v.manifest.version, v.manifest.wal_replay_from, v.wal_next)
+        };
+        let (m, wal) = futures::try_join!(
+            self.manifests.load_latest_for_reading(),
+            crate::wal::list_from(&self.loc.store, &self.paths, from)
+        )?;
+        let m = m.ok_or_else(|| Error::invalid(format!("no index at {}", self.loc.display)))?;
+        if m.version < version {
+            return Ok(());
+        }
+        if m.version == version {
+            let new: Vec<u64> = wal.iter().copied().filter(|id| *id >= next).collect();
+            if new.is_empty() {
+                return Ok(());
+            }
+            let r = &self.reader;
+            match replay_listed(
+                &self.loc.store,
+                &self.paths,
+                &r.stored_schema,
+                next,
+                Mode::ReadOnly,
+                r.settings.io_concurrency,
+                Some(new),
+            )
+            .await
+            {
+                Ok(replayed) => {
+                    let mut v = self.view.write().unwrap_or_else(|e| e.into_inner());
+                    for (id, e) in replayed.entries {
+                        if let Some(rows) = e.rows {
+                            v.wal.apply(rows)?;
+                        }
+                        v.wal.add_wal_id(id);
+                        // What failed after this object is read again by the next refresh.
+                        v.wal_next = id + 1;
+                    }
+                    v.wal_next = v.wal_next.max(replayed.next_id);
+                    v.wal_objects = v.wal_next.saturating_sub(v.manifest.wal_replay_from);
+                    return Ok(());
+                }
+                // A flush published a new manifest and deleted the objects between our LIST
+                // and GET: load the new view.
+                Err(e) if e.is_not_found() => {
+                    return self.install(self.load_view(None).await?).await
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let view = self.load_view(Some((m, wal))).await?;
+        self.install(view).await
+    }
+
+    /// Make `view` the handle's view, unless the current one is newer, and let go of the
+    /// generations it no longer lists.
+    async fn install(&self, view: View) -> Result<()> {
         // The view replaced (its WAL memtable and text index) is dropped at the end, after the
         // lock is released: searches wait for this lock on their thread.
         let (gone, _replaced): (Vec<(u64, u64)>, View) = {
