@@ -219,7 +219,7 @@ async fn three_workers_in_this_process_search_as_one_process() {
         assert!(plan.contains(&format!("shards=[{shard}] of 3")), "{plan}");
     }
 
-    // With two workers, one task reads two shards: the same results.
+    // With two workers, one of them runs two shards' tasks: the same results.
     let two = DistributedIndex::open(&location, &addrs[..2])
         .await
         .unwrap();
@@ -350,36 +350,118 @@ async fn worker_processes_search_as_one_process_and_a_dead_one_is_a_clear_error(
         .status()
         .unwrap();
 
-    // A worker killed: the search fails with an Unavailable error, never fewer rows.
+    // A worker killed: the search runs again on the workers left, with every row.
     workers.0[1].0.kill().unwrap();
     workers.0[1].0.wait().unwrap();
+    let want = one(&local
+        .search_fts("wing", &SearchOptions::with_k(50))
+        .await
+        .unwrap());
     for _ in 0..3 {
-        match remote.search_fts("wing", &SearchOptions::with_k(50)).await {
-            Ok(rows) => assert_eq!(
-                one(&rows),
-                one(&local
-                    .search_fts("wing", &SearchOptions::with_k(50))
-                    .await
-                    .unwrap()),
-                "a search that succeeds returns every row"
-            ),
-            Err(e) => {
-                assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
-                assert!(e.to_string().contains(&addrs[1]), "{e}");
-                assert!(e.to_string().contains("shards [1]"), "{e}");
-            }
-        }
+        let rows = remote
+            .search_fts("wing", &SearchOptions::with_k(50))
+            .await
+            .unwrap();
+        assert_eq!(one(&rows), want, "a retried search returns every row");
     }
-    // With --json the error is a JSON line: its kind and a message naming the workers.
+    let (ok, out, err) = cli(&["--workers", &joined]);
+    assert!(ok, "{err}");
+    assert_eq!(out, without);
+    // No worker left: an Unavailable error naming them; with --json a JSON line.
+    for w in [0, 2] {
+        workers.0[w].0.kill().unwrap();
+        workers.0[w].0.wait().unwrap();
+    }
+    let e = remote
+        .search_fts("wing", &SearchOptions::with_k(50))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
     let (ok, out, _) = cli(&["--workers", &joined]);
     assert!(!ok);
     let e: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(e["kind"], "Unavailable", "{out}");
-    assert!(e["error"].as_str().unwrap().contains(&addrs[1]), "{out}");
+    // The last attempt had one worker left, with every shard's task.
+    assert!(
+        e["error"].as_str().unwrap().contains("shards [0, 1, 2]"),
+        "{out}"
+    );
     local.close().await.unwrap();
 }
 
-/// Three workers in this process, and their addresses.
+/// A worker killed while searches run: each search returns every row (run again on the
+/// workers left) or fails with an `Unavailable` error; none returns fewer rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_query_never_costs_a_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let (location, _) = build(dir.path()).await;
+    let mut workers = Workers((0..3).map(|_| start_worker()).collect());
+    let addrs: Vec<String> = workers.0.iter().map(|w| w.1.clone()).collect();
+    let local = ShardedIndex::open_read_only(Location::parse(&location).unwrap(), settings())
+        .await
+        .unwrap();
+    let fts = SearchOptions::with_k(50);
+    let knn = VectorSearchOptions {
+        exact: true,
+        ..VectorSearchOptions::with_k(20)
+    };
+    let v = [1.0, 0.0, 0.5, 0.5];
+    let want_fts = one(&local.search_fts("wing flow", &fts).await.unwrap());
+    let want_knn = one(&local.search_vector(&v, &knn).await.unwrap());
+    let remote = std::sync::Arc::new(DistributedIndex::open(&location, &addrs).await.unwrap());
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let clients: Vec<_> = (0..3)
+        .map(|c| {
+            let (remote, done) = (remote.clone(), done.clone());
+            let (fts, knn) = (fts.clone(), knn.clone());
+            let (want_fts, want_knn) = (want_fts.clone(), want_knn.clone());
+            tokio::spawn(async move {
+                let (mut ok, mut failed) = (0, 0);
+                for i in 0..60 {
+                    let got = match (i + c) % 2 {
+                        0 => remote
+                            .search_fts("wing flow", &fts)
+                            .await
+                            .map(|r| (one(&r), &want_fts)),
+                        _ => remote
+                            .search_vector(&v, &knn)
+                            .await
+                            .map(|r| (one(&r), &want_knn)),
+                    };
+                    match got {
+                        Ok((rows, want)) => {
+                            assert_eq!(&rows, want, "search {i} of client {c}");
+                            ok += 1;
+                        }
+                        Err(e) => {
+                            assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+                            failed += 1;
+                        }
+                    }
+                    done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+                (ok, failed)
+            })
+        })
+        .collect();
+    while done.load(std::sync::atomic::Ordering::SeqCst) < 30 {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    workers.0[0].0.kill().unwrap();
+    workers.0[0].0.wait().unwrap();
+    let (mut ok, mut failed) = (0, 0);
+    for c in clients {
+        let (o, f) = c.await.unwrap();
+        ok += o;
+        failed += f;
+    }
+    // Searches run again without the dead worker: at most those in flight could fail.
+    assert_eq!(ok + failed, 180);
+    assert!(failed <= 3, "{failed} searches failed");
+    local.close().await.unwrap();
+}
+
+/// `n` workers in this process, and their addresses.
 async fn workers_here(n: usize) -> Vec<String> {
     let mut addrs = Vec::new();
     for _ in 0..n {

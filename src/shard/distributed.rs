@@ -1,17 +1,17 @@
 //! Sharded searches run by workers: each shard's part of a search is a leaf of a DataFusion
 //! plan ([`ShardExec`]) that datafusion-distributed ships to a worker over Arrow Flight, one
-//! task per shard (or per group of shards when there are fewer workers), merged on the
-//! coordinator by a `SortPreservingMergeExec`.
+//! task per shard, merged on the coordinator by a `SortPreservingMergeExec`.
 //!
 //! A worker (`lsmsearch worker --listen HOST:PORT`, or [`serve`]) opens the shards a task
 //! names read-only (any worker can serve any shard: the data is in the object store),
 //! refreshes them, and keeps the point in time each search took of each shard for the
 //! search's second phase: full text asks every shard for its statistics first (a task that
 //! takes a point in time of each shard and pins it under the search's token), then for its
-//! rows scored with the sums (a task that must find those points in time). Tasks of one
-//! shard go to the same worker in both phases (task `i` to worker `i mod W`); a second phase
-//! that finds no point in time (its worker restarted, or the task moved) fails with an
-//! `Unavailable` error naming the shard, never with rows of another snapshot.
+//! rows scored with the sums (a task that must find those points in time). Shard `i`'s tasks
+//! go to the same worker in both phases (worker `i mod W`); a second phase that finds no point in time
+//! (its worker restarted) fails with an `Unavailable` error naming the shard, never with
+//! rows of another snapshot. A search whose worker cannot be reached or dies runs again from
+//! its first phase without that worker.
 
 use super::{Parts, ShardLayout};
 use crate::query::{
@@ -38,6 +38,7 @@ use datafusion_distributed::{
     SessionStateBuilderExt, Worker, WorkerQueryContext, WorkerResolver,
 };
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
+use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -53,6 +54,78 @@ const DEFAULT_TASK_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The most points in time a worker keeps pinned at once (the least recently used go first).
 const MAX_PINNED: u64 = 4096;
+
+/// Where one attempt of a search sends each shard's task (a session extension the task
+/// router reads): to the worker that writes the shard when one serves it, else to worker
+/// `i mod W`. A search that retries leaves out the workers that failed it.
+#[derive(Debug, Clone, PartialEq)]
+struct Route {
+    workers: Vec<Url>,
+    writers: HashMap<usize, Url>,
+}
+
+impl Route {
+    /// The worker of shard `i`'s task (task `i` reads shard `i`).
+    fn worker(&self, i: usize) -> &Url {
+        match self.writers.get(&i) {
+            Some(w) => w,
+            None => &self.workers[i % self.workers.len()],
+        }
+    }
+
+    /// The workers of this route that `text` (an error) names.
+    fn named_in(&self, text: &str) -> Vec<Url> {
+        let mut all: Vec<&Url> = self.workers.iter().chain(self.writers.values()).collect();
+        all.dedup();
+        let mut named: Vec<Url> = all
+            .into_iter()
+            .filter(|u| names(text, &address(u)))
+            .cloned()
+            .collect();
+        named.sort();
+        named.dedup();
+        named
+    }
+
+    /// This route without the workers `gone`: `None` when no worker is left.
+    fn without(&self, gone: &[Url]) -> Option<Route> {
+        let workers: Vec<Url> = self
+            .workers
+            .iter()
+            .filter(|u| !gone.contains(u))
+            .cloned()
+            .collect();
+        if workers.is_empty() {
+            return None;
+        }
+        let writers = self
+            .writers
+            .iter()
+            .filter(|(_, u)| !gone.contains(u))
+            .map(|(i, u)| (*i, u.clone()))
+            .collect();
+        Some(Route { workers, writers })
+    }
+}
+
+/// `HOST:PORT` of worker `url`.
+fn address(url: &Url) -> String {
+    format!(
+        "{}:{}",
+        url.host_str().unwrap_or_default(),
+        url.port_or_known_default().unwrap_or_default()
+    )
+}
+
+/// Whether `text` names `address` (not as the start of a longer port).
+fn names(text: &str, address: &str) -> bool {
+    text.match_indices(address).any(|(at, _)| {
+        !text[at + address.len()..]
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_digit())
+    })
+}
 
 /// What a shard's part of a search does.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -507,6 +580,30 @@ pub async fn serve(listener: tokio::net::TcpListener, settings: Settings) -> Res
         .map_err(|e| Error::new(ErrorKind::Unavailable, format!("worker: {e}")))
 }
 
+/// The URL of the worker at `worker` (`HOST:PORT`, or a URL).
+fn worker_url(worker: &str) -> Result<Url> {
+    let url = match worker.contains("://") {
+        true => worker.to_string(),
+        false => format!("http://{worker}"),
+    };
+    Url::parse(&url).map_err(|e| Error::invalid(format!("worker '{worker}': {e}")))
+}
+
+/// `location` as every process names it: workers resolve a local path in their own
+/// directory, so a local one becomes absolute (and canonical: a writer serving its shards
+/// and a coordinator must name it alike).
+fn shared_location(location: &str) -> Result<String> {
+    if location.contains("://") && !location.starts_with("file://") {
+        return Ok(location.to_string());
+    }
+    let path = location.strip_prefix("file://").unwrap_or(location);
+    std::fs::canonicalize(path)
+        .map_err(|e| Error::invalid(format!("location '{location}': {e}")))?
+        .to_str()
+        .map(str::to_string)
+        .ok_or_else(|| Error::invalid(format!("location '{location}' is not UTF-8")))
+}
+
 /// The workers a coordinator sends tasks to.
 #[derive(Debug, Clone)]
 struct Urls(Arc<Vec<Url>>);
@@ -555,29 +652,15 @@ impl DistributedIndex {
         }
         let urls = workers
             .iter()
-            .map(|w| {
-                let url = match w.contains("://") {
-                    true => w.clone(),
-                    false => format!("http://{w}"),
-                };
-                Url::parse(&url).map_err(|e| Error::invalid(format!("worker '{w}': {e}")))
-            })
+            .map(|w| worker_url(w))
             .collect::<Result<Vec<_>>>()?;
         let layout = ShardLayout::read(&Location::parse(location)?).await?;
-        // Workers resolve a local path in their own directory: send them an absolute one.
-        let location = match location.contains("://") && !location.starts_with("file://") {
-            true => location.to_string(),
-            false => {
-                let path = location.strip_prefix("file://").unwrap_or(location);
-                std::fs::canonicalize(path)
-                    .map_err(|e| Error::invalid(format!("location '{location}': {e}")))?
-                    .to_str()
-                    .map(str::to_string)
-                    .ok_or_else(|| Error::invalid(format!("location '{location}' is not UTF-8")))?
-            }
-        };
+        let location = shared_location(location)?;
         let urls = Arc::new(urls);
-        let route = urls.clone();
+        let all = Route {
+            workers: urls.as_ref().clone(),
+            writers: HashMap::new(),
+        };
         let state = SessionStateBuilder::new()
             .with_default_features()
             .with_distributed_worker_resolver(Urls(urls.clone()))
@@ -585,12 +668,17 @@ impl DistributedIndex {
             .with_distributed_user_codec(ShardCodec)
             .with_distributed_desired_task_count_handler(desired_tasks)
             .with_distributed_scale_up_leaf_node_handler(scale_up)
+            // One task a shard, however many workers.
+            .with_distributed_max_tasks_per_stage(task_count(layout.shards as usize))?
             .with_distributed_route_tasks_handler(move |ev: RouteTasksEvent| {
-                // Task i always goes to worker i mod W: both phases of a search find a
-                // shard's point in time on the worker that took it.
+                // Task i reads shard i and goes to the worker the search's route names for
+                // it: both phases of a search find a shard's point in time on the worker
+                // that took it.
+                let route = ev.task_ctx.session_config().get_extension::<Route>();
+                let route = route.as_deref().unwrap_or(&all);
                 Some(Ok(RouteTasksEventResponse::new(
                     (0..ev.task_count)
-                        .map(|i| route[i % route.len()].clone())
+                        .map(|i| route.worker(i).clone())
                         .collect(),
                 )))
             })
@@ -617,8 +705,8 @@ impl DistributedIndex {
         self
     }
 
-    /// A new search: the token its points in time are pinned under.
-    fn search(&self) -> Search<'_> {
+    /// A new attempt of a search over `route`: the token its points in time are pinned under.
+    fn search(&self, route: Route) -> Search<'_> {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let now = std::time::SystemTime::now()
@@ -631,8 +719,36 @@ impl DistributedIndex {
         );
         Search {
             index: self,
+            route,
+            gone: Mutex::new(Vec::new()),
             token,
             taken: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Run `search` (every phase of one search) until it succeeds, fails for another reason
+    /// than a worker that cannot be reached or went away, or no worker is left: each attempt
+    /// leaves out the workers the last one could not reach, and takes new points in time.
+    async fn retrying<'a, T>(
+        &'a self,
+        search: impl Fn(Search<'a>) -> BoxFuture<'a, (Result<T>, Vec<Url>)>,
+    ) -> Result<T> {
+        let mut route = Route {
+            workers: self.workers.as_ref().clone(),
+            writers: HashMap::new(),
+        };
+        loop {
+            let (out, gone) = search(self.search(route.clone())).await;
+            match out {
+                Err(e) if !gone.is_empty() => match route.without(&gone) {
+                    Some(left) => {
+                        tracing::warn!("{e}; searching again without those workers");
+                        route = left;
+                    }
+                    None => return Err(e),
+                },
+                other => return other,
+            }
         }
     }
 
@@ -642,12 +758,24 @@ impl DistributedIndex {
         query: &str,
         options: &SearchOptions,
     ) -> Result<Vec<RecordBatch>> {
-        super::search_fts(&self.search(), query, options).await
+        self.retrying(|s| {
+            Box::pin(async move {
+                let out = super::search_fts(&s, query, options).await;
+                (out, s.gone())
+            })
+        })
+        .await
     }
 
     /// The exact number of live rows matching a full-text query.
     pub async fn count_fts(&self, query: &str, options: &SearchOptions) -> Result<u64> {
-        super::count_fts(&self.search(), query, options).await
+        self.retrying(|s| {
+            Box::pin(async move {
+                let out = super::count_fts(&s, query, options).await;
+                (out, s.gone())
+            })
+        })
+        .await
     }
 
     /// A full-text search and the number of live rows matching it, both of one point in
@@ -657,10 +785,18 @@ impl DistributedIndex {
         query: &str,
         options: &SearchOptions,
     ) -> Result<(Vec<RecordBatch>, u64)> {
-        let search = self.search();
-        let rows = super::search_fts(&search, query, options).await?;
-        let count = super::count_fts(&search, query, options).await?;
-        Ok((rows, count))
+        self.retrying(|s| {
+            Box::pin(async move {
+                let out = async {
+                    let rows = super::search_fts(&s, query, options).await?;
+                    let count = super::count_fts(&s, query, options).await?;
+                    Ok((rows, count))
+                }
+                .await;
+                (out, s.gone())
+            })
+        })
+        .await
     }
 
     /// Vector search (see [`super::ShardedPointInTime::search_vector`]).
@@ -669,7 +805,13 @@ impl DistributedIndex {
         query: &[f32],
         options: &VectorSearchOptions,
     ) -> Result<Vec<RecordBatch>> {
-        super::search_vector(&self.search(), query, options).await
+        self.retrying(|s| {
+            Box::pin(async move {
+                let out = super::search_vector(&s, query, options).await;
+                (out, s.gone())
+            })
+        })
+        .await
     }
 
     /// Hybrid search (see [`super::ShardedPointInTime::search_hybrid`]).
@@ -679,13 +821,23 @@ impl DistributedIndex {
         vector: &[f32],
         options: &HybridSearchOptions,
     ) -> Result<Vec<RecordBatch>> {
-        super::search_hybrid(&self.search(), &self.layout.schema, query, vector, options).await
+        let schema = &self.layout.schema;
+        self.retrying(|s| {
+            Box::pin(async move {
+                let out = super::search_hybrid(&s, schema, query, vector, options).await;
+                (out, s.gone())
+            })
+        })
+        .await
     }
 
     /// The distributed plan of a full-text search's second phase, as text: its stages, the
     /// tasks of each and the workers they go to.
     pub async fn explain_fts(&self, query: &str, options: &SearchOptions) -> Result<String> {
-        let search = self.search();
+        let search = self.search(Route {
+            workers: self.workers.as_ref().clone(),
+            writers: HashMap::new(),
+        });
         let node = search.node(
             Pin::Find,
             Request::Fts {
@@ -731,6 +883,10 @@ impl datafusion::datasource::TableProvider for Planned {
 /// One search through the workers.
 struct Search<'a> {
     index: &'a DistributedIndex,
+    /// The workers of this attempt.
+    route: Route,
+    /// The workers of this attempt that could not be reached or went away.
+    gone: Mutex<Vec<Url>>,
     token: String,
     /// Whether a part of this search took its points in time: later parts must find them
     /// (one that finds none fails, rather than read another snapshot).
@@ -768,12 +924,16 @@ impl Search<'_> {
         let source = datafusion::datasource::provider_as_source(Arc::new(Planned(plan)));
         let logical =
             datafusion::logical_expr::LogicalPlanBuilder::scan("shards", source, None)?.build()?;
-        Ok(self
-            .index
-            .ctx
-            .state()
-            .create_physical_plan(&logical)
-            .await?)
+        Ok(self.state().create_physical_plan(&logical).await?)
+    }
+
+    /// The session state of this attempt: the index's, with its route.
+    fn state(&self) -> datafusion::execution::SessionState {
+        let mut state = self.index.ctx.state();
+        state
+            .config_mut()
+            .set_extension(Arc::new(self.route.clone()));
+        state
     }
 
     /// What a worker would refuse (as one process refuses it), refused here: a value JSON
@@ -801,12 +961,12 @@ impl Search<'_> {
     async fn run(&self, node: ShardNode, fetch: Option<usize>) -> Result<Vec<RecordBatch>> {
         self.check(&node.request)?;
         let plan = self.planned(node, fetch).await?;
-        let tasks = datafusion::physical_plan::collect(plan, self.index.ctx.task_ctx());
+        let ctx = Arc::new(TaskContext::from(&self.state()));
+        let tasks = datafusion::physical_plan::collect(plan, ctx);
         match tokio::time::timeout(self.index.task_timeout, tasks).await {
             Ok(done) => done.map_err(|e| self.failed(e)),
             Err(_) => {
-                let workers: Vec<String> =
-                    self.index.workers.iter().map(|u| u.to_string()).collect();
+                let workers: Vec<String> = self.route.workers.iter().map(address).collect();
                 Err(Error::new(
                     ErrorKind::Unavailable,
                     format!(
@@ -852,21 +1012,15 @@ impl Search<'_> {
             (None, true) => ErrorKind::Unavailable,
             (None, false) => ErrorKind::Internal,
         };
-        let workers: Vec<String> = self.index.workers.iter().map(|u| u.to_string()).collect();
-        // The shards whose tasks went to a worker the error names (task j reads the shards
-        // i with i mod T = j, and goes to worker j mod W).
-        let (n, w) = (self.index.layout.shards as usize, self.index.workers.len());
-        let tasks = task_count(n, w);
-        let named: Vec<usize> = (0..n)
-            .filter(|i| {
-                let url = &self.index.workers[(i % tasks) % w];
-                let at = format!(
-                    "{}:{}",
-                    url.host_str().unwrap_or_default(),
-                    url.port_or_known_default().unwrap_or_default()
-                );
-                text.contains(&at)
-            })
+        if ours.is_none() && unreachable {
+            if let Ok(mut gone) = self.gone.lock() {
+                gone.extend(self.route.named_in(&text));
+            }
+        }
+        let workers: Vec<String> = self.route.workers.iter().map(address).collect();
+        // The shards whose tasks went to a worker the error names.
+        let named: Vec<usize> = (0..self.index.layout.shards as usize)
+            .filter(|i| names(&text, &address(self.route.worker(*i))))
             .collect();
         let shards = match named.is_empty() {
             true => String::new(),
@@ -1000,6 +1154,11 @@ impl Parts for Search<'_> {
 }
 
 impl Search<'_> {
+    /// The workers this attempt could not reach, or that went away during it.
+    fn gone(&self) -> Vec<Url> {
+        self.gone.lock().map(|g| g.clone()).unwrap_or_default()
+    }
+
     /// Whether a part of this search took its points in time.
     fn taken(&self) -> bool {
         self.taken.load(std::sync::atomic::Ordering::Acquire)
@@ -1021,22 +1180,21 @@ impl Search<'_> {
     }
 }
 
-/// One task per shard, and at least two (the planner runs a stage of one task in the
-/// coordinator; a task may read no shard); the planner caps it at the number of workers.
+/// One task per shard, and at least two (see [`task_count`]).
 fn desired_tasks(
     ev: DesiredTaskCountEvent,
 ) -> Option<datafusion::common::Result<DesiredTaskCountEventResponse>> {
     let exec = ev.plan.downcast_ref::<ShardExec>()?;
     Some(Ok(DesiredTaskCountEventResponse::desired(task_count(
         exec.node.reads.len(),
-        usize::MAX,
     ))))
 }
 
-/// The tasks of a search over `shards` shards on `workers` workers: one a shard, at least
-/// two, at most one a worker (a single worker counted twice).
-fn task_count(shards: usize, workers: usize) -> usize {
-    shards.max(2).min(workers.max(2))
+/// The tasks of a search over `shards` shards: one a shard, and at least two (the planner
+/// runs a stage of one task in the coordinator; the second task of a one-shard index reads
+/// nothing).
+fn task_count(shards: usize) -> usize {
+    shards.max(2)
 }
 
 /// Task `j` of `T` reads the shards `i` with `i mod T = j`.
