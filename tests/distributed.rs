@@ -461,6 +461,93 @@ async fn a_worker_killed_mid_query_never_costs_a_row() {
     local.close().await.unwrap();
 }
 
+/// A process that writes a shard serves that shard's tasks: searches see its memtable rows
+/// the moment an append returns (here rows not yet in the WAL, which no other worker sees),
+/// and when it goes the other workers read the shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_serves_its_shards_tasks() {
+    use lsmsearch::shard::distributed::serve_writer;
+    use lsmsearch::{Durability, WriteOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let (location, mut live) = build(dir.path()).await;
+    let workers = Workers((0..2).map(|_| start_worker()).collect());
+    let addrs: Vec<String> = workers.0.iter().map(|w| w.1.clone()).collect();
+    let writer = std::sync::Arc::new(
+        ShardedIndex::open_shards(
+            Location::parse(&location).unwrap(),
+            &[1],
+            Settings {
+                wal_buffer_interval_ms: 600_000,
+                ..settings()
+            },
+        )
+        .await
+        .unwrap(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let here = listener.local_addr().unwrap().to_string();
+    let serving = {
+        let writer = writer.clone();
+        tokio::spawn(async move { serve_writer(listener, Settings::default(), &writer).await })
+    };
+    let plain = DistributedIndex::open(&location, &addrs).await.unwrap();
+    let remote = DistributedIndex::open(&location, &addrs)
+        .await
+        .unwrap()
+        .with_writer(1, &here)
+        .unwrap();
+    // New rows of shard 1, acknowledged once in the writer's memtable.
+    let s = schema();
+    let layout = remote.layout().clone();
+    let fresh: Vec<Row> = (500..700)
+        .map(|i| row(i, 9))
+        .filter(|r| layout.shard_of(&Key::Str(r.id.clone())) == 1)
+        .take(20)
+        .collect();
+    assert_eq!(fresh.len(), 20);
+    writer
+        .append_with(
+            &batch(&s, &fresh),
+            WriteOptions::with_durability(Durability::Buffered),
+        )
+        .await
+        .unwrap();
+    for r in &fresh {
+        live.insert(r.id.clone(), r.clone());
+    }
+    // Shard 1's tasks read the writer: every row, as the writer itself searches them.
+    same_results(&remote, &writer, &live).await;
+    let every = SearchOptions::with_k(10);
+    let all = WORDS.join(" OR ");
+    assert_eq!(
+        remote.count_fts(&all, &every).await.unwrap(),
+        live.len() as u64
+    );
+    // Workers reading shard 1 from its WAL do not have them yet.
+    assert_eq!(
+        plain.count_fts(&all, &every).await.unwrap(),
+        live.len() as u64 - 20
+    );
+    // The writer gone (its buffered rows written by its close): the other workers read its
+    // shard, every row still there.
+    serving.abort();
+    let _ = serving.await;
+    writer.close().await.unwrap();
+    let everyone = ShardedIndex::open_read_only(Location::parse(&location).unwrap(), settings())
+        .await
+        .unwrap();
+    same_results(&remote, &everyone, &live).await;
+    // A shard past the index's is refused.
+    let e = DistributedIndex::open(&location, &addrs)
+        .await
+        .unwrap()
+        .with_writer(3, &here)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+    everyone.close().await.unwrap();
+    drop(workers);
+}
+
 /// `n` workers in this process, and their addresses.
 async fn workers_here(n: usize) -> Vec<String> {
     let mut addrs = Vec::new();

@@ -8,7 +8,8 @@
 //! search's second phase: full text asks every shard for its statistics first (a task that
 //! takes a point in time of each shard and pins it under the search's token), then for its
 //! rows scored with the sums (a task that must find those points in time). Shard `i`'s tasks
-//! go to the same worker in both phases (worker `i mod W`); a second phase that finds no point in time
+//! go to the same worker in both phases (worker `i mod W`, or the process that writes the
+//! shard and serves it with [`serve_writer`]); a second phase that finds no point in time
 //! (its worker restarted) fails with an `Unavailable` error naming the shard, never with
 //! rows of another snapshot. A search whose worker cannot be reached or dies runs again from
 //! its first phase without that worker.
@@ -421,6 +422,9 @@ async fn run(node: &ShardNode, schema: &SchemaRef) -> Result<RecordBatch> {
 struct Registry {
     settings: Mutex<Settings>,
     handles: tokio::sync::Mutex<HashMap<(String, usize), Arc<ReadOnlyIndex>>>,
+    /// The writers of shards this process writes and serves ([`serve_writer`]), by the
+    /// location every process names the index by.
+    writers: Mutex<HashMap<(String, usize), Arc<crate::Index>>>,
     pinned: moka::future::Cache<(String, String, usize), PointInTime>,
 }
 
@@ -446,6 +450,7 @@ fn registry() -> &'static Registry {
     REGISTRY.get_or_init(|| Registry {
         settings: Mutex::new(Settings::default()),
         handles: tokio::sync::Mutex::new(HashMap::new()),
+        writers: Mutex::new(HashMap::new()),
         pinned: pin_cache(MAX_PINNED),
     })
 }
@@ -499,6 +504,15 @@ impl Registry {
             Pin::Take => self
                 .pinned
                 .try_get_with(key, async {
+                    let writer = self
+                        .writers
+                        .lock()
+                        .ok()
+                        .and_then(|w| w.get(&(node.location.clone(), shard)).cloned());
+                    if let Some(w) = writer {
+                        // This process writes the shard: its memtable rows too.
+                        return w.point_in_time().await;
+                    }
                     let h = self.handle(&node.location, shard, node.shards).await?;
                     // A shard must have the schema the task was planned for.
                     if h.schema() != &node.schema {
@@ -580,6 +594,47 @@ pub async fn serve(listener: tokio::net::TcpListener, settings: Settings) -> Res
         .map_err(|e| Error::new(ErrorKind::Unavailable, format!("worker: {e}")))
 }
 
+/// Serve shard tasks on `listener` as [`serve`] does, in a process that writes some shards
+/// of a sharded index (`index`, opened with [`super::ShardedIndex::open_shards`]): their
+/// tasks read its writers, so searches see their rows the moment an append returns (route
+/// them here with [`DistributedIndex::with_writer`]); other shards are read read-only. Until
+/// this returns or its future is dropped.
+pub async fn serve_writer(
+    listener: tokio::net::TcpListener,
+    settings: Settings,
+    index: &super::ShardedIndex,
+) -> Result<()> {
+    let written = index.writer_handles();
+    if written.is_empty() {
+        return Err(Error::invalid(
+            "a writer serving its shards' tasks must write at least one shard",
+        ));
+    }
+    let location = shared_location(&index.root().display)?;
+    let keys: Vec<(String, usize)> = written
+        .iter()
+        .map(|(i, _)| (location.clone(), *i))
+        .collect();
+    if let Ok(mut w) = registry().writers.lock() {
+        for (i, h) in written {
+            w.insert((location.clone(), i), h);
+        }
+    }
+    /// Takes the writers out of the registry when serving ends.
+    struct Unregister(Vec<(String, usize)>);
+    impl Drop for Unregister {
+        fn drop(&mut self) {
+            if let Ok(mut w) = registry().writers.lock() {
+                for k in &self.0 {
+                    w.remove(k);
+                }
+            }
+        }
+    }
+    let _unregister = Unregister(keys);
+    serve(listener, settings).await
+}
+
 /// The URL of the worker at `worker` (`HOST:PORT`, or a URL).
 fn worker_url(worker: &str) -> Result<Url> {
     let url = match worker.contains("://") {
@@ -628,6 +683,8 @@ pub struct DistributedIndex {
     location: String,
     layout: ShardLayout,
     workers: Arc<Vec<Url>>,
+    /// The workers that write shards and serve their tasks.
+    writers: HashMap<usize, Url>,
     ctx: SessionContext,
 }
 
@@ -688,8 +745,24 @@ impl DistributedIndex {
             location,
             layout,
             workers: urls,
+            writers: HashMap::new(),
             ctx: SessionContext::from(state),
         })
+    }
+
+    /// Send the tasks of `shard` to the worker at `worker` (`HOST:PORT`): a process that
+    /// writes the shard and serves its tasks ([`serve_writer`]), so that searches see its
+    /// memtable rows at once. When that worker fails a search, the search runs again with the
+    /// shard's task on the other workers (which read the shard's WAL).
+    pub fn with_writer(mut self, shard: usize, worker: &str) -> Result<DistributedIndex> {
+        if shard >= self.layout.shards as usize {
+            return Err(Error::invalid(format!(
+                "shard {shard} of an index of {} shards",
+                self.layout.shards
+            )));
+        }
+        self.writers.insert(shard, worker_url(worker)?);
+        Ok(self)
     }
 
     /// The layout: shard count, routing and schema.
@@ -735,7 +808,7 @@ impl DistributedIndex {
     ) -> Result<T> {
         let mut route = Route {
             workers: self.workers.as_ref().clone(),
-            writers: HashMap::new(),
+            writers: self.writers.clone(),
         };
         loop {
             let (out, gone) = search(self.search(route.clone())).await;
@@ -836,7 +909,7 @@ impl DistributedIndex {
     pub async fn explain_fts(&self, query: &str, options: &SearchOptions) -> Result<String> {
         let search = self.search(Route {
             workers: self.workers.as_ref().clone(),
-            writers: HashMap::new(),
+            writers: self.writers.clone(),
         });
         let node = search.node(
             Pin::Find,

@@ -400,6 +400,21 @@ impl ShardedIndex {
             .collect()
     }
 
+    /// The writers of the shards this handle writes.
+    pub(crate) fn writer_handles(&self) -> Vec<(usize, Arc<Index>)> {
+        (0..self.shards.len())
+            .filter_map(|i| match &self.shards[i] {
+                ShardHandle::Writer(w) => Some((i, w.clone())),
+                ShardHandle::Reader(_) => None,
+            })
+            .collect()
+    }
+
+    /// Where the index is.
+    pub(crate) fn root(&self) -> &Location {
+        &self.root
+    }
+
     /// The writer of `shard`, or an `Invalid` error when this handle does not write it.
     fn writer(&self, shard: usize) -> Result<&Arc<Index>> {
         match &self.shards[shard] {
