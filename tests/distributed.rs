@@ -682,3 +682,54 @@ async fn a_shard_of_another_schema_is_an_invalid_error_naming_it() {
         "{e}"
     );
 }
+
+/// SQL through workers: the search functions return what they return in one process, and
+/// the table itself is not scanned (a clear error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_search_functions_run_on_the_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (location, _) = build(dir.path()).await;
+    let remote = std::sync::Arc::new(
+        DistributedIndex::open(&location, &workers_here(3).await)
+            .await
+            .unwrap(),
+    );
+    let local = std::sync::Arc::new(
+        ShardedIndex::open_read_only(Location::parse(&location).unwrap(), settings())
+            .await
+            .unwrap(),
+    );
+    let (a, b) = (
+        datafusion::prelude::SessionContext::new(),
+        datafusion::prelude::SessionContext::new(),
+    );
+    lsmsearch::sql::register_distributed(&a, "docs", remote).unwrap();
+    lsmsearch::sql::register_sharded(&b, "docs", local.clone()).unwrap();
+    for statement in [
+        "SELECT id, _score, year FROM fts('docs', 'shock layer', 7) ORDER BY _score DESC, id",
+        "SELECT year, count(*) AS n FROM fts('docs', 'flow OR wing', 1000) GROUP BY year \
+         ORDER BY year",
+        "SELECT id, _distance FROM knn('docs', [1.0, 0.0, 0.5, 0.5], 5) ORDER BY _distance, id",
+        "SELECT id, _score FROM hybrid('docs', 'heat', [1.0, 0.0, 0.5, 0.5], 6) \
+         ORDER BY _score DESC, id",
+    ] {
+        let got = lsmsearch::sql::query(&a, statement).await.unwrap();
+        let want = lsmsearch::sql::query(&b, statement).await.unwrap();
+        assert!(
+            want.iter().map(|b| b.num_rows()).sum::<usize>() > 0,
+            "{statement}"
+        );
+        let pretty = |r: &[RecordBatch]| {
+            arrow::util::pretty::pretty_format_batches(r)
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(pretty(&got), pretty(&want), "{statement}");
+    }
+    let e = lsmsearch::sql::query(&a, "SELECT count(*) FROM docs")
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+    assert!(e.to_string().contains("cannot be scanned"), "{e}");
+    local.close().await.unwrap();
+}

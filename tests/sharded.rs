@@ -97,13 +97,17 @@ fn one(batches: &[RecordBatch]) -> Option<RecordBatch> {
 
 async fn run(ops: Vec<Op>, searches: Vec<(usize, [i8; 4], usize, usize)>) {
     let s = schema();
-    let sharded = ShardedIndex::create(memory_root(), s.clone(), 3, settings())
-        .await
-        .unwrap();
+    let sharded = Arc::new(
+        ShardedIndex::create(memory_root(), s.clone(), 3, settings())
+            .await
+            .unwrap(),
+    );
     // One index of the same writes: what a sharded search must return.
-    let single = Index::create(common::memory(), s.clone(), settings())
-        .await
-        .unwrap();
+    let single = Arc::new(
+        Index::create(common::memory(), s.clone(), settings())
+            .await
+            .unwrap(),
+    );
     let mut live: BTreeMap<String, Row> = BTreeMap::new();
     let mut flushes = 0;
     for (n, op) in ops.into_iter().enumerate() {
@@ -251,8 +255,49 @@ async fn run(ops: Vec<Op>, searches: Vec<(usize, [i8; 4], usize, usize)>) {
             );
         }
     }
+    same_sql(&sharded, &single).await;
     sharded.close().await.unwrap();
     single.close().await.unwrap();
+}
+
+/// SQL over the sharded index returns what it returns over one index of the same writes: the
+/// table's scan (every shard's live rows, with a filter and a projection pushed in) and the
+/// search functions, joined, filtered and grouped.
+async fn same_sql(sharded: &Arc<ShardedIndex>, single: &Arc<Index>) {
+    let (a, b) = (
+        datafusion::prelude::SessionContext::new(),
+        datafusion::prelude::SessionContext::new(),
+    );
+    lsmsearch::sql::register_sharded(&a, "docs", sharded.clone()).unwrap();
+    lsmsearch::sql::register(&b, "docs", single.clone()).unwrap();
+    for statement in [
+        "SELECT id, body, year FROM docs ORDER BY id",
+        "SELECT id FROM docs WHERE year > 3 AND body LIKE '%wing%' ORDER BY id",
+        "SELECT count(*) FROM docs",
+        "SELECT id, _score, year FROM fts('docs', 'shock layer', 7) ORDER BY _score DESC, id",
+        "SELECT year, count(*) AS n FROM fts('docs', 'flow OR wing', 1000) GROUP BY year \
+         ORDER BY year",
+        "SELECT id, _distance FROM knn('docs', [0.5, 1.5, -0.5, 2.5], 5, 'year >= 0') \
+         ORDER BY _distance, id",
+        "SELECT f.id, d.body FROM fts('docs', 'mach', 5) f JOIN docs d ON f.id = d.id \
+         ORDER BY f._score DESC, f.id",
+        "SELECT id, _score FROM hybrid('docs', 'heat', [1.0, 0.0, 0.5, 0.5], 6) \
+         ORDER BY _score DESC, id",
+    ] {
+        let got = lsmsearch::sql::query(&a, statement).await.unwrap();
+        let want = lsmsearch::sql::query(&b, statement).await.unwrap();
+        // The rows (a result of none may come as no batch at all).
+        let pretty = |r: &[RecordBatch]| {
+            let rows: Vec<RecordBatch> = r.iter().filter(|b| b.num_rows() > 0).cloned().collect();
+            match rows.is_empty() {
+                true => String::new(),
+                false => arrow::util::pretty::pretty_format_batches(&rows)
+                    .unwrap()
+                    .to_string(),
+            }
+        };
+        assert_eq!(pretty(&got), pretty(&want), "{statement}");
+    }
 }
 
 /// Cases of the property test: 16, or `PROPTEST_CASES` (the long mode).
@@ -600,8 +645,20 @@ fn the_command_line_creates_writes_and_searches_a_sharded_index_as_one() {
     );
     let compacted = ok(&["compact", &sharded]);
     assert!(compacted.contains("shard 1:"), "{compacted}");
+    // SQL reads every shard: the same rows as over one index.
+    for statement in [
+        "SELECT count(*) FROM docs",
+        "SELECT year, count(*) AS n FROM fts('docs', 'shock', 100) GROUP BY year ORDER BY year",
+    ] {
+        let (got, want) = (
+            ok(&["--json", "sql", &sharded, statement]),
+            ok(&["--json", "sql", &single, statement]),
+        );
+        assert!(!want.trim().is_empty(), "{statement}");
+        assert_eq!(got, want, "{statement}");
+    }
     // A command that reads one index says so.
-    let out = cli(&["sql", &sharded, "SELECT count(*) FROM docs"]);
+    let out = cli(&["scan", &sharded]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("sharded index (3 shards)"), "{err}");

@@ -282,7 +282,6 @@ impl TableProvider for SearchTable {
                 }
             }
         }
-        let pit = index.point_in_time().await.map_err(external)?;
         let (k, filter) = (self.k, self.filter.clone());
         let plan: Arc<dyn ExecutionPlan> = match &self.wanted {
             Wanted::Fts(q) => {
@@ -292,7 +291,7 @@ impl TableProvider for SearchTable {
                     columns: Some(columns),
                     ..SearchOptions::default()
                 };
-                pit.plan_fts(q, &opts).await.map_err(external)?
+                index.fts(q, &opts, &self.schema).await.map_err(external)?
             }
             Wanted::Knn(v) => {
                 let opts = VectorSearchOptions {
@@ -301,7 +300,7 @@ impl TableProvider for SearchTable {
                     columns: Some(columns),
                     ..VectorSearchOptions::default()
                 };
-                pit.plan_vector(v, &opts).await.map_err(external)?
+                index.knn(v, &opts, &self.schema).await.map_err(external)?
             }
             Wanted::Hybrid(q, v) => {
                 let opts = HybridSearchOptions {
@@ -310,7 +309,7 @@ impl TableProvider for SearchTable {
                     columns: Some(columns),
                     ..HybridSearchOptions::default()
                 };
-                let rows = pit.search_hybrid(q, v, &opts).await.map_err(external)?;
+                let rows = index.hybrid(q, v, &opts).await.map_err(external)?;
                 let schema = match rows.first() {
                     Some(b) => b.schema(),
                     None => hybrid_schema(&self.schema, self.leading, &opts),

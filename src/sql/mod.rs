@@ -39,7 +39,34 @@ pub fn register<T: Search + Send + Sync + 'static>(
     name: &str,
     index: Arc<T>,
 ) -> Result<()> {
-    ctx.register_table(name, Arc::new(IndexTable::new(index)))?;
+    register_table(ctx, name, IndexTable::new(index))
+}
+
+/// Register a sharded index searched in this process as the table `name`, as [`register`]
+/// does (see [`IndexTable::sharded`]): its scan reads every shard, and the search functions
+/// rank as one index.
+pub fn register_sharded(
+    ctx: &SessionContext,
+    name: &str,
+    index: Arc<crate::shard::ShardedIndex>,
+) -> Result<()> {
+    register_table(ctx, name, IndexTable::sharded(index))
+}
+
+/// Register a sharded index searched through workers as the table `name`, as [`register`]
+/// does (see [`IndexTable::distributed`]): the search functions run each shard's part on a
+/// worker; the table itself cannot be scanned.
+pub fn register_distributed(
+    ctx: &SessionContext,
+    name: &str,
+    index: Arc<crate::shard::distributed::DistributedIndex>,
+) -> Result<()> {
+    register_table(ctx, name, IndexTable::distributed(index))
+}
+
+/// Register `table` as `name`, with the search functions and vector literals.
+fn register_table(ctx: &SessionContext, name: &str, table: IndexTable) -> Result<()> {
+    ctx.register_table(name, Arc::new(table))?;
     if ctx.table_function("fts").is_err() {
         ctx.register_udtf("fts", Arc::new(FtsFunction));
         ctx.register_udtf("knn", Arc::new(KnnFunction));

@@ -239,6 +239,11 @@ enum Command {
         /// The name the index has in the statement.
         #[arg(long, default_value = "docs")]
         table: String,
+        /// A sharded index: run each shard's part of the search functions on these workers
+        /// (`lsmsearch worker`), HOST:PORT,... (by default this process reads every shard).
+        /// The table itself is then not scanned: query it with fts(), knn() or hybrid().
+        #[arg(long, value_delimiter = ',', value_name = "HOST:PORT,...")]
+        workers: Option<Vec<String>>,
     },
     /// Serve the shard tasks of distributed searches (`lsmsearch search --workers`) on
     /// HOST:PORT: shards are opened read-only from the location each task names. Prints
@@ -519,7 +524,8 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
             open,
             statement,
             table,
-        } => sql(&open, &statement, &table, json).await,
+            workers,
+        } => sql(&open, &statement, &table, workers.as_deref(), json).await,
         Command::Stats { open } => {
             let index = Reader::open(&open.location, open.settings).await?;
             let stats = index.stats();
@@ -1002,15 +1008,41 @@ fn shortened(batch: &RecordBatch, chars: usize) -> lsmsearch::Result<RecordBatch
 
 /// `lsmsearch explain`.
 /// `lsmsearch sql`.
-async fn sql(open: &Open, statement: &str, table: &str, json: bool) -> lsmsearch::Result<()> {
-    let index = std::sync::Arc::new(
-        handles::one_read_only(&open.location, open.settings.clone(), "sql").await?,
-    );
+async fn sql(
+    open: &Open,
+    statement: &str,
+    table: &str,
+    workers: Option<&[String]>,
+    json: bool,
+) -> lsmsearch::Result<()> {
     let ctx = datafusion::prelude::SessionContext::new();
-    lsmsearch::sql::register(&ctx, table, index.clone())?;
-    let rows = lsmsearch::sql::query(&ctx, statement).await;
-    drop(ctx);
-    index.close().await?;
+    let rows = match workers {
+        Some(w) => {
+            let index = std::sync::Arc::new(
+                lsmsearch::shard::distributed::DistributedIndex::open(&open.location, w).await?,
+            );
+            lsmsearch::sql::register_distributed(&ctx, table, index)?;
+            lsmsearch::sql::query(&ctx, statement).await
+        }
+        None => match Reader::open(&open.location, open.settings.clone()).await? {
+            Reader::One(index) => {
+                let index = std::sync::Arc::new(*index);
+                lsmsearch::sql::register(&ctx, table, index.clone())?;
+                let rows = lsmsearch::sql::query(&ctx, statement).await;
+                drop(ctx);
+                index.close().await?;
+                rows
+            }
+            Reader::Sharded(index) => {
+                let index = std::sync::Arc::new(*index);
+                lsmsearch::sql::register_sharded(&ctx, table, index.clone())?;
+                let rows = lsmsearch::sql::query(&ctx, statement).await;
+                drop(ctx);
+                index.close().await?;
+                rows
+            }
+        },
+    };
     let rows = rows?;
     // A plan is shown whole.
     let explained = rows
