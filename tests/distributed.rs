@@ -303,6 +303,22 @@ async fn worker_processes_search_as_one_process_and_a_dead_one_is_a_clear_error(
     assert!(ok, "{err}");
     assert_eq!(with, without);
 
+    // The distributed plan: a stage of one task a shard.
+    let out = Command::new(env!("CARGO_BIN_EXE_lsmsearch"))
+        .args(["explain", &location, "--fts", "wing", "--workers", &joined])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan = String::from_utf8_lossy(&out.stdout);
+    assert!(plan.contains("Stage"), "{plan}");
+    for shard in 0..3 {
+        assert!(plan.contains(&format!("shards=[{shard}] of 3")), "{plan}");
+    }
+
     // A location relative to the command's directory: the workers (started elsewhere)
     // read the same index.
     let out = Command::new(env!("CARGO_BIN_EXE_lsmsearch"))

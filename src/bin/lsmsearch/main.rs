@@ -226,6 +226,10 @@ enum Command {
         /// A SQL predicate over payload columns.
         #[arg(long)]
         filter: Option<String>,
+        /// A sharded index: show the distributed plan of the search's second phase on these
+        /// workers (HOST:PORT,...): its stages, their tasks and the workers they go to.
+        #[arg(long, value_delimiter = ',', value_name = "HOST:PORT,...")]
+        workers: Option<Vec<String>>,
     },
     /// Run one SQL statement over the index, registered as the table `docs` (or --table),
     /// with the search table functions fts(table, query, k), knn(table, vector, k) and
@@ -519,7 +523,8 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
             fts,
             k,
             filter,
-        } => explain(&open, &fts, k, filter, json).await,
+            workers,
+        } => explain(&open, &fts, k, filter, workers.as_deref(), json).await,
         Command::Sql {
             open,
             statement,
@@ -1074,18 +1079,31 @@ async fn explain(
     fts: &str,
     k: usize,
     filter: Option<String>,
+    workers: Option<&[String]>,
     json: bool,
 ) -> lsmsearch::Result<()> {
-    let index = handles::one_read_only(&open.location, open.settings.clone(), "explain").await?;
     let opts = SearchOptions {
         k,
         filter,
         ..Default::default()
     };
-    let plan = index.plan_fts(fts, &opts).await?;
-    let text = datafusion::physical_plan::displayable(plan.as_ref())
-        .indent(true)
-        .to_string();
+    let text = match workers {
+        Some(w) => {
+            lsmsearch::shard::distributed::DistributedIndex::open(&open.location, w)
+                .await?
+                .explain_fts(fts, &opts)
+                .await?
+        }
+        None => {
+            let index =
+                handles::one_read_only(&open.location, open.settings.clone(), "explain").await?;
+            let plan = index.plan_fts(fts, &opts).await;
+            index.close().await?;
+            datafusion::physical_plan::displayable(plan?.as_ref())
+                .indent(true)
+                .to_string()
+        }
+    };
     if json {
         println!("{}", serde_json::json!({"plan": text}));
     } else {
