@@ -564,6 +564,63 @@ async fn a_writer_serves_its_shards_tasks() {
     drop(workers);
 }
 
+/// A writer replaced by a newer one (which fenced it) does not serve its shard's tasks from
+/// what it last held: its worker reads the shard as the newer writer left it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_writer_does_not_serve_its_old_rows() {
+    use lsmsearch::shard::distributed::serve_writer;
+    let dir = tempfile::tempdir().unwrap();
+    let (location, mut live) = build(dir.path()).await;
+    let workers = Workers((0..2).map(|_| start_worker()).collect());
+    let addrs: Vec<String> = workers.0.iter().map(|w| w.1.clone()).collect();
+    let root = || Location::parse(&location).unwrap();
+    let old = std::sync::Arc::new(
+        ShardedIndex::open_shards(root(), &[1], settings())
+            .await
+            .unwrap(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let here = listener.local_addr().unwrap().to_string();
+    let serving = {
+        let old = old.clone();
+        tokio::spawn(async move { serve_writer(listener, Settings::default(), &old).await })
+    };
+    let remote = DistributedIndex::open(&location, &addrs)
+        .await
+        .unwrap()
+        .with_writer(1, &here)
+        .unwrap();
+    // Searched once through the old writer, which then loses its shard to a new one.
+    remote
+        .search_fts("wing", &SearchOptions::with_k(5))
+        .await
+        .unwrap();
+    let new = ShardedIndex::open_shards(root(), &[1], settings())
+        .await
+        .unwrap();
+    let layout = remote.layout().clone();
+    let gone = live
+        .keys()
+        .find(|k| layout.shard_of(&Key::Str((*k).clone())) == 1)
+        .unwrap()
+        .clone();
+    new.delete(&[Key::Str(gone.clone())]).await.unwrap();
+    live.remove(&gone);
+    let added = (800..900)
+        .map(|i| row(i, 5))
+        .find(|r| layout.shard_of(&Key::Str(r.id.clone())) == 1)
+        .unwrap();
+    new.append(&batch(&schema(), std::slice::from_ref(&added)))
+        .await
+        .unwrap();
+    live.insert(added.id.clone(), added);
+    same_results(&remote, &new, &live).await;
+    serving.abort();
+    let _ = serving.await;
+    new.close().await.unwrap();
+    drop(workers);
+}
+
 /// `n` workers in this process, and their addresses.
 async fn workers_here(n: usize) -> Vec<String> {
     let mut addrs = Vec::new();
