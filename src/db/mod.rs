@@ -382,6 +382,22 @@ impl Index {
         self.inner.epoch
     }
 
+    /// A point in time of what this writer holds, for a reader that must not see less than
+    /// every acknowledged write: a `Fenced` error when a newer writer has claimed the index
+    /// (which this writer only learns from its next write otherwise). Taken first, then checked
+    /// against the newest manifest (the hint and a LIST): a newer writer acknowledges nothing
+    /// before its manifest is published, so a point in time taken before a check that finds
+    /// this writer's epoch holds every write acknowledged until then.
+    pub(crate) async fn current_point_in_time(&self) -> Result<crate::PointInTime> {
+        let pit = self.point_in_time().await?;
+        let newest = self.inner.manifests.load_latest_for_reading().await?;
+        match newest {
+            Some(m) if m.epoch > self.inner.epoch => Err(self.inner.fenced_error()),
+            _ if self.inner.fenced.load(Ordering::SeqCst) => Err(self.inner.fenced_error()),
+            _ => Ok(pit),
+        }
+    }
+
     fn check_open(&self) -> Result<()> {
         self.inner.check_live()
     }

@@ -510,8 +510,17 @@ impl Registry {
                         .ok()
                         .and_then(|w| w.get(&(node.location.clone(), shard)).cloned());
                     if let Some(w) = writer {
-                        // This process writes the shard: its memtable rows too.
-                        return w.point_in_time().await;
+                        // This process writes the shard: its memtable rows too, unless it
+                        // no longer is the shard's writer (a newer one fenced it, or it was
+                        // closed): then the shard is read as any worker reads it.
+                        match w.current_point_in_time().await {
+                            Ok(pit) => return Ok(pit),
+                            Err(e) => tracing::warn!(
+                                "shard {shard} of {}: its writer here cannot serve it ({e}); \
+                                 reading it read-only",
+                                node.location
+                            ),
+                        }
                     }
                     let h = self.handle(&node.location, shard, node.shards).await?;
                     // A shard must have the schema the task was planned for.
