@@ -184,7 +184,14 @@ async fn a_query_reads_the_blocks_of_the_rows_it_returns_not_the_generation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_filter_reads_only_the_columns_it_names() {
     let inner = one_generation(20_000).await;
-    let store = LatencyStore::new(inner, LatencyConfig::default());
+    // Requests of one round are issued within a few milliseconds of each other; a latency
+    // well above that keeps a round one round however loaded the machine is (at 10 ms, a
+    // request issued late under load started after another of its round ended).
+    let slow = LatencyConfig {
+        read: std::time::Duration::from_millis(100),
+        ..LatencyConfig::default()
+    };
+    let store = LatencyStore::new(inner, slow);
     let ro = read_only(store.clone()).await;
     let object = ro.stats().generations[0].bytes;
     store.reset();
@@ -945,4 +952,24 @@ async fn a_refresh_reads_only_the_wal_objects_written_since() {
     got.dedup();
     assert_eq!(before, got.len(), "a key shown twice");
     writer.close().await.unwrap();
+}
+
+/// Refreshes that arrive while one is under way share the next one: eight at once read the
+/// manifest a few times, not eight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_refreshes_share_their_reads() {
+    let inner = one_generation(1_000).await;
+    let store = LatencyStore::new(inner, LatencyConfig::default());
+    let ro = Arc::new(read_only(store.clone()).await);
+    store.reset();
+    let all = (0..8).map(|_| {
+        let ro = ro.clone();
+        tokio::spawn(async move { ro.refresh().await })
+    });
+    for r in futures::future::join_all(all).await {
+        r.unwrap().unwrap();
+    }
+    let c = store.counters();
+    // Each refresh lists the manifests and the WAL: at most two refreshes' worth.
+    assert!(c.lists <= 4, "{c:?}");
 }
