@@ -38,6 +38,11 @@ pub struct ReadOnlyIndex {
     view: std::sync::RwLock<View>,
     /// Held by a refresh: one at a time, so that new WAL objects join the view's memtable once.
     refreshing: tokio::sync::Mutex<()>,
+    /// Refreshes begun, counted.
+    refreshes_begun: AtomicU64,
+    /// The count of the last refresh that succeeded, when it began: one that began after a
+    /// caller arrived read everything written before it, and serves that caller too.
+    refreshed: AtomicU64,
     /// Set by [`ReadOnlyIndex::close`]: reads are refused.
     closed: std::sync::atomic::AtomicBool,
 }
@@ -68,6 +73,8 @@ impl ReadOnlyIndex {
             reader,
             next_view_id: AtomicU64::new(1),
             refreshing: Default::default(),
+            refreshes_begun: AtomicU64::new(0),
+            refreshed: AtomicU64::new(0),
             closed: Default::default(),
         };
         let view = handle.load_view(Some((m, wal))).await?;
@@ -157,15 +164,33 @@ impl ReadOnlyIndex {
     /// Only what is new is read: with the same manifest, the WAL objects written since the
     /// last refresh join the view's memtable (nothing is read when there are none); a new
     /// manifest loads a new view.
+    ///
+    /// Refreshes run one at a time; a call that arrives while one is under way waits for it
+    /// and then shares the next (one that began after the call arrived), so any number of
+    /// concurrent calls costs about two refreshes.
     pub async fn refresh(&self) -> Result<()> {
+        let arrived = self.refreshes_begun.load(Ordering::SeqCst);
         let _one = self.refreshing.lock().await;
-        let (version, from, next) = {
+        if self.refreshed.load(Ordering::SeqCst) > arrived {
+            return Ok(());
+        }
+        let number = self.refreshes_begun.fetch_add(1, Ordering::SeqCst) + 1;
+        self.refresh_once().await?;
+        self.refreshed.fetch_max(number, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// One refresh (the caller holds `refreshing`).
+    async fn refresh_once(&self) -> Result<()> {
+        let (version, next) = {
             let v = self.view();
-            (v.manifest.version, v.manifest.wal_replay_from, v.wal_next)
+            (v.manifest.version, v.wal_next)
         };
+        // The WAL past the view's, beside the newest manifest: with the same manifest, all
+        // that is new.
         let (m, wal) = futures::try_join!(
             self.manifests.load_latest_for_reading(),
-            crate::wal::list_from(&self.loc.store, &self.paths, from)
+            crate::wal::list_from(&self.loc.store, &self.paths, next)
         )?;
         let m = m.ok_or_else(|| Error::invalid(format!("no index at {}", self.loc.display)))?;
         if m.version < version {
@@ -210,7 +235,8 @@ impl ReadOnlyIndex {
                 Err(e) => return Err(e),
             }
         }
-        let view = self.load_view(Some((m, wal))).await?;
+        // A new manifest: its WAL is listed from its replay point.
+        let view = self.load_view(None).await?;
         self.install(view).await
     }
 
