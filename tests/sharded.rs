@@ -695,4 +695,6 @@ fn a_layout_of_zero_shards_does_not_divide_by_zero() {
         ..ShardLayout::new(1, schema()).unwrap()
     };
     assert_eq!(layout.shard_of(&Key::from("a")), 0);
+    let e = layout.shard_location(&memory_root(), 0).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
 }
