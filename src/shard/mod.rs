@@ -116,11 +116,13 @@ impl ShardLayout {
     /// Where shard `shard` lives under `root`: `<root>/shard-<shard>`.
     pub fn shard_location(&self, root: &Location, shard: usize) -> Result<Location> {
         if shard >= self.shards as usize {
-            return Err(Error::invalid(format!(
-                "shard {shard} does not exist: the index has {} shards (0 to {})",
-                self.shards,
-                self.shards - 1
-            )));
+            return Err(Error::invalid(match self.shards {
+                0 => format!("shard {shard} does not exist: the layout has no shard"),
+                n => format!(
+                    "shard {shard} does not exist: the index has {n} shards (0 to {})",
+                    n - 1
+                ),
+            }));
         }
         root.child(&format!("shard-{shard}"))
     }
