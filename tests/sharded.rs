@@ -698,3 +698,26 @@ fn a_layout_of_zero_shards_does_not_divide_by_zero() {
     let e = layout.shard_location(&memory_root(), 0).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
 }
+
+/// The shards of one handle split its cache budgets, and each has a disk cache directory of
+/// its own under the handle's (two handles cannot share one).
+#[tokio::test]
+async fn each_shard_has_a_disk_cache_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let settings = Settings {
+        cache_dir: Some(cache.clone()),
+        cache_disk_bytes: 64 << 20,
+        ..settings()
+    };
+    let root = Location::parse(dir.path().join("idx").to_str().unwrap()).unwrap();
+    let index = ShardedIndex::create(root.clone(), schema(), 3, settings.clone())
+        .await
+        .unwrap();
+    index.close().await.unwrap();
+    let reader = ShardedIndex::open_read_only(root, settings).await.unwrap();
+    reader.close().await.unwrap();
+    for i in 0..3 {
+        assert!(cache.join(format!("shard-{i}")).is_dir(), "shard {i}");
+    }
+}
