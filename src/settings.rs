@@ -282,6 +282,23 @@ impl Settings {
     }
 }
 
+impl Settings {
+    /// These settings for one of `parts` handles that share them (the shards of one sharded
+    /// handle): each cache budget split evenly (none below its least), and the disk tier in a
+    /// directory of its own, `name` under [`Settings::cache_dir`] (two handles cannot share
+    /// one).
+    pub(crate) fn share(&self, parts: u64, name: &str) -> Settings {
+        let parts = parts.max(1);
+        Settings {
+            cache_bytes: (self.cache_bytes / parts).max(2 * MIN_CACHE_BYTES),
+            cache_disk_bytes: self.cache_disk_bytes / parts,
+            hot_cache_bytes: (self.hot_cache_bytes / parts).max(1),
+            cache_dir: self.cache_dir.as_ref().map(|d| d.join(name)),
+            ..self.clone()
+        }
+    }
+}
+
 /// How durable a write must be before the call returns.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

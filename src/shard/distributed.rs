@@ -469,7 +469,17 @@ impl Registry {
         }
         let root = Location::parse(location)?;
         let loc = root.child(&format!("shard-{shard}"))?;
-        let settings = self.settings.lock().map(|s| s.clone()).unwrap_or_default();
+        // A disk cache directory of its own (two handles cannot share one).
+        let name = format!(
+            "{:016x}-shard-{shard}",
+            xxhash_rust::xxh3::xxh3_64(location.as_bytes())
+        );
+        let settings = self
+            .settings
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
+            .share(1, &name);
         let h = Arc::new(
             crate::Index::open_read_only(loc, settings)
                 .await

@@ -281,7 +281,8 @@ impl ShardedIndex {
             )));
         }
         let handles = try_join_all((0..shards as usize).map(|i| {
-            let (layout, settings) = (&layout, settings.clone());
+            let settings = settings.share(shards.into(), &format!("shard-{i}"));
+            let layout = &layout;
             let root = &root;
             async move {
                 let loc = layout.shard_location(root, i)?;
@@ -349,7 +350,8 @@ impl ShardedIndex {
             layout.shard_location(&root, *w)?;
         }
         let shards = try_join_all((0..layout.shards as usize).map(|i| {
-            let (layout, settings, root) = (&layout, settings.clone(), &root);
+            let settings = settings.share(layout.shards.into(), &format!("shard-{i}"));
+            let (layout, root) = (&layout, &root);
             let write = writes.contains(&i);
             async move {
                 let loc = layout.shard_location(root, i)?;
