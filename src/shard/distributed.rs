@@ -421,7 +421,8 @@ async fn run(node: &ShardNode, schema: &SchemaRef) -> Result<RecordBatch> {
 /// searches pinned.
 struct Registry {
     settings: Mutex<Settings>,
-    handles: tokio::sync::Mutex<HashMap<(String, usize), Arc<ReadOnlyIndex>>>,
+    /// Each opened once, outside the map's lock: opening one shard holds up no other.
+    handles: Mutex<HashMap<(String, usize), Arc<tokio::sync::OnceCell<Arc<ReadOnlyIndex>>>>>,
     /// The writers of shards this process writes and serves ([`serve_writer`]), by the
     /// location every process names the index by.
     writers: Mutex<HashMap<(String, usize), Arc<crate::Index>>>,
@@ -449,7 +450,7 @@ fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
     REGISTRY.get_or_init(|| Registry {
         settings: Mutex::new(Settings::default()),
-        handles: tokio::sync::Mutex::new(HashMap::new()),
+        handles: Mutex::new(HashMap::new()),
         writers: Mutex::new(HashMap::new()),
         pinned: pin_cache(MAX_PINNED),
     })
@@ -463,30 +464,41 @@ impl Registry {
         shard: usize,
         shards: u32,
     ) -> Result<Arc<ReadOnlyIndex>> {
-        let mut handles = self.handles.lock().await;
-        if let Some(h) = handles.get(&(location.to_string(), shard)) {
-            return Ok(h.clone());
+        let key = (location.to_string(), shard);
+        let cell = {
+            let mut handles = self.handles.lock().unwrap_or_else(|e| e.into_inner());
+            handles.entry(key.clone()).or_default().clone()
+        };
+        let opened = cell
+            .get_or_try_init(|| async {
+                let root = Location::parse(location)?;
+                let loc = root.child(&format!("shard-{shard}"))?;
+                // A disk cache directory of its own (two handles cannot share one).
+                let name = format!(
+                    "{:016x}-shard-{shard}",
+                    xxhash_rust::xxh3::xxh3_64(location.as_bytes())
+                );
+                let settings = self
+                    .settings
+                    .lock()
+                    .map(|s| s.clone())
+                    .unwrap_or_default()
+                    .share(1, &name);
+                let h = crate::Index::open_read_only(loc, settings)
+                    .await
+                    .map_err(|e| e.context(format!("shard {shard} of {shards} at {location}")))?;
+                Ok::<_, Error>(Arc::new(h))
+            })
+            .await
+            .cloned();
+        if opened.is_err() {
+            // Nothing is kept for a shard that did not open (a task may name any location).
+            let mut handles = self.handles.lock().unwrap_or_else(|e| e.into_inner());
+            if handles.get(&key).is_some_and(|c| c.get().is_none()) {
+                handles.remove(&key);
+            }
         }
-        let root = Location::parse(location)?;
-        let loc = root.child(&format!("shard-{shard}"))?;
-        // A disk cache directory of its own (two handles cannot share one).
-        let name = format!(
-            "{:016x}-shard-{shard}",
-            xxhash_rust::xxh3::xxh3_64(location.as_bytes())
-        );
-        let settings = self
-            .settings
-            .lock()
-            .map(|s| s.clone())
-            .unwrap_or_default()
-            .share(1, &name);
-        let h = Arc::new(
-            crate::Index::open_read_only(loc, settings)
-                .await
-                .map_err(|e| e.context(format!("shard {shard} of {shards} at {location}")))?,
-        );
-        handles.insert((location.to_string(), shard), h.clone());
-        Ok(h)
+        opened
     }
 
     /// The point in time `node`'s search reads of `shard`: taken now (after a refresh) by a
