@@ -16,8 +16,8 @@
 
 use super::{Parts, ShardLayout};
 use crate::query::{
-    returned_columns, FtsStatistics, HybridSearchOptions, SearchOptions, VectorSearchOptions,
-    DISTANCE_COLUMN, SCORE_COLUMN,
+    returned_columns, within_deadline, FtsStatistics, HybridSearchOptions, SearchOptions,
+    VectorSearchOptions, DISTANCE_COLUMN, SCORE_COLUMN,
 };
 use crate::{
     Error, ErrorKind, IndexSchema, Location, PointInTime, ReadOnlyIndex, Result, Settings,
@@ -52,6 +52,12 @@ const PINNED_FOR: Duration = Duration::from_secs(60);
 
 /// How long a round of a search's tasks may take by default.
 const DEFAULT_TASK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The most attempts of one search (see [`DistributedIndex`]'s retries).
+const MAX_ATTEMPTS: usize = 3;
+
+/// What a worker says when a search's second phase finds no point in time.
+const PIN_MISSING: &str = "the point in time this search took of it is not on this worker";
 
 /// The most points in time a worker keeps pinned at once (the least recently used go first).
 const MAX_PINNED: u64 = 4096;
@@ -516,49 +522,52 @@ impl Registry {
                 Error::new(
                     ErrorKind::Unavailable,
                     format!(
-                        "shard {shard} of {}: the point in time this search took of it is not on \
-                         this worker (the worker restarted, or the search's tasks moved); run \
-                         the search again",
+                        "shard {shard} of {}: {PIN_MISSING} (the worker restarted, or the \
+                         search's tasks moved); run the search again",
                         node.location
                     ),
                 )
             }),
             Pin::Take => self
                 .pinned
-                .try_get_with(key, async {
-                    let writer = self
-                        .writers
-                        .lock()
-                        .ok()
-                        .and_then(|w| w.get(&(node.location.clone(), shard)).cloned());
-                    if let Some(w) = writer {
-                        // This process writes the shard: its memtable rows too, unless it
-                        // no longer is the shard's writer (a newer one fenced it, or it was
-                        // closed): then the shard is read as any worker reads it.
-                        match w.current_point_in_time().await {
-                            Ok(pit) => return Ok(pit),
-                            Err(e) => tracing::warn!(
-                                "shard {shard} of {}: its writer here cannot serve it ({e}); \
-                                 reading it read-only",
-                                node.location
-                            ),
-                        }
-                    }
-                    let h = self.handle(&node.location, shard, node.shards).await?;
-                    // A shard must have the schema the task was planned for.
-                    if h.schema() != &node.schema {
-                        return Err(Error::invalid(format!(
-                            "shard {shard} of {} at {} has another schema than the index's \
-                             descriptor",
-                            node.shards, node.location
-                        )));
-                    }
-                    h.refresh().await?;
-                    h.point_in_time().await
-                })
+                .try_get_with(key, self.take(node, shard))
                 .await
                 .map_err(|e: Arc<Error>| Error::new(e.kind(), e.message())),
         }
+    }
+
+    /// A point in time of `shard` for `node`'s search: of its writer when this process
+    /// serves one, else of its read-only handle, refreshed.
+    async fn take(&self, node: &ShardNode, shard: usize) -> Result<PointInTime> {
+        let writer = self
+            .writers
+            .lock()
+            .ok()
+            .and_then(|w| w.get(&(node.location.clone(), shard)).cloned());
+        if let Some(w) = writer {
+            // This process writes the shard: its memtable rows too, unless it no longer is
+            // the shard's writer (a newer one fenced it, or it was closed): then the shard
+            // is read as any worker reads it.
+            match w.current_point_in_time().await {
+                Ok(pit) => return Ok(pit),
+                Err(e) => tracing::warn!(
+                    "shard {shard} of {}: its writer here cannot serve it ({e}); \
+                     reading it read-only",
+                    node.location
+                ),
+            }
+        }
+        let h = self.handle(&node.location, shard, node.shards).await?;
+        // A shard must have the schema the task was planned for.
+        if h.schema() != &node.schema {
+            return Err(Error::invalid(format!(
+                "shard {shard} of {} at {} has another schema than the index's \
+                 descriptor",
+                node.shards, node.location
+            )));
+        }
+        h.refresh().await?;
+        h.point_in_time().await
     }
 }
 
@@ -783,8 +792,9 @@ impl DistributedIndex {
 
     /// Send the tasks of `shard` to the worker at `worker` (`HOST:PORT`): a process that
     /// writes the shard and serves its tasks ([`serve_writer`]), so that searches see its
-    /// memtable rows at once. When that worker fails a search, the search runs again with the
-    /// shard's task on the other workers (which read the shard's WAL).
+    /// memtable rows at once. When that worker cannot be reached, the search runs again with
+    /// the shard's task on the other workers, which read the shard's WAL: rows appended with
+    /// [`crate::Durability::Buffered`] and not yet in it are not found there.
     pub fn with_writer(mut self, shard: usize, worker: &str) -> Result<DistributedIndex> {
         if shard >= self.layout.shards as usize {
             return Err(Error::invalid(format!(
@@ -824,34 +834,39 @@ impl DistributedIndex {
         Search {
             index: self,
             route,
-            gone: Mutex::new(Vec::new()),
+            retry: Mutex::new(None),
             token,
             taken: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
-    /// Run `search` (every phase of one search) until it succeeds, fails for another reason
-    /// than a worker that cannot be reached or went away, or no worker is left: each attempt
-    /// leaves out the workers the last one could not reach, and takes new points in time.
+    /// Run `search` (every phase of one search) until it succeeds, fails in a way another
+    /// attempt would too, or [`MAX_ATTEMPTS`] attempts failed: an attempt after a worker could
+    /// not be reached or went away leaves out the workers it named (while one is left), and
+    /// takes new points in time.
     async fn retrying<'a, T>(
         &'a self,
-        search: impl Fn(Search<'a>) -> BoxFuture<'a, (Result<T>, Vec<Url>)>,
+        search: impl Fn(Search<'a>) -> BoxFuture<'a, (Result<T>, Option<Vec<Url>>)>,
     ) -> Result<T> {
         let mut route = Route {
             workers: self.workers.as_ref().clone(),
             writers: self.writers.clone(),
         };
+        let mut attempt = 1;
         loop {
-            let (out, gone) = search(self.search(route.clone())).await;
-            match out {
-                Err(e) if !gone.is_empty() => match route.without(&gone) {
-                    Some(left) => {
-                        tracing::warn!("{e}; searching again without those workers");
-                        route = left;
+            let (out, retry) = search(self.search(route.clone())).await;
+            match (out, retry) {
+                (Err(e), Some(gone)) if attempt < MAX_ATTEMPTS => {
+                    if !gone.is_empty() {
+                        match route.without(&gone) {
+                            Some(left) => route = left,
+                            None => return Err(e),
+                        }
                     }
-                    None => return Err(e),
-                },
-                other => return other,
+                    tracing::warn!("{e}; searching again (attempt {})", attempt + 1);
+                    attempt += 1;
+                }
+                (out, _) => return out,
             }
         }
     }
@@ -862,23 +877,33 @@ impl DistributedIndex {
         query: &str,
         options: &SearchOptions,
     ) -> Result<Vec<RecordBatch>> {
-        self.retrying(|s| {
-            Box::pin(async move {
-                let out = super::search_fts(&s, query, options).await;
-                (out, s.gone())
-            })
-        })
+        // Every attempt within the search's one deadline.
+        within_deadline(
+            "full-text",
+            options.timeout,
+            self.retrying(|s| {
+                Box::pin(async move {
+                    let out = super::search_fts(&s, query, options).await;
+                    (out, s.retry())
+                })
+            }),
+        )
         .await
     }
 
     /// The exact number of live rows matching a full-text query.
     pub async fn count_fts(&self, query: &str, options: &SearchOptions) -> Result<u64> {
-        self.retrying(|s| {
-            Box::pin(async move {
-                let out = super::count_fts(&s, query, options).await;
-                (out, s.gone())
-            })
-        })
+        // Every attempt within the search's one deadline.
+        within_deadline(
+            "full-text count",
+            options.timeout,
+            self.retrying(|s| {
+                Box::pin(async move {
+                    let out = super::count_fts(&s, query, options).await;
+                    (out, s.retry())
+                })
+            }),
+        )
         .await
     }
 
@@ -889,17 +914,22 @@ impl DistributedIndex {
         query: &str,
         options: &SearchOptions,
     ) -> Result<(Vec<RecordBatch>, u64)> {
-        self.retrying(|s| {
-            Box::pin(async move {
-                let out = async {
-                    let rows = super::search_fts(&s, query, options).await?;
-                    let count = super::count_fts(&s, query, options).await?;
-                    Ok((rows, count))
-                }
-                .await;
-                (out, s.gone())
-            })
-        })
+        // Every attempt within the search's one deadline.
+        within_deadline(
+            "full-text",
+            options.timeout,
+            self.retrying(|s| {
+                Box::pin(async move {
+                    let out = async {
+                        let rows = super::search_fts(&s, query, options).await?;
+                        let count = super::count_fts(&s, query, options).await?;
+                        Ok((rows, count))
+                    }
+                    .await;
+                    (out, s.retry())
+                })
+            }),
+        )
         .await
     }
 
@@ -909,12 +939,17 @@ impl DistributedIndex {
         query: &[f32],
         options: &VectorSearchOptions,
     ) -> Result<Vec<RecordBatch>> {
-        self.retrying(|s| {
-            Box::pin(async move {
-                let out = super::search_vector(&s, query, options).await;
-                (out, s.gone())
-            })
-        })
+        // Every attempt within the search's one deadline.
+        within_deadline(
+            "vector",
+            options.timeout,
+            self.retrying(|s| {
+                Box::pin(async move {
+                    let out = super::search_vector(&s, query, options).await;
+                    (out, s.retry())
+                })
+            }),
+        )
         .await
     }
 
@@ -926,12 +961,17 @@ impl DistributedIndex {
         options: &HybridSearchOptions,
     ) -> Result<Vec<RecordBatch>> {
         let schema = &self.layout.schema;
-        self.retrying(|s| {
-            Box::pin(async move {
-                let out = super::search_hybrid(&s, schema, query, vector, options).await;
-                (out, s.gone())
-            })
-        })
+        // Every attempt within the search's one deadline.
+        within_deadline(
+            "hybrid",
+            options.timeout,
+            self.retrying(|s| {
+                Box::pin(async move {
+                    let out = super::search_hybrid(&s, schema, query, vector, options).await;
+                    (out, s.retry())
+                })
+            }),
+        )
         .await
     }
 
@@ -989,8 +1029,9 @@ struct Search<'a> {
     index: &'a DistributedIndex,
     /// The workers of this attempt.
     route: Route,
-    /// The workers of this attempt that could not be reached or went away.
-    gone: Mutex<Vec<Url>>,
+    /// Set when this attempt failed in a way another may not: the workers it could not
+    /// reach or that went away (none when the error named no worker).
+    retry: Mutex<Option<Vec<Url>>>,
     token: String,
     /// Whether a part of this search took its points in time: later parts must find them
     /// (one that finds none fails, rather than read another snapshot).
@@ -1116,10 +1157,16 @@ impl Search<'_> {
             (None, true) => ErrorKind::Unavailable,
             (None, false) => ErrorKind::Internal,
         };
-        if ours.is_none() && unreachable {
-            if let Ok(mut gone) = self.gone.lock() {
-                gone.extend(self.route.named_in(&text));
-            }
+        // A worker gone (named, or not: a stream cut mid-answer names none; the next attempt
+        // then finds it refusing connections), or a second phase that did not find its point
+        // in time (its worker restarted): another attempt may succeed.
+        let retry = match ours {
+            None if unreachable => Some(self.route.named_in(&text)),
+            Some(ErrorKind::Unavailable) if text.contains(PIN_MISSING) => Some(Vec::new()),
+            _ => None,
+        };
+        if let (Some(r), Ok(mut slot)) = (retry, self.retry.lock()) {
+            slot.get_or_insert_with(Vec::new).extend(r);
         }
         let workers: Vec<String> = self.route.workers.iter().map(address).collect();
         // The shards whose tasks went to a worker the error names.
@@ -1258,9 +1305,10 @@ impl Parts for Search<'_> {
 }
 
 impl Search<'_> {
-    /// The workers this attempt could not reach, or that went away during it.
-    fn gone(&self) -> Vec<Url> {
-        self.gone.lock().map(|g| g.clone()).unwrap_or_default()
+    /// Whether another attempt may succeed where this one failed, and the workers it must
+    /// leave out.
+    fn retry(&self) -> Option<Vec<Url>> {
+        self.retry.lock().ok().and_then(|r| r.clone())
     }
 
     /// Whether a part of this search took its points in time.
