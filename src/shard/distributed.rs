@@ -167,6 +167,8 @@ enum Request {
 enum Pin {
     Take,
     Find,
+    /// Take a point in time for this task alone: a search of one phase keeps nothing.
+    Once,
 }
 
 /// What a [`ShardExec`] carries to its worker (its codec's JSON).
@@ -533,6 +535,7 @@ impl Registry {
                 .try_get_with(key, self.take(node, shard))
                 .await
                 .map_err(|e: Arc<Error>| Error::new(e.kind(), e.message())),
+            Pin::Once => self.take(node, shard).await,
         }
     }
 
@@ -820,7 +823,7 @@ impl DistributedIndex {
     }
 
     /// A new attempt of a search over `route`: the token its points in time are pinned under.
-    fn search(&self, route: Route) -> Search<'_> {
+    fn search(&self, route: Route, single: bool) -> Search<'_> {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let now = std::time::SystemTime::now()
@@ -834,6 +837,7 @@ impl DistributedIndex {
         Search {
             index: self,
             route,
+            single,
             retry: Mutex::new(None),
             token,
             taken: std::sync::atomic::AtomicBool::new(false),
@@ -846,6 +850,7 @@ impl DistributedIndex {
     /// takes new points in time.
     async fn retrying<'a, T>(
         &'a self,
+        single: bool,
         search: impl Fn(Search<'a>) -> BoxFuture<'a, (Result<T>, Option<Vec<Url>>)>,
     ) -> Result<T> {
         let mut route = Route {
@@ -854,7 +859,7 @@ impl DistributedIndex {
         };
         let mut attempt = 1;
         loop {
-            let (out, retry) = search(self.search(route.clone())).await;
+            let (out, retry) = search(self.search(route.clone(), single)).await;
             match (out, retry) {
                 (Err(e), Some(gone)) if attempt < MAX_ATTEMPTS => {
                     if !gone.is_empty() {
@@ -881,7 +886,7 @@ impl DistributedIndex {
         within_deadline(
             "full-text",
             options.timeout,
-            self.retrying(|s| {
+            self.retrying(false, |s| {
                 Box::pin(async move {
                     let out = super::search_fts(&s, query, options).await;
                     (out, s.retry())
@@ -897,7 +902,7 @@ impl DistributedIndex {
         within_deadline(
             "full-text count",
             options.timeout,
-            self.retrying(|s| {
+            self.retrying(options.min_score.is_none(), |s| {
                 Box::pin(async move {
                     let out = super::count_fts(&s, query, options).await;
                     (out, s.retry())
@@ -918,7 +923,7 @@ impl DistributedIndex {
         within_deadline(
             "full-text",
             options.timeout,
-            self.retrying(|s| {
+            self.retrying(false, |s| {
                 Box::pin(async move {
                     let out = async {
                         let rows = super::search_fts(&s, query, options).await?;
@@ -943,7 +948,7 @@ impl DistributedIndex {
         within_deadline(
             "vector",
             options.timeout,
-            self.retrying(|s| {
+            self.retrying(true, |s| {
                 Box::pin(async move {
                     let out = super::search_vector(&s, query, options).await;
                     (out, s.retry())
@@ -965,7 +970,7 @@ impl DistributedIndex {
         within_deadline(
             "hybrid",
             options.timeout,
-            self.retrying(|s| {
+            self.retrying(false, |s| {
                 Box::pin(async move {
                     let out = super::search_hybrid(&s, schema, query, vector, options).await;
                     (out, s.retry())
@@ -978,10 +983,13 @@ impl DistributedIndex {
     /// The distributed plan of a full-text search's second phase, as text: its stages, the
     /// tasks of each and the workers they go to.
     pub async fn explain_fts(&self, query: &str, options: &SearchOptions) -> Result<String> {
-        let search = self.search(Route {
-            workers: self.workers.as_ref().clone(),
-            writers: self.writers.clone(),
-        });
+        let search = self.search(
+            Route {
+                workers: self.workers.as_ref().clone(),
+                writers: self.writers.clone(),
+            },
+            false,
+        );
         let node = search.node(
             Pin::Find,
             Request::Fts {
@@ -1029,6 +1037,8 @@ struct Search<'a> {
     index: &'a DistributedIndex,
     /// The workers of this attempt.
     route: Route,
+    /// Whether the search has one phase: its points in time are not kept.
+    single: bool,
     /// Set when this attempt failed in a way another may not: the workers it could not
     /// reach or that went away (none when the error named no worker).
     retry: Mutex<Option<Vec<Url>>>,
@@ -1040,6 +1050,10 @@ struct Search<'a> {
 
 impl Search<'_> {
     fn node(&self, pin: Pin, request: Request) -> ShardNode {
+        let pin = match pin {
+            Pin::Take if self.single => Pin::Once,
+            other => other,
+        };
         ShardNode {
             version: 1,
             location: self.index.location.clone(),
@@ -1192,8 +1206,14 @@ impl Search<'_> {
 impl Parts for Search<'_> {
     async fn statistics(&self, query: &str, options: &SearchOptions) -> Result<FtsStatistics> {
         let shards = self.index.layout.shards as usize;
+        // A second look at the statistics (a count with a floor, after the search) reads the
+        // same points in time, or fails.
+        let pin = match self.taken() {
+            true => Pin::Find,
+            false => Pin::Take,
+        };
         let node = self.node(
-            Pin::Take,
+            pin,
             Request::Statistics {
                 query: query.to_string(),
                 options: options.clone(),
