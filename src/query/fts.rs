@@ -934,6 +934,26 @@ mod tests {
         (weight, want, compiled)
     }
 
+    /// Statistics from a worker are summed without overflowing, however large (a share
+    /// listing a term twice, or counts near u64::MAX).
+    #[test]
+    fn huge_statistics_saturate_instead_of_overflowing() {
+        let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t"]}"#).unwrap();
+        let ts = TextSchema::new(&s).unwrap();
+        let term = Term::from_field_text(ts.fields()[0], "fox");
+        let mut share = FtsStatistics {
+            docs: u64::MAX,
+            tokens: [("t".to_string(), u64::MAX)].into_iter().collect(),
+            doc_freq: vec![(term.clone(), u64::MAX), (term.clone(), u64::MAX)],
+        };
+        let global = GlobalStats::from_public(&share, &ts).unwrap();
+        assert_eq!(global.doc_freq[&term], u64::MAX);
+        let other = share.clone();
+        share.add(&other);
+        assert_eq!(share.docs(), u64::MAX);
+        assert_eq!(share.tokens("t"), u64::MAX);
+    }
+
     #[test]
     fn tail_rows_score_as_tantivy_scores_them() {
         let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t", "u"]}"#).unwrap();
