@@ -143,7 +143,8 @@ impl GlobalStats {
                     "full-text statistics hold the term {term:?} of a field that is not a text column"
                 )));
             }
-            *doc_freq.entry(term.clone()).or_default() += n;
+            let sum: &mut u64 = doc_freq.entry(term.clone()).or_default();
+            *sum = sum.saturating_add(*n);
         }
         Ok(GlobalStats {
             docs: s.docs,
@@ -180,13 +181,15 @@ impl FtsStatistics {
 
     /// Add `other`'s counts to these (shares of the same query over disjoint rows).
     pub fn add(&mut self, other: &FtsStatistics) {
-        self.docs += other.docs;
+        self.docs = self.docs.saturating_add(other.docs);
         for (column, n) in &other.tokens {
-            *self.tokens.entry(column.clone()).or_default() += n;
+            let sum = self.tokens.entry(column.clone()).or_default();
+            *sum = sum.saturating_add(*n);
         }
-        let mut terms: BTreeMap<Term, u64> = self.doc_freq.drain(..).collect();
-        for (term, n) in &other.doc_freq {
-            *terms.entry(term.clone()).or_default() += n;
+        let mut terms: BTreeMap<Term, u64> = BTreeMap::new();
+        for (term, n) in self.doc_freq.drain(..).chain(other.doc_freq.iter().cloned()) {
+            let sum = terms.entry(term).or_default();
+            *sum = sum.saturating_add(n);
         }
         self.doc_freq = terms.into_iter().collect();
     }
