@@ -187,7 +187,11 @@ impl FtsStatistics {
             *sum = sum.saturating_add(*n);
         }
         let mut terms: BTreeMap<Term, u64> = BTreeMap::new();
-        for (term, n) in self.doc_freq.drain(..).chain(other.doc_freq.iter().cloned()) {
+        for (term, n) in self
+            .doc_freq
+            .drain(..)
+            .chain(other.doc_freq.iter().cloned())
+        {
             let sum = terms.entry(term).or_default();
             *sum = sum.saturating_add(n);
         }
