@@ -425,12 +425,15 @@ async fn run(node: &ShardNode, schema: &SchemaRef) -> Result<RecordBatch> {
     }
 }
 
+/// A shard's read-only handle, opened by the first task that needs it.
+type OpenedOnce = tokio::sync::OnceCell<Arc<ReadOnlyIndex>>;
+
 /// What a worker holds: a read-only handle of each shard it served, and the points in time
 /// searches pinned.
 struct Registry {
     settings: Mutex<Settings>,
     /// Each opened once, outside the map's lock: opening one shard holds up no other.
-    handles: Mutex<HashMap<(String, usize), Arc<tokio::sync::OnceCell<Arc<ReadOnlyIndex>>>>>,
+    handles: Mutex<HashMap<(String, usize), Arc<OpenedOnce>>>,
     /// The writers of shards this process writes and serves ([`serve_writer`]), by the
     /// location every process names the index by.
     writers: Mutex<HashMap<(String, usize), Arc<crate::Index>>>,
