@@ -39,9 +39,9 @@ const LAYERS: &[(&str, u32)] = &[
     ("compaction", 11),
     ("db", 12),
     ("bench", 13),
-    ("sql", 13),
     ("shard", 13),
     ("ingest", 13),
+    ("sql", 14),
     ("fuzz", 14),
 ];
 
