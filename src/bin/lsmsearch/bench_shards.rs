@@ -1,6 +1,10 @@
 //! `lsmsearch bench shards`: one index against the same rows in N shards, searched in this
 //! process and through worker processes (`lsmsearch worker`) over loopback: warm p50 of
 //! full-text and vector searches, queries/s with several clients, and peak RSS.
+//!
+//! The configurations take turns: the p50 searches run in rounds, each configuration a slice
+//! of them per round in a rotating order, so that a machine whose speed drifts over minutes
+//! (a virtual machine's does, by 10-20%) does not favour the one measured first.
 
 use lsmsearch::bench::corpus::Corpus;
 use lsmsearch::shard::distributed::DistributedIndex;
@@ -54,9 +58,11 @@ pub(crate) struct Row {
     pub vector_p50_ms: f64,
     /// Searches per second with `clients` clients, full text and vector alternating.
     pub queries_per_s: f64,
-    /// Peak RSS of this process (the coordinator) so far, MiB.
+    /// Peak RSS of this process (the coordinator, which also ran the in-process
+    /// configurations) at the end, MiB.
     pub coordinator_peak_mib: f64,
-    /// Peak RSS of each worker process, MiB.
+    /// Peak RSS of each worker process the configuration used, at the end (a worker serves
+    /// every configuration with at least as many workers), MiB.
     pub worker_peak_mib: Vec<f64>,
 }
 
@@ -206,33 +212,61 @@ fn path(p: &Path) -> lsmsearch::Result<String> {
         .ok_or_else(|| Error::invalid(format!("{} is not UTF-8", p.display())))
 }
 
-/// Warm p50 of each kind, then queries/s with `clients` clients.
+/// Rounds of the p50 searches: each configuration searches a slice of its queries per round.
+const ROUNDS: usize = 6;
+
+/// Warm p50 of each kind for every target, measured in turns (see the module documentation),
+/// then queries/s with `clients` clients, one target after another: a row each.
 async fn measure(
-    config: String,
-    target: Arc<Target>,
+    targets: &[(String, Arc<Target>)],
     queries: &Arc<Vec<(String, Vec<f32>)>>,
     o: &ShardsOptions,
-    workers: &[Child],
-) -> lsmsearch::Result<Row> {
+) -> lsmsearch::Result<Vec<(f64, f64, f64)>> {
     let n = o.queries.max(1);
-    for q in queries.iter().take(n) {
-        target.search(true, q).await?;
-        target.search(false, q).await?;
-    }
-    let mut p50 = [0.0; 2];
-    for (slot, fts) in [(0, true), (1, false)] {
-        let mut ms = Vec::with_capacity(n);
-        for i in 0..n {
-            let t = Instant::now();
-            target.search(fts, &queries[i % queries.len()]).await?;
-            ms.push(t.elapsed().as_secs_f64() * 1e3);
+    for (_, target) in targets {
+        for q in queries.iter().take(n) {
+            target.search(true, q).await?;
+            target.search(false, q).await?;
         }
-        ms.sort_by(f64::total_cmp);
-        p50[slot] = ms[ms.len() / 2];
     }
+    let mut ms: Vec<[Vec<f64>; 2]> = vec![[Vec::new(), Vec::new()]; targets.len()];
+    let per_round = n.div_ceil(ROUNDS);
+    for round in 0..ROUNDS {
+        for turn in 0..targets.len() {
+            let t = (round + turn) % targets.len();
+            for (slot, fts) in [(0, true), (1, false)] {
+                for i in round * per_round..((round + 1) * per_round).min(n) {
+                    let started = Instant::now();
+                    targets[t]
+                        .1
+                        .search(fts, &queries[i % queries.len()])
+                        .await?;
+                    ms[t][slot].push(started.elapsed().as_secs_f64() * 1e3);
+                }
+            }
+        }
+    }
+    let p50 = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    let mut out = Vec::with_capacity(targets.len());
+    for (t, (_, target)) in targets.iter().enumerate() {
+        let (fts, vector) = (p50(&mut ms[t][0]), p50(&mut ms[t][1]));
+        out.push((fts, vector, throughput(target, queries, o).await?));
+    }
+    Ok(out)
+}
+
+/// Searches per second of `target` with `clients` clients, full text and vector alternating.
+async fn throughput(
+    target: &Arc<Target>,
+    queries: &Arc<Vec<(String, Vec<f32>)>>,
+    o: &ShardsOptions,
+) -> lsmsearch::Result<f64> {
     let started = Instant::now();
     let clients = o.clients.max(1);
-    let per = n.div_ceil(clients);
+    let per = o.queries.max(1).div_ceil(clients);
     let tasks: Vec<_> = (0..clients)
         .map(|c| {
             let (target, queries) = (target.clone(), queries.clone());
@@ -249,18 +283,7 @@ async fn measure(
         t.await
             .map_err(|e| Error::invalid(format!("a client: {e}")))??;
     }
-    let qps = (per * clients) as f64 / started.elapsed().as_secs_f64();
-    Ok(Row {
-        config,
-        fts_p50_ms: p50[0],
-        vector_p50_ms: p50[1],
-        queries_per_s: qps,
-        coordinator_peak_mib: peak_mib("self"),
-        worker_peak_mib: workers
-            .iter()
-            .map(|w| peak_mib(&w.id().to_string()))
-            .collect(),
-    })
+    Ok((per * clients) as f64 / started.elapsed().as_secs_f64())
 }
 
 /// A worker process over loopback, and its address.
@@ -296,9 +319,85 @@ pub(crate) async fn run(o: &ShardsOptions, print: bool) -> lsmsearch::Result<Sha
     let queries = Arc::new(lsmsearch::bench::queries::read_queries(
         &o.out.join("corpus").join("queries.parquet"),
     )?);
+    if queries.is_empty() {
+        return Err(Error::invalid("the corpus has no queries"));
+    }
     let (one, sharded) = (path(&o.out.join("one"))?, path(&o.out.join("sharded"))?);
+    let most = o.workers.iter().copied().max().unwrap_or(0);
+    let mut started: Vec<(Child, String)> = Vec::new();
+    for _ in 0..most {
+        match start_worker() {
+            Ok(w) => started.push(w),
+            Err(e) => {
+                for (mut c, _) in started {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                return Err(e);
+            }
+        }
+    }
+    let addrs: Vec<String> = started.iter().map(|s| s.1.clone()).collect();
+    let mut children: Vec<Child> = started.into_iter().map(|s| s.0).collect();
+    let measured = async {
+        let mut targets = vec![
+            (
+                "one index".to_string(),
+                Arc::new(Target::One(Box::new(
+                    Index::open_read_only(Location::parse(&one)?, Settings::default()).await?,
+                ))),
+            ),
+            (
+                format!("{} shards, this process", o.shards),
+                Arc::new(Target::Sharded(
+                    ShardedIndex::open_read_only(Location::parse(&sharded)?, Settings::default())
+                        .await?,
+                )),
+            ),
+        ];
+        for &w in &o.workers {
+            targets.push((
+                format!("{} shards, {w} workers", o.shards),
+                Arc::new(Target::Distributed(
+                    DistributedIndex::open(&sharded, &addrs[..w]).await?,
+                )),
+            ));
+        }
+        let figures = measure(&targets, &queries, o).await?;
+        for (_, target) in &targets {
+            match target.as_ref() {
+                Target::One(i) => i.close().await?,
+                Target::Sharded(i) => i.close().await?,
+                Target::Distributed(_) => {}
+            }
+        }
+        Ok::<_, Error>((targets, figures))
+    }
+    .await;
+    let worker_peaks: Vec<f64> = children
+        .iter()
+        .map(|w| peak_mib(&w.id().to_string()))
+        .collect();
+    for c in &mut children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let (targets, figures) = measured?;
+    let coordinator = peak_mib("self");
     let mut rows = Vec::new();
-    let mut report = |row: Row| {
+    for (t, ((config, target), (fts, vector, qps))) in targets.iter().zip(figures).enumerate() {
+        let workers = match target.as_ref() {
+            Target::Distributed(_) => worker_peaks[..o.workers[t - 2]].to_vec(),
+            _ => Vec::new(),
+        };
+        let row = Row {
+            config: config.clone(),
+            fts_p50_ms: fts,
+            vector_p50_ms: vector,
+            queries_per_s: qps,
+            coordinator_peak_mib: coordinator,
+            worker_peak_mib: workers,
+        };
         if print {
             eprintln!(
                 "{}: fts {:.3} ms, vector {:.3} ms, {:.1} queries/s",
@@ -306,42 +405,6 @@ pub(crate) async fn run(o: &ShardsOptions, print: bool) -> lsmsearch::Result<Sha
             );
         }
         rows.push(row);
-    };
-    let target = Arc::new(Target::One(Box::new(
-        Index::open_read_only(Location::parse(&one)?, Settings::default()).await?,
-    )));
-    report(measure("one index".into(), target.clone(), &queries, o, &[]).await?);
-    if let Target::One(i) = target.as_ref() {
-        i.close().await?;
-    }
-    let target = Arc::new(Target::Sharded(
-        ShardedIndex::open_read_only(Location::parse(&sharded)?, Settings::default()).await?,
-    ));
-    let config = format!("{} shards, this process", o.shards);
-    report(measure(config, target.clone(), &queries, o, &[]).await?);
-    if let Target::Sharded(i) = target.as_ref() {
-        i.close().await?;
-    }
-    for &w in &o.workers {
-        let mut started = Vec::new();
-        for _ in 0..w {
-            started.push(start_worker()?);
-        }
-        let addrs: Vec<String> = started.iter().map(|s| s.1.clone()).collect();
-        let children: Vec<Child> = started.into_iter().map(|s| s.0).collect();
-        let measured = async {
-            let target = Arc::new(Target::Distributed(
-                DistributedIndex::open(&sharded, &addrs).await?,
-            ));
-            let config = format!("{} shards, {w} workers", o.shards);
-            measure(config, target, &queries, o, &children).await
-        }
-        .await;
-        for mut c in children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        report(measured?);
     }
     Ok(ShardsReport {
         docs: o.docs,
