@@ -339,6 +339,11 @@ pub(crate) async fn run(o: &ShardsOptions, print: bool) -> lsmsearch::Result<Sha
     }
     let addrs: Vec<String> = started.iter().map(|s| s.1.clone()).collect();
     let mut children: Vec<Child> = started.into_iter().map(|s| s.0).collect();
+    let per_shard = Settings {
+        cache_bytes: Settings::default().cache_bytes * u64::from(o.shards),
+        hot_cache_bytes: Settings::default().hot_cache_bytes * u64::from(o.shards),
+        ..Settings::default()
+    };
     let measured = async {
         let mut targets = vec![
             (
@@ -349,8 +354,10 @@ pub(crate) async fn run(o: &ShardsOptions, print: bool) -> lsmsearch::Result<Sha
             ),
             (
                 format!("{} shards, this process", o.shards),
+                // A sharded handle splits its budgets among its shards; a worker gives each
+                // shard it opens the whole: the same budgets per shard here as on a worker.
                 Arc::new(Target::Sharded(
-                    ShardedIndex::open_read_only(Location::parse(&sharded)?, Settings::default())
+                    ShardedIndex::open_read_only(Location::parse(&sharded)?, per_shard.clone())
                         .await?,
                 )),
             ),
