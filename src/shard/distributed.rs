@@ -82,10 +82,10 @@ impl Route {
 
     /// The workers of this route that `text` (an error) names.
     fn named_in(&self, text: &str) -> Vec<Url> {
-        let mut all: Vec<&Url> = self.workers.iter().chain(self.writers.values()).collect();
-        all.dedup();
-        let mut named: Vec<Url> = all
-            .into_iter()
+        let mut named: Vec<Url> = self
+            .workers
+            .iter()
+            .chain(self.writers.values())
             .filter(|u| names(text, &address(u)))
             .cloned()
             .collect();
@@ -851,7 +851,21 @@ impl DistributedIndex {
     /// attempt would too, or [`MAX_ATTEMPTS`] attempts failed: an attempt after a worker could
     /// not be reached or went away leaves out the workers it named (while one is left), and
     /// takes new points in time.
+    ///
+    /// All attempts run within one deadline, `timeout`, past which the `what` search fails
+    /// with a `Timeout` error.
     async fn retrying<'a, T>(
+        &'a self,
+        what: &str,
+        timeout: Option<Duration>,
+        single: bool,
+        search: impl Fn(Search<'a>) -> BoxFuture<'a, (Result<T>, Option<Vec<Url>>)>,
+    ) -> Result<T> {
+        within_deadline(what, timeout, self.attempts(single, search)).await
+    }
+
+    /// The attempts of [`DistributedIndex::retrying`].
+    async fn attempts<'a, T>(
         &'a self,
         single: bool,
         search: impl Fn(Search<'a>) -> BoxFuture<'a, (Result<T>, Option<Vec<Url>>)>,
@@ -885,32 +899,27 @@ impl DistributedIndex {
         query: &str,
         options: &SearchOptions,
     ) -> Result<Vec<RecordBatch>> {
-        // Every attempt within the search's one deadline.
-        within_deadline(
-            "full-text",
-            options.timeout,
-            self.retrying(false, |s| {
-                Box::pin(async move {
-                    let out = super::search_fts(&s, query, options).await;
-                    (out, s.retry())
-                })
-            }),
-        )
+        self.retrying("full-text", options.timeout, false, |s| {
+            Box::pin(async move {
+                let out = super::search_fts(&s, query, options).await;
+                (out, s.retry())
+            })
+        })
         .await
     }
 
     /// The exact number of live rows matching a full-text query.
     pub async fn count_fts(&self, query: &str, options: &SearchOptions) -> Result<u64> {
-        // Every attempt within the search's one deadline.
-        within_deadline(
+        self.retrying(
             "full-text count",
             options.timeout,
-            self.retrying(options.min_score.is_none(), |s| {
+            options.min_score.is_none(),
+            |s| {
                 Box::pin(async move {
                     let out = super::count_fts(&s, query, options).await;
                     (out, s.retry())
                 })
-            }),
+            },
         )
         .await
     }
@@ -922,22 +931,17 @@ impl DistributedIndex {
         query: &str,
         options: &SearchOptions,
     ) -> Result<(Vec<RecordBatch>, u64)> {
-        // Every attempt within the search's one deadline.
-        within_deadline(
-            "full-text",
-            options.timeout,
-            self.retrying(false, |s| {
-                Box::pin(async move {
-                    let out = async {
-                        let rows = super::search_fts(&s, query, options).await?;
-                        let count = super::count_fts(&s, query, options).await?;
-                        Ok((rows, count))
-                    }
-                    .await;
-                    (out, s.retry())
-                })
-            }),
-        )
+        self.retrying("full-text", options.timeout, false, |s| {
+            Box::pin(async move {
+                let out = async {
+                    let rows = super::search_fts(&s, query, options).await?;
+                    let count = super::count_fts(&s, query, options).await?;
+                    Ok((rows, count))
+                }
+                .await;
+                (out, s.retry())
+            })
+        })
         .await
     }
 
@@ -947,17 +951,12 @@ impl DistributedIndex {
         query: &[f32],
         options: &VectorSearchOptions,
     ) -> Result<Vec<RecordBatch>> {
-        // Every attempt within the search's one deadline.
-        within_deadline(
-            "vector",
-            options.timeout,
-            self.retrying(true, |s| {
-                Box::pin(async move {
-                    let out = super::search_vector(&s, query, options).await;
-                    (out, s.retry())
-                })
-            }),
-        )
+        self.retrying("vector", options.timeout, true, |s| {
+            Box::pin(async move {
+                let out = super::search_vector(&s, query, options).await;
+                (out, s.retry())
+            })
+        })
         .await
     }
 
@@ -969,17 +968,12 @@ impl DistributedIndex {
         options: &HybridSearchOptions,
     ) -> Result<Vec<RecordBatch>> {
         let schema = &self.layout.schema;
-        // Every attempt within the search's one deadline.
-        within_deadline(
-            "hybrid",
-            options.timeout,
-            self.retrying(false, |s| {
-                Box::pin(async move {
-                    let out = super::search_hybrid(&s, schema, query, vector, options).await;
-                    (out, s.retry())
-                })
-            }),
-        )
+        self.retrying("hybrid", options.timeout, false, |s| {
+            Box::pin(async move {
+                let out = super::search_hybrid(&s, schema, query, vector, options).await;
+                (out, s.retry())
+            })
+        })
         .await
     }
 
