@@ -931,7 +931,9 @@ impl DistributedIndex {
         query: &str,
         options: &SearchOptions,
     ) -> Result<(Vec<RecordBatch>, u64)> {
-        self.retrying("full-text", options.timeout, false, |s| {
+        // The search and the count each have the timeout, as in one process.
+        let both = options.timeout.map(|t| t.saturating_mul(2));
+        self.retrying("full-text search and count", both, false, |s| {
             Box::pin(async move {
                 let out = async {
                     let rows = super::search_fts(&s, query, options).await?;
