@@ -64,6 +64,11 @@ impl RerankRound {
         })
     }
 
+    /// How many candidates the round re-ranks in all: no arm's best past that many is chosen.
+    pub(crate) fn budget(&self) -> usize {
+        self.budget
+    }
+
     /// A place in the round for one more arm, which abstains for it when dropped unused.
     pub(crate) fn ticket(self: &Arc<Self>) -> Ticket {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());

@@ -251,6 +251,7 @@ pub(crate) fn plan_ranked(
             metric,
             k: arm_k,
             ef,
+            keep: round.budget(),
             candidates,
             src,
             ranked: ranked_schema.clone(),
@@ -314,6 +315,8 @@ struct ArmParts {
     metric: Metric,
     k: usize,
     ef: usize,
+    /// At most how many of its walk's candidates the query's round re-ranks.
+    keep: usize,
     candidates: usize,
     /// The arm's position in the snapshot.
     src: usize,
@@ -341,7 +344,7 @@ fn arm_work(p: ArmParts) -> ArmWork {
             // re-ranked from vectors read by range after the arm, with every arm's reads,
             // once the round has chosen among every such arm's candidates.
             (Source::Generation(g), Some(ticket)) => {
-                let rows = arm.candidate_rows(&p.graph, p.ef, p.candidates);
+                let rows = arm.candidate_rows(&p.graph, p.ef, p.keep, p.candidates);
                 let chosen: futures::future::BoxFuture<'static, Vec<usize>> = match rows {
                     Candidates::Keyed(keyed) => {
                         let mut chosen = ticket.propose(keyed);
@@ -563,10 +566,16 @@ impl Arm<'_> {
     /// the walk's candidate list with the codes' keys (the query's round chooses among
     /// them), or every admitted row without a graph over codes or when the walk comes back
     /// short.
-    fn candidate_rows(&self, graph: &ArmGraph, ef: usize, candidates: usize) -> Candidates {
+    fn candidate_rows(
+        &self,
+        graph: &ArmGraph,
+        ef: usize,
+        keep: usize,
+        candidates: usize,
+    ) -> Candidates {
         let admit = |r: usize| self.eligible.admits(r);
         if let ArmGraph::Generation(g) = graph {
-            if let Some(keyed) = g.keyed_candidates(self.query, self.k, ef, &admit) {
+            if let Some(keyed) = g.keyed_candidates(self.query, self.k, ef, keep, &admit) {
                 if keyed.len() >= self.k.min(candidates) {
                     return Candidates::Keyed(keyed);
                 }

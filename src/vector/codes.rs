@@ -138,6 +138,41 @@ impl Codes {
         }
     }
 
+    /// [`Codes::key`] of each row of `rows`, appended to `out` (one dispatch for them all).
+    pub(crate) fn keys(
+        &self,
+        metric: Metric,
+        q: &CodeQuery,
+        rows: std::ops::Range<usize>,
+        out: &mut Vec<f32>,
+    ) {
+        let from = out.len();
+        if self.dim == 0 {
+            out.extend(std::iter::repeat_n(q.offset, rows.len()));
+        } else {
+            let c = &self.codes[rows.start * self.dim..rows.end * self.dim];
+            #[cfg(target_arch = "x86_64")]
+            let done = std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma");
+            #[cfg(not(target_arch = "x86_64"))]
+            let done = false;
+            #[cfg(target_arch = "x86_64")]
+            if done {
+                // SAFETY: the CPU supports AVX2 and FMA, the only features the function enables.
+                unsafe { avx2::dots(&q.weights, c, self.dim, q.offset, out) };
+            }
+            if !done {
+                dots(&q.weights, c, self.dim, q.offset, out);
+            }
+        }
+        for (key, row) in out[from..].iter_mut().zip(rows) {
+            *key = match metric {
+                Metric::L2 => self.sqnorms[row] - self.bias - 2.0 * *key,
+                Metric::Cosine | Metric::Dot => -*key,
+            };
+        }
+    }
+
     /// Bytes held in memory.
     pub(crate) fn bytes(&self) -> usize {
         self.codes.len() + (self.min.len() + self.step.len() + self.sqnorms.len()) * 4
@@ -250,8 +285,20 @@ fn weighted(w: &[f32], c: &[u8]) -> f32 {
     sum
 }
 
+/// `offset + Σ w[d] c[d]` of each row of `codes` (`dim` a row), appended to `out`.
+#[inline(always)]
+fn dots(w: &[f32], codes: &[u8], dim: usize, offset: f32, out: &mut Vec<f32>) {
+    out.extend(codes.chunks_exact(dim).map(|c| offset + weighted(w, c)));
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
+    /// [`super::dots`] compiled for AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn dots(w: &[f32], codes: &[u8], dim: usize, offset: f32, out: &mut Vec<f32>) {
+        super::dots(w, codes, dim, offset, out)
+    }
+
     /// [`super::weighted`] compiled for AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     pub(super) fn weighted(w: &[f32], c: &[u8]) -> f32 {
@@ -284,6 +331,16 @@ mod tests {
             let codes = Codes::build(metric, dim, &v, &|r| r != 7);
             let back = Codes::decode(&codes.encode(), metric, rows, dim).unwrap();
             let cq = back.query(&q);
+            let mut keys = Vec::new();
+            back.keys(metric, &cq, 5..rows, &mut keys);
+            assert_eq!(keys.len(), rows - 5);
+            for (r, key) in (5..rows).zip(&keys) {
+                assert_eq!(
+                    key.to_bits(),
+                    back.key(metric, &cq, r).to_bits(),
+                    "{metric:?} {r}"
+                );
+            }
             for r in (0..rows).filter(|r| *r != 7) {
                 let x = &v[r * dim..(r + 1) * dim];
                 let dot: f32 = q.iter().zip(x).map(|(a, b)| a * b).sum();

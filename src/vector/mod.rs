@@ -486,23 +486,23 @@ impl VectorIndex {
             .map_or_else(Vec::new, |g| g.search(query, k, ef, admit))
     }
 
-    /// [`VectorIndex::candidates`] of a graph walked over codes, with each row's key by the
-    /// codes (smaller is nearer; comparable between generations); `None` for a graph walked
-    /// over the vectors themselves.
+    /// The candidates of a graph over codes, at most `keep` (at least `k`), with each row's
+    /// key by the codes (smaller is nearer; comparable between generations), nearest first
+    /// (see [`graph::FlatGraph::code_candidates`]); `None` for a graph walked over the
+    /// vectors themselves.
     pub(crate) fn keyed_candidates(
         &self,
         query: &[f32],
         k: usize,
         ef: usize,
+        keep: usize,
         admit: &dyn Fn(usize) -> bool,
     ) -> Option<Vec<(f32, usize)>> {
-        let g = self.graph.as_ref().filter(|g| g.has_codes())?;
-        Some(
-            g.search_keyed(query, k, ef, admit)
-                .into_iter()
-                .map(|s| (s.0, s.1 as usize))
-                .collect(),
-        )
+        let list = self
+            .graph
+            .as_ref()?
+            .code_candidates(query, k, ef, keep, admit)?;
+        Some(list.into_iter().map(|s| (s.0, s.1 as usize)).collect())
     }
 }
 
