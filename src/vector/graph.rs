@@ -810,8 +810,10 @@ mod tests {
 
     #[test]
     fn a_small_graph_over_codes_is_scanned_exactly_and_a_large_one_walked() {
-        // Rows over three chunks of a scan; every seventh row has no node (a tombstone).
-        let (rows, dim) = (2_500usize, 16);
+        // Rows over three chunks of a scan; every seventh row has no node (a tombstone, its
+        // codes all zeros), and row 102 is a node whose own links were dropped: only links
+        // to it remain.
+        let (rows, dim, lonely) = (2_500usize, 16, 102u32);
         let mut next = distance::tests::uniform(23);
         let vectors: Vec<f32> = (0..rows * dim).map(|_| next()).collect();
         let is_node = |r: usize| r % 7 != 3;
@@ -821,46 +823,64 @@ mod tests {
                 let near = (1..=8u32)
                     .flat_map(|d| [r.wrapping_sub(d), r + d])
                     .filter(|n| (*n as usize) < rows && is_node(*n as usize))
+                    .filter(|_| r != lonely)
                     .collect();
                 (r, vec![near])
             })
             .collect();
         let adjacency = Adjacency::from_lists(rows, nodes, 0);
-        let q: Vec<f32> = (0..dim).map(|_| next()).collect();
+        // Negative everywhere: the tombstones' zero codes (each dimension's minimum) are the
+        // nearest rows by every metric's key.
+        let away: Vec<f32> = (0..dim).map(|_| -10.0 - next().abs()).collect();
+        let own = vectors[lonely as usize * dim..(lonely as usize + 1) * dim].to_vec();
         let admit = |r: usize| !r.is_multiple_of(5);
         for metric in [Metric::L2, Metric::Dot, Metric::Cosine] {
             let codes = Codes::build(metric, dim, &vectors, &is_node);
-            let cq = codes.query(&q);
-            let mut want: Vec<Scored> = (0..rows)
-                .filter(|r| is_node(*r) && admit(*r))
-                .map(|r| Scored(codes.key(metric, &cq, r), r as u32))
-                .collect();
-            want.sort();
             let g = FlatGraph::with_codes(adjacency.clone(), metric, dim, codes);
-            // A list of 100 over 2,500 rows: scanned, the best 30 by the codes' keys.
-            let scanned = g.code_candidates(&q, 10, 100, 30, &admit).unwrap();
-            assert_eq!(scanned, want[..30], "{metric:?}");
-            // Never fewer than k, whatever is kept.
-            assert_eq!(
-                g.code_candidates(&q, 10, 100, 3, &admit).unwrap(),
-                want[..10]
-            );
-            // A list of 20: walked, its list cut to what is kept, nearest first.
-            let walked = g.code_candidates(&q, 10, 20, 15, &admit).unwrap();
-            assert_eq!(walked.len(), 15, "{metric:?}");
-            assert!(walked.windows(2).all(|w| w[0] < w[1]));
-            assert!(walked.iter().all(|s| want.contains(s)), "{metric:?}");
-            assert!(g
-                .code_candidates(&q, 10, 100, 30, &|_| false)
-                .unwrap()
-                .is_empty());
-            assert!(g
-                .code_candidates(&q[1..], 10, 100, 30, &admit)
-                .unwrap()
-                .is_empty());
+            for q in [&away, &own] {
+                let codes = g.codes.as_ref().unwrap();
+                let cq = codes.query(q);
+                let mut want: Vec<Scored> = (0..rows)
+                    .filter(|r| is_node(*r) && admit(*r))
+                    .map(|r| Scored(codes.key(metric, &cq, r), r as u32))
+                    .collect();
+                want.sort();
+                // A list of 100 over 2,500 rows: scanned, the best 30 by the codes' keys.
+                let scanned = g.code_candidates(q, 10, 100, 30, &admit).unwrap();
+                assert_eq!(scanned, want[..30], "{metric:?}");
+                assert!(
+                    scanned.iter().all(|s| is_node(s.1 as usize)),
+                    "{metric:?}: a tombstone proposed"
+                );
+                // Never fewer than k, whatever is kept.
+                assert_eq!(
+                    g.code_candidates(q, 10, 100, 3, &admit).unwrap(),
+                    want[..10]
+                );
+                // A list of 20: walked (a walk of this band graph misses some of the best),
+                // its list cut to what is kept, nearest first.
+                let walked = g.code_candidates(q, 10, 20, 15, &admit).unwrap();
+                assert_eq!(walked.len(), 15, "{metric:?}");
+                assert!(walked.windows(2).all(|w| w[0] < w[1]));
+                assert!(walked.iter().all(|s| want.contains(s)), "{metric:?}");
+                assert_ne!(walked, want[..15], "{metric:?}: walked, not scanned");
+                assert!(g
+                    .code_candidates(q, 10, 100, 30, &|_| false)
+                    .unwrap()
+                    .is_empty());
+                assert!(g
+                    .code_candidates(&q[1..], 10, 100, 30, &admit)
+                    .unwrap()
+                    .is_empty());
+            }
+            // The node without links of its own is found by its own vector.
+            if metric != Metric::Dot {
+                let found = g.code_candidates(&own, 10, 100, 30, &admit).unwrap();
+                assert_eq!(found[0].1, lonely, "{metric:?}");
+            }
         }
         let plain = FlatGraph::new(adjacency, Metric::L2, dim, vectors.into()).unwrap();
-        assert!(plain.code_candidates(&q, 10, 100, 30, &admit).is_none());
+        assert!(plain.code_candidates(&own, 10, 100, 30, &admit).is_none());
     }
 
     #[test]
