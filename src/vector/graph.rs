@@ -318,6 +318,31 @@ impl Adjacency {
             .count()
     }
 
+    /// A bit per row, set for the graph's nodes: the entry, and every row with neighbours at
+    /// layer 0 or named as one (a node whose own links a flush dropped keeps the links to it;
+    /// tombstones and rows without a vector have neither).
+    fn nodes_bitmap(&self) -> Vec<u64> {
+        let rows = self.rows as usize;
+        let mut bits = vec![0u64; rows.div_ceil(64)];
+        let mut set = |r: usize| {
+            if r < rows {
+                bits[r / 64] |= 1 << (r % 64);
+            }
+        };
+        if let Some(e) = self.entry {
+            set(e as usize);
+        }
+        for r in 0..rows {
+            if self.offsets[r + 1] > self.offsets[r] {
+                set(r);
+            }
+        }
+        for i in 0..self.neighbours.len {
+            set(self.neighbours.get(i) as usize);
+        }
+        bits
+    }
+
     /// Bytes its lists hold in memory.
     pub(crate) fn memory_bytes(&self) -> usize {
         let upper: usize = self
@@ -375,6 +400,8 @@ pub(crate) struct FlatGraph {
     /// Format version 3: the walk vectors' 8-bit codes, which walks read instead (`vectors`,
     /// `norms` and `halves` are then empty, and the caller re-ranks what a walk finds).
     codes: Option<Codes>,
+    /// Which rows are nodes, found at the first scan (see [`Adjacency::nodes_bitmap`]).
+    nodes: std::sync::OnceLock<Vec<u64>>,
 }
 
 impl FlatGraph {
@@ -423,6 +450,7 @@ impl FlatGraph {
             inverse_norms,
             halves,
             codes: None,
+            nodes: std::sync::OnceLock::new(),
         })
     }
 
@@ -443,6 +471,7 @@ impl FlatGraph {
             inverse_norms: Vec::new(),
             halves: Vec::new(),
             codes: Some(codes),
+            nodes: std::sync::OnceLock::new(),
         }
     }
 
@@ -466,7 +495,12 @@ impl FlatGraph {
     /// Bytes the graph holds besides the vectors it shares with its rows and what its
     /// object's sections hold (adjacency, codes): the half-precision copy and the norms.
     pub(crate) fn extra_bytes(&self) -> usize {
-        self.halves.len() * 2 + (self.norms.len() + self.inverse_norms.len()) * 4
+        // A graph over codes counts the bitmap of its nodes a scan builds.
+        let nodes = match self.codes {
+            Some(_) => (self.adjacency.rows as usize).div_ceil(64) * 8,
+            None => 0,
+        };
+        self.halves.len() * 2 + (self.norms.len() + self.inverse_norms.len()) * 4 + nodes
     }
 
     fn key(&self, q: &[f32], row: u32) -> f32 {
@@ -627,8 +661,8 @@ impl FlatGraph {
         admit: &dyn Fn(usize) -> bool,
     ) -> Vec<Scored> {
         let cq = codes.query(query);
-        let adjacency = &self.adjacency;
-        let rows = adjacency.rows as usize;
+        let nodes = self.nodes.get_or_init(|| self.adjacency.nodes_bitmap());
+        let rows = self.adjacency.rows as usize;
         let mut found: BinaryHeap<Scored> = BinaryHeap::with_capacity(n.min(rows) + 1);
         let mut keys = Vec::with_capacity(SCAN_CHUNK_ROWS.min(rows));
         let mut start = 0;
@@ -638,12 +672,10 @@ impl FlatGraph {
             codes.keys(self.metric, &cq, start..end, &mut keys);
             for (r, key) in (start..end).zip(keys.iter().copied()) {
                 let row = r as u32;
-                let node =
-                    adjacency.offsets[r + 1] > adjacency.offsets[r] || adjacency.entry == Some(row);
                 if found.len() == n && found.peek().is_some_and(|w| Scored(key, row) >= *w) {
                     continue;
                 }
-                if !node || !admit(r) {
+                if nodes[r / 64] & (1 << (r % 64)) == 0 || !admit(r) {
                     continue;
                 }
                 found.push(Scored(key, row));
