@@ -563,9 +563,9 @@ impl Arm<'_> {
     }
 
     /// The rows to rank exactly for an arm whose vectors are read by range (a generation's):
-    /// the walk's candidate list with the codes' keys (the query's round chooses among
-    /// them), or every admitted row without a graph over codes or when the walk comes back
-    /// short.
+    /// the candidates its graph over codes proposes with their keys, at most `keep` (a walk's
+    /// list, or the best by a scan of the codes; the query's round chooses among them), or
+    /// every admitted row without a graph over codes or when the candidates come back short.
     fn candidate_rows(
         &self,
         graph: &ArmGraph,

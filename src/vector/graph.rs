@@ -630,7 +630,9 @@ impl FlatGraph {
     /// cut to `keep`, or, when the graph has at most [`SCAN_ROWS_PER_EF`] times that list's
     /// rows, the best `keep` of every node `admit` accepts, found by computing each one's key
     /// in row order (cheaper than a walk that would visit most of them, and exact over the
-    /// codes). `None` for a graph walked over the vectors themselves.
+    /// codes; so a scanned graph may propose more than its list's length, which is harmless:
+    /// keys of every generation compare). `None` for a graph walked over the vectors
+    /// themselves.
     pub(crate) fn code_candidates(
         &self,
         query: &[f32],
