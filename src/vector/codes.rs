@@ -31,12 +31,23 @@ pub(crate) struct Codes {
     bias: f32,
 }
 
-/// A query prepared for [`Codes::dot`].
+/// A query prepared for [`Codes::dot`]: its weights `q[d] step[d]` as integers, scaled so the
+/// largest is [`WEIGHT_MAX`], and what scales their sums back.
 #[derive(Debug)]
 pub(crate) struct CodeQuery {
-    weights: Vec<f32>,
+    weights: Vec<i16>,
+    unscale: f64,
     offset: f32,
 }
+
+/// The largest magnitude of a query's integer weights: a code (at most 255) times a weight,
+/// two of them summed, stays below 2^23, so [`LANE_PAIRS`] such sums fit in an `i32`. Rounding
+/// a weight errs by at most 1 / 32,766 of the largest, far below the codes' own rounding (half
+/// a step on every dimension).
+const WEIGHT_MAX: f64 = 16383.0;
+/// Sums of two products an `i32` lane adds up before it is added to the row's `i64` total.
+#[cfg(target_arch = "x86_64")]
+const LANE_PAIRS: usize = 256;
 
 impl Codes {
     /// The codes of `vectors` (row-major, `dim` per row; the walk vectors: unit length for
@@ -107,25 +118,35 @@ impl Codes {
             .sum()
     }
 
-    /// `query` prepared for [`Codes::dot`].
+    /// `query` prepared for [`Codes::dot`]. A weight that is not finite (a query or a range
+    /// beyond f32) counts as 0.
     pub(crate) fn query(&self, query: &[f32]) -> CodeQuery {
+        let weights: Vec<f64> = query
+            .iter()
+            .zip(&self.step)
+            .map(|(q, s)| f64::from(*q) * f64::from(*s))
+            .map(|w| if w.is_finite() { w } else { 0.0 })
+            .collect();
+        let max = weights.iter().fold(0f64, |m, w| m.max(w.abs()));
+        let scale = if max > 0.0 { WEIGHT_MAX / max } else { 0.0 };
         CodeQuery {
-            weights: query.iter().zip(&self.step).map(|(q, s)| q * s).collect(),
+            // In range: |w| * scale is at most WEIGHT_MAX (the cast saturates anyway).
+            weights: weights.iter().map(|w| (w * scale).round() as i16).collect(),
+            unscale: if max > 0.0 { max / WEIGHT_MAX } else { 0.0 },
             offset: query.iter().zip(&self.min).map(|(q, m)| q * m).sum(),
         }
     }
 
-    /// `q·x` of the prepared query and row `row`'s decoded vector (the order of the additions
-    /// depends on the CPU: walks only rank candidates, which are re-scored exactly).
+    /// `q·x` of the prepared query and row `row`'s decoded vector, from an exact integer sum:
+    /// the same on every CPU (walks only rank candidates, which are re-scored exactly).
     pub(crate) fn dot(&self, q: &CodeQuery, row: usize) -> f32 {
         let c = &self.codes[row * self.dim..(row + 1) * self.dim];
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: the CPU supports AVX2 and FMA, the only features the function enables.
-            return q.offset + unsafe { avx2::weighted(&q.weights, c) };
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2, the only feature the function enables.
+            return q.unscaled(unsafe { avx2::idot(&q.weights, c) });
         }
-        q.offset + weighted(&q.weights, c)
+        q.unscaled(idot(&q.weights, c))
     }
 
     /// A walk's key of row `row` (smaller is nearer): `-q·x` for `cosine` (over unit rows)
@@ -152,17 +173,19 @@ impl Codes {
         } else {
             let c = &self.codes[rows.start * self.dim..rows.end * self.dim];
             #[cfg(target_arch = "x86_64")]
-            let done = std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma");
+            let done = std::arch::is_x86_feature_detected!("avx2");
             #[cfg(not(target_arch = "x86_64"))]
             let done = false;
             #[cfg(target_arch = "x86_64")]
             if done {
-                // SAFETY: the CPU supports AVX2 and FMA, the only features the function enables.
-                unsafe { avx2::dots(&q.weights, c, self.dim, q.offset, out) };
+                // SAFETY: the CPU supports AVX2, the only feature the function enables.
+                unsafe { avx2::dots(q, c, self.dim, out) };
             }
             if !done {
-                dots(&q.weights, c, self.dim, q.offset, out);
+                out.extend(
+                    c.chunks_exact(self.dim)
+                        .map(|c| q.unscaled(idot(&q.weights, c))),
+                );
             }
         }
         for (key, row) in out[from..].iter_mut().zip(rows) {
@@ -268,47 +291,112 @@ fn noise(step: &[f32]) -> f32 {
     }
 }
 
-/// `Σ w[d] c[d]`, in eight lanes so the compiler vectorizes the widening and the sums.
-#[inline(always)]
-fn weighted(w: &[f32], c: &[u8]) -> f32 {
-    let mut acc = [0f32; 8];
-    let rest = c.len() / 8 * 8;
-    for (wc, cc) in w[..rest].chunks_exact(8).zip(c[..rest].chunks_exact(8)) {
-        for l in 0..8 {
-            acc[l] += wc[l] * f32::from(cc[l]);
-        }
+impl CodeQuery {
+    /// `q·x` from the integer sum `Σ weights[d] c[d]`.
+    #[inline(always)]
+    fn unscaled(&self, sum: i64) -> f32 {
+        self.offset + (sum as f64 * self.unscale) as f32
     }
-    let mut sum: f32 = acc.iter().sum();
-    for (x, y) in w[rest..].iter().zip(&c[rest..]) {
-        sum += x * f32::from(*y);
-    }
-    sum
 }
 
-/// `offset + Σ w[d] c[d]` of each row of `codes` (`dim` a row), appended to `out`.
+/// `Σ w[d] c[d]`, exactly.
 #[inline(always)]
-fn dots(w: &[f32], codes: &[u8], dim: usize, offset: f32, out: &mut Vec<f32>) {
-    out.extend(codes.chunks_exact(dim).map(|c| offset + weighted(w, c)));
+fn idot(w: &[i16], c: &[u8]) -> i64 {
+    w.iter()
+        .zip(c)
+        .map(|(w, c)| i64::from(*w) * i64::from(*c))
+        .sum()
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    /// [`super::dots`] compiled for AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) fn dots(w: &[f32], codes: &[u8], dim: usize, offset: f32, out: &mut Vec<f32>) {
-        super::dots(w, codes, dim, offset, out)
+    use super::{CodeQuery, LANE_PAIRS};
+    use std::arch::x86_64::{
+        __m128i, __m256i, _mm256_add_epi32, _mm256_cvtepu8_epi16, _mm256_loadu_si256,
+        _mm256_madd_epi16, _mm256_setzero_si256, _mm256_storeu_si256, _mm_loadu_si128,
+    };
+
+    /// [`super::idot`] sixteen dimensions at a time: the codes widened to 16 bits, multiplied by
+    /// the weights and summed in pairs into eight `i32` lanes (`vpmaddwd`), which go into the
+    /// `i64` total every [`LANE_PAIRS`] steps, before they could overflow. Equal to
+    /// [`super::idot`]: integer sums do not depend on their order.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(super) fn idot(w: &[i16], c: &[u8]) -> i64 {
+        let len = w.len().min(c.len());
+        let whole = len / 16 * 16;
+        let mut total = 0i64;
+        let mut i = 0;
+        while i < whole {
+            let stop = (i + 16 * LANE_PAIRS).min(whole);
+            let mut acc = _mm256_setzero_si256();
+            while i < stop {
+                // SAFETY: i + 16 <= whole <= both lengths: 16 codes and 16 weights are in bounds;
+                // the loads are unaligned.
+                let (codes, weights) = unsafe {
+                    (
+                        _mm_loadu_si128(c.as_ptr().add(i).cast::<__m128i>()),
+                        _mm256_loadu_si256(w.as_ptr().add(i).cast::<__m256i>()),
+                    )
+                };
+                acc =
+                    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_cvtepu8_epi16(codes), weights));
+                i += 16;
+            }
+            let mut lanes = [0i32; 8];
+            // SAFETY: `lanes` holds 32 bytes; the store is unaligned.
+            unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast::<__m256i>(), acc) };
+            total += lanes.iter().map(|l| i64::from(*l)).sum::<i64>();
+        }
+        total + super::idot(&w[whole..len], &c[whole..len])
     }
 
-    /// [`super::weighted`] compiled for AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) fn weighted(w: &[f32], c: &[u8]) -> f32 {
-        super::weighted(w, c)
+    /// `q·x` of each row of `codes` (`dim` a row, at least 1), appended to `out`.
+    #[target_feature(enable = "avx2")]
+    pub(super) fn dots(q: &CodeQuery, codes: &[u8], dim: usize, out: &mut Vec<f32>) {
+        out.extend(
+            codes
+                .chunks_exact(dim)
+                .map(|c| q.unscaled(idot(&q.weights, c))),
+        );
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn integer_sums_are_exact_on_every_path_at_their_extremes() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        // Lengths around the 16-wide steps and past a lane's LANE_PAIRS steps.
+        for len in [0usize, 1, 15, 16, 17, 128, 129, 4095, 4096, 4111, 9000] {
+            for extreme in [false, true] {
+                let w: Vec<i16> = (0..len)
+                    .map(|_| match extreme {
+                        true => 16383,
+                        false => (next() % 32767) as i16 - 16383,
+                    })
+                    .collect();
+                let c: Vec<u8> = (0..len)
+                    .map(|_| if extreme { 255 } else { next() as u8 })
+                    .collect();
+                let want: i64 = w.iter().zip(&c).map(|(a, b)| *a as i64 * *b as i64).sum();
+                assert_eq!(idot(&w, &c), want, "len {len}");
+                #[cfg(target_arch = "x86_64")]
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU supports AVX2.
+                    assert_eq!(unsafe { avx2::idot(&w, &c) }, want, "len {len}, AVX2");
+                }
+            }
+        }
+    }
 
     fn vectors(rows: usize, dim: usize) -> Vec<f32> {
         let mut x = 0x2545_f491_4f6c_dd1du64;
