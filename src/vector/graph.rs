@@ -628,7 +628,7 @@ impl FlatGraph {
     /// The candidates of a graph over codes for a caller that re-ranks at most `keep` of
     /// them (at least `k`), by the codes' keys, nearest first: a walk's list of `max(ef, k)`
     /// cut to `keep`, or, when the graph has at most [`SCAN_ROWS_PER_EF`] times that list's
-    /// rows, the best `keep` of every node `admit` accepts, found by computing each one's key
+    /// rows (fewer for rows wider than 128 dimensions), the best `keep` of every node `admit` accepts, found by computing each one's key
     /// in row order (cheaper than a walk that would visit most of them, and exact over the
     /// codes; so a scanned graph may propose more than its list's length, which is harmless:
     /// keys of every generation compare). `None` for a graph walked over the vectors
@@ -646,7 +646,9 @@ impl FlatGraph {
         if self.adjacency.entry.is_none() || k == 0 || query.len() != self.dim {
             return Some(Vec::new());
         }
-        if self.adjacency.rows as usize <= ef.max(k).saturating_mul(SCAN_ROWS_PER_EF) {
+        // A scan's cost grows with the dimension, a walk's less: wider rows scan fewer.
+        let scanned = (ef.max(k).saturating_mul(SCAN_ROWS_PER_EF) / self.dim.div_ceil(128)).max(1);
+        if self.adjacency.rows as usize <= scanned {
             return Some(self.scan_codes(codes, query, keep, admit));
         }
         let mut list = self.search_keyed(query, k, ef, admit);
@@ -691,13 +693,13 @@ impl FlatGraph {
     }
 }
 
-/// A graph over codes is scanned instead of walked when it has at most this many rows per
-/// entry of the walk's list. Measured on `bench generations`' indexes (100,000 rows, 128-d,
-/// lists of 400): a walk costs 0.5-0.7 ms of CPU whatever the generation's size, a scan
-/// about 30 ns a row, so they cost the same near 20,000 rows (50 per entry). Vector queries
-/// over 10 generations of 10,000 rows took 6.2 ms of CPU walked and 3.7 ms scanned; over 18
-/// of 5,500, 9.0 and 4.2 ms; over 5 of 20,000, 3.6 ms either way.
-const SCAN_ROWS_PER_EF: usize = 40;
+/// A graph over codes of up to 128 dimensions is scanned instead of walked when it has at most
+/// this many rows per entry of the walk's list (a wider one, proportionally fewer). Measured on
+/// `bench generations`' indexes (100,000 rows, 128-d, lists of 400; CPU per vector query of 100
+/// rows, walked / scanned): a walk costs 0.5-0.7 ms whatever the generation's size, a scan about
+/// 13 ns a row; 1 generation of 99,000 rows 1.1 / 1.7 ms, 5 of 20,000 3.1 / 1.9 ms, 10 of 10,000
+/// 6.1 / 2.5 ms, 18 of 5,500 8.1 / 2.7 ms: they cost the same near 46,000 rows (115 an entry).
+const SCAN_ROWS_PER_EF: usize = 100;
 
 /// Rows whose keys a scan computes at once.
 const SCAN_CHUNK_ROWS: usize = 1024;
