@@ -317,12 +317,19 @@ impl ColdRows {
         Ok(out)
     }
 
-    /// The byte ranges (in the object) of the pages of columns `leaves` holding rows `runs`.
+    /// The byte ranges (in the object) of the pages of columns `leaves` holding rows `runs`
+    /// (sorted and disjoint, as [`runs`] makes them). Pages are found by their first rows, which
+    /// the offset index keeps in order; metadata that does not (a damaged file) may leave a
+    /// page out, which the reader then reads on its own.
     fn page_ranges(&self, leaves: &[usize], runs: &[Range<usize>]) -> Result<Vec<Range<u64>>> {
         let meta = self.metadata.metadata();
         let Some(index) = meta.offset_index() else {
             return Ok(Vec::new());
         };
+        debug_assert!(
+            runs.windows(2).all(|w| w[0].end <= w[1].start),
+            "runs {runs:?}"
+        );
         let mut out: Vec<Range<u64>> = Vec::new();
         let mut first = 0usize;
         for (g, group) in meta.row_groups().iter().enumerate() {
@@ -342,10 +349,23 @@ impl ColdRows {
                     continue;
                 };
                 let pages = pages.page_locations();
-                for (p, page) in pages.iter().enumerate() {
-                    let start = page.first_row_index as usize;
-                    let end = pages.get(p + 1).map_or(n, |q| q.first_row_index as usize);
-                    if inside.iter().any(|r| r.start < end && r.end > start) {
+                // The pages each run overlaps, found by their first rows (in order): the runs
+                // are sorted, so the pages come in order, a page two runs share once.
+                let mut last_page = None;
+                for run in &inside {
+                    let from = pages
+                        .partition_point(|p| p.first_row_index as usize <= run.start)
+                        .saturating_sub(1);
+                    for (p, page) in pages.iter().enumerate().skip(from) {
+                        let start = page.first_row_index as usize;
+                        let end = pages.get(p + 1).map_or(n, |q| q.first_row_index as usize);
+                        if start >= run.end {
+                            break;
+                        }
+                        if end <= run.start || last_page.is_some_and(|l| p <= l) {
+                            continue;
+                        }
+                        last_page = Some(p);
                         let (Ok(at), Ok(size)) = (
                             u64::try_from(page.offset),
                             u64::try_from(page.compressed_page_size),
