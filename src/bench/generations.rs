@@ -156,16 +156,22 @@ pub struct Report {
     /// same search with exact vectors returns, over the corpus's queries.
     #[serde(default)]
     pub hybrid_overlap: std::collections::BTreeMap<usize, f64>,
+    /// Per generation count: warm p50 (ms) of the query kinds the query surface's costs
+    /// compare (`fts`, `fts+text`, `vector`, `hybrid`, `fts@100`, `vector@100`), measured
+    /// together: one handle, each query of each kind in turn, so the machine's drift over
+    /// the run weighs on every kind alike.
+    #[serde(default)]
+    pub together_p50_ms: std::collections::BTreeMap<usize, std::collections::BTreeMap<String, f64>>,
     /// Per generation count: warm p50 of a full-text search returning its rows' text, less
-    /// that of the same search without it (ms).
+    /// that of the same search without it (ms; measured together).
     #[serde(default)]
     pub text_cost_ms: std::collections::BTreeMap<usize, f64>,
     /// Per generation count: warm p50 of a hybrid search over the slower of its two parts
-    /// run alone (`fts@100`, `vector@100`).
+    /// run alone (`fts@100`, `vector@100`; measured together).
     #[serde(default)]
     pub hybrid_ratio: std::collections::BTreeMap<usize, f64>,
     /// Per generation count: warm p50 of a hybrid search over the slower of a full-text and
-    /// a vector search of 10 rows.
+    /// a vector search of 10 rows (measured together).
     #[serde(default)]
     pub hybrid_over_top10: std::collections::BTreeMap<usize, f64>,
 }
@@ -431,6 +437,55 @@ async fn measure(
     Ok([cold, run("warm", ms, counts)])
 }
 
+/// The query kinds whose warm p50s the query surface's costs compare.
+const COST_KINDS: [&str; 6] = [
+    "fts",
+    "fts+text",
+    "vector",
+    "hybrid",
+    "fts@100",
+    "vector@100",
+];
+
+/// Warm p50 (ms) of each of `kinds` measured together: one handle, a warm-up pass, then the
+/// i-th query of every kind in turn (the order rotating with i), so that what the machine does
+/// over the run weighs on every kind alike (kinds measured one after another drift apart by
+/// more than the differences the costs look for).
+async fn measure_together(
+    loc: &Location,
+    kinds: &[(&str, &Vec<Query>)],
+    o: &Options,
+) -> Result<std::collections::BTreeMap<String, f64>> {
+    let ro = Index::open_read_only(loc.clone(), Settings::default()).await?;
+    for (_, qs) in kinds {
+        for q in qs.iter().cycle().take(o.warm_queries) {
+            q.run(&ro).await?;
+        }
+    }
+    let mut ms: Vec<Vec<f64>> = vec![Vec::with_capacity(o.warm_queries); kinds.len()];
+    for i in 0..o.warm_queries {
+        for turn in 0..kinds.len() {
+            let k = (i + turn) % kinds.len();
+            let qs = kinds[k].1;
+            if qs.is_empty() {
+                continue;
+            }
+            let t = Instant::now();
+            qs[i % qs.len()].run(&ro).await?;
+            ms[k].push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    Ok(kinds
+        .iter()
+        .zip(ms)
+        .filter(|(_, ms)| !ms.is_empty())
+        .map(|((name, _), mut ms)| {
+            ms.sort_by(f64::total_cmp);
+            (name.to_string(), pct(&ms, 0.5))
+        })
+        .collect())
+}
+
 fn random_unit(seed: u64, dim: usize) -> Vec<f32> {
     // An empty text embeds to zero: the jitter alone gives a random unit vector.
     Embedder::new(dim).embed("", seed, 1.0)
@@ -571,6 +626,7 @@ pub async fn run(o: &Options) -> Result<Report> {
         slope_ms_per_generation: Default::default(),
         build_seconds: Default::default(),
         hybrid_overlap: Default::default(),
+        together_p50_ms: Default::default(),
         text_cost_ms: Default::default(),
         hybrid_ratio: Default::default(),
         hybrid_over_top10: Default::default(),
@@ -692,6 +748,13 @@ async fn generations_shape(
                 report.runs.push(r);
             }
         }
+        let costs: Vec<(&str, &Vec<Query>)> = kinds
+            .iter()
+            .filter(|(name, _)| COST_KINDS.contains(name))
+            .map(|(name, qs)| (*name, *qs))
+            .collect();
+        let together = measure_together(&loc, &costs, o).await?;
+        report.together_p50_ms.insert(g, together);
         let overlap = hybrid_overlap(&loc, &hybrid).await?;
         say(format!(
             "{g:>5} hybrid overlap@10, graphs walked against exact vectors: {overlap:.3}"
@@ -740,18 +803,12 @@ async fn hybrid_overlap(loc: &Location, queries: &[Query]) -> Result<f64> {
     })
 }
 
-/// What the query surface costs, from the warm runs: the text of the top 10 over a
-/// full-text search without it, and a hybrid search over the slower of its two parts.
+/// What the query surface costs, from the kinds measured together ([`measure_together`]): the
+/// text of the top 10 over a full-text search without it, and a hybrid search over the slower
+/// of its two parts.
 fn query_surface_costs(report: &mut Report, say: &dyn Fn(String)) {
-    let p50 = |g: usize, q: &str| {
-        report
-            .runs
-            .iter()
-            .find(|r| r.generations == g && r.query == q && r.mode == "warm")
-            .map(|r| r.p50_ms)
-    };
-    let gens: std::collections::BTreeSet<usize> =
-        report.runs.iter().map(|r| r.generations).collect();
+    let p50 = |g: usize, q: &str| report.together_p50_ms.get(&g)?.get(q).copied();
+    let gens: std::collections::BTreeSet<usize> = report.together_p50_ms.keys().copied().collect();
     let mut lines = Vec::new();
     for g in gens {
         let (Some(fts), Some(text), Some(vector), Some(hybrid), Some(fp), Some(vp)) = (
@@ -770,16 +827,25 @@ fn query_surface_costs(report: &mut Report, say: &dyn Fn(String)) {
         report.hybrid_ratio.insert(g, ratio);
         report.hybrid_over_top10.insert(g, top10);
         lines.push(format!(
-            "{g:>5} {:>+12.3} {ratio:>14.2} {top10:>14.2}",
+            "{g:>5} {fts:>8.2} {text:>8.2} {vector:>8.2} {hybrid:>8.2} {fp:>8.2} {vp:>8.2} {:>+12.3} {ratio:>14.2} {top10:>14.2}",
             text - fts
         ));
     }
     if !lines.is_empty() {
         say(String::new());
-        say("warm p50: text of the top 10 (ms added); hybrid over the slower of its parts (100 candidates each) and of the top-10 searches".to_string());
+        say("warm p50, measured together: text of the top 10 (ms added); hybrid over the slower of its parts (100 candidates each) and of the top-10 searches".to_string());
         say(format!(
-            "{:>5} {:>12} {:>14} {:>14}",
-            "gens", "text ms", "hybrid/parts", "hybrid/top10"
+            "{:>5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>12} {:>14} {:>14}",
+            "gens",
+            "fts",
+            "fts+text",
+            "vector",
+            "hybrid",
+            "fts@100",
+            "vec@100",
+            "text ms",
+            "hybrid/parts",
+            "hybrid/top10"
         ));
         lines.into_iter().for_each(say);
     }
