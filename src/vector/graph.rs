@@ -628,11 +628,11 @@ impl FlatGraph {
     /// The candidates of a graph over codes for a caller that re-ranks at most `keep` of
     /// them (at least `k`), by the codes' keys, nearest first: a walk's list of `max(ef, k)`
     /// cut to `keep`, or, when the graph has at most [`SCAN_ROWS_PER_EF`] times that list's
-    /// rows (fewer for rows wider than 128 dimensions), the best `keep` of every node `admit` accepts, found by computing each one's key
-    /// in row order (cheaper than a walk that would visit most of them, and exact over the
-    /// codes; so a scanned graph may propose more than its list's length, which is harmless:
-    /// keys of every generation compare). `None` for a graph walked over the vectors
-    /// themselves.
+    /// rows (and at most [`SCAN_MAX_ROWS`]), the best `keep` of every node `admit` accepts,
+    /// found by computing each one's key in row order (cheaper than a walk that would visit
+    /// most of them, and exact over the codes; so a scanned graph may propose more than its
+    /// list's length, which is harmless: keys of every generation compare). `None` for a
+    /// graph walked over the vectors themselves.
     pub(crate) fn code_candidates(
         &self,
         query: &[f32],
@@ -646,8 +646,10 @@ impl FlatGraph {
         if self.adjacency.entry.is_none() || k == 0 || query.len() != self.dim {
             return Some(Vec::new());
         }
-        // A scan's cost grows with the dimension, a walk's less: wider rows scan fewer.
-        let scanned = (ef.max(k).saturating_mul(SCAN_ROWS_PER_EF) / self.dim.div_ceil(128)).max(1);
+        let scanned = ef
+            .max(k)
+            .saturating_mul(SCAN_ROWS_PER_EF)
+            .min(SCAN_MAX_ROWS);
         if self.adjacency.rows as usize <= scanned {
             return Some(self.scan_codes(codes, query, keep, admit));
         }
@@ -693,13 +695,19 @@ impl FlatGraph {
     }
 }
 
-/// A graph over codes of up to 128 dimensions is scanned instead of walked when it has at most
-/// this many rows per entry of the walk's list (a wider one, proportionally fewer). Measured on
-/// `bench generations`' indexes (100,000 rows, 128-d, lists of 400; CPU per vector query of 100
-/// rows, walked / scanned): a walk costs 0.5-0.7 ms whatever the generation's size, a scan about
-/// 13 ns a row; 1 generation of 99,000 rows 1.1 / 1.7 ms, 5 of 20,000 3.1 / 1.9 ms, 10 of 10,000
-/// 6.1 / 2.5 ms, 18 of 5,500 8.1 / 2.7 ms: they cost the same near 46,000 rows (115 an entry).
+/// A graph over codes is scanned instead of walked when it has at most this many rows per
+/// entry of the walk's list, and at most [`SCAN_MAX_ROWS`]. Measured on `bench generations`'
+/// indexes (100,000 rows, 128-d, lists of 400; CPU per vector query of 100 rows, walked /
+/// scanned): a walk costs 0.5-0.7 ms whatever the generation's size, a scan about 13 ns a row;
+/// 1 generation of 99,000 rows 1.0-1.3 / 1.5-1.9 ms, 5 of 20,000 3.0-3.3 / 1.8-2.5 ms, 10 of
+/// 10,000 6.0-6.3 / 2.4-2.6 ms, 18 of 5,500 7.9-8.2 / 2.7-3.2 ms: they cost the same near
+/// 46,000 rows (115 an entry). Both costs grow with the dimension (every key a walk visits
+/// reads a row's codes too), so the bound does not depend on it.
 const SCAN_ROWS_PER_EF: usize = 100;
+/// The most rows a graph over codes has and is scanned: the largest measured to scan faster
+/// than a walk (a merged generation's longer list would otherwise admit scans of hundreds of
+/// thousands of rows, where walks with long lists were not measured).
+const SCAN_MAX_ROWS: usize = 40_000;
 
 /// Rows whose keys a scan computes at once.
 const SCAN_CHUNK_ROWS: usize = 1024;
