@@ -556,7 +556,9 @@ impl Generation {
             .map(len)
             .sum::<u64>()
             - counts;
-        let graph = self.vector().map_or(0, |v| v.graph_bytes() as u64) + len(CODES_SECTION);
+        let nodes = self.vector().map_or(0, |v| v.nodes_bytes() as u64);
+        let graph =
+            self.vector().map_or(0, |v| v.graph_bytes() as u64) + len(CODES_SECTION) + nodes;
         let keys = self.resident.get_array_memory_size() as u64
             + HASH_BYTES_PER_ROW * self.meta.rows
             + 8 * self.by_hash.len() as u64;
@@ -565,7 +567,7 @@ impl Generation {
             .as_ref()
             .and_then(|v| v.held.as_ref())
             .map_or(0, |h| h.get_array_memory_size() as u64);
-        let vectors = held + self.vector().map_or(0, |v| v.extra_bytes() as u64);
+        let vectors = held + self.vector().map_or(0, |v| v.extra_bytes() as u64) - nodes;
         let sections = len(GRAPH_SECTION) + len(CODES_SECTION);
         let accounted = text + counts + sections + len(KEYS_SECTION) + len("pk_hashes");
         let parquet = self.cold.as_ref().map_or(0, |c| c.resident_bytes() as u64);
@@ -751,7 +753,7 @@ impl Generation {
     /// part: the hot part (keys, key hashes, text index, graph, codes, Parquet metadata) and
     /// [`HASH_BYTES_PER_ROW`] bytes per row of the key hashes' lookup table. Decoded whole:
     /// the object's size instead of the hot part, and what its graph keeps besides (a
-    /// half-precision copy of cosine vectors, norms).
+    /// half-precision copy of cosine vectors, norms, the bitmap of its nodes a scan builds).
     pub(crate) fn weight(&self) -> u64 {
         let graph = self.vector().map_or(0, |v| v.extra_bytes() as u64);
         let held = match &self.cold {

@@ -493,14 +493,21 @@ impl FlatGraph {
     }
 
     /// Bytes the graph holds besides the vectors it shares with its rows and what its
-    /// object's sections hold (adjacency, codes): the half-precision copy and the norms.
+    /// object's sections hold (adjacency, codes): the half-precision copy and the norms, and
+    /// for a graph over codes the bitmap of its nodes a scan builds ([`FlatGraph::nodes_bytes`],
+    /// counted from the start so the graph's weight does not change).
     pub(crate) fn extra_bytes(&self) -> usize {
-        // A graph over codes counts the bitmap of its nodes a scan builds.
-        let nodes = match self.codes {
+        self.halves.len() * 2
+            + (self.norms.len() + self.inverse_norms.len()) * 4
+            + self.nodes_bytes()
+    }
+
+    /// Bytes of the bitmap of its nodes a scan of a graph over codes builds (0 for others).
+    pub(crate) fn nodes_bytes(&self) -> usize {
+        match self.codes {
             Some(_) => (self.adjacency.rows as usize).div_ceil(64) * 8,
             None => 0,
-        };
-        self.halves.len() * 2 + (self.norms.len() + self.inverse_norms.len()) * 4 + nodes
+        }
     }
 
     fn key(&self, q: &[f32], row: u32) -> f32 {

@@ -92,6 +92,12 @@ impl VectorIndex {
         self.graph.as_ref().map_or(0, FlatGraph::extra_bytes)
     }
 
+    /// Bytes of the bitmap of its graph's nodes a scan builds (part of
+    /// [`VectorIndex::extra_bytes`]).
+    pub(crate) fn nodes_bytes(&self) -> usize {
+        self.graph.as_ref().map_or(0, FlatGraph::nodes_bytes)
+    }
+
     /// Bytes its graph's neighbour lists hold in memory.
     pub(crate) fn graph_bytes(&self) -> usize {
         self.graph
