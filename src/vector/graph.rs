@@ -908,9 +908,9 @@ mod tests {
                     g.code_candidates(q, 10, 100, 3, &admit).unwrap(),
                     want[..10]
                 );
-                // A list of 20: walked (a walk of this band graph misses some of the best),
+                // A list of 15: walked (a walk of this band graph misses some of the best),
                 // its list cut to what is kept, nearest first.
-                let walked = g.code_candidates(q, 10, 20, 15, &admit).unwrap();
+                let walked = g.code_candidates(q, 10, 15, 15, &admit).unwrap();
                 assert_eq!(walked.len(), 15, "{metric:?}");
                 assert!(walked.windows(2).all(|w| w[0] < w[1]));
                 assert!(walked.iter().all(|s| want.contains(s)), "{metric:?}");
