@@ -44,7 +44,9 @@ pub(crate) struct CodeQuery {
 /// two of them summed, stays below 2^23, so [`LANE_PAIRS`] such sums fit in an `i32`. Rounding
 /// a weight errs by at most 1 / 32,766 of the largest, far below the codes' own rounding (half
 /// a step on every dimension).
-const WEIGHT_MAX: f64 = 16383.0;
+const WEIGHT_MAX: f64 = MAX_WEIGHT as f64;
+/// [`WEIGHT_MAX`] as an integer.
+const MAX_WEIGHT: usize = 16383;
 /// Sums of two products an `i32` lane adds up before it is added to the row's `i64` total.
 #[cfg(target_arch = "x86_64")]
 const LANE_PAIRS: usize = 256;
@@ -299,14 +301,27 @@ impl CodeQuery {
     }
 }
 
-/// `Σ w[d] c[d]`, exactly.
+/// `Σ w[d] c[d]`, exactly: in `i32` over blocks of [`BLOCK`] dimensions (which vectorize),
+/// each block's sum then added to the `i64` total.
 #[inline(always)]
 fn idot(w: &[i16], c: &[u8]) -> i64 {
-    w.iter()
-        .zip(c)
-        .map(|(w, c)| i64::from(*w) * i64::from(*c))
+    w.chunks(BLOCK)
+        .zip(c.chunks(BLOCK))
+        .map(|(w, c)| {
+            let block: i32 = w
+                .iter()
+                .zip(c)
+                .map(|(w, c)| i32::from(*w) * i32::from(*c))
+                .sum();
+            i64::from(block)
+        })
         .sum()
 }
+
+/// Dimensions the portable sum adds up in an `i32`: 512 products of a weight and a code.
+const BLOCK: usize = 512;
+// No block's i32 sum can overflow.
+const _: () = assert!(BLOCK * MAX_WEIGHT * 255 <= i32::MAX as usize);
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
