@@ -320,8 +320,10 @@ fn idot(w: &[i16], c: &[u8]) -> i64 {
 
 /// Dimensions the portable sum adds up in an `i32`: 512 products of a weight and a code.
 const BLOCK: usize = 512;
-// No block's i32 sum can overflow.
+// The bounds the sums rely on: no i32 they add up in can overflow.
 const _: () = assert!(BLOCK * MAX_WEIGHT * 255 <= i32::MAX as usize);
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(LANE_PAIRS * 2 * MAX_WEIGHT * 255 <= i32::MAX as usize);
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
