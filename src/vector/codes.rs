@@ -154,7 +154,12 @@ impl Codes {
     /// A walk's key of row `row` (smaller is nearer): `-q·x` for `cosine` (over unit rows)
     /// and `dot`, `|x|² - 2 q·x` for `l2`.
     pub(crate) fn key(&self, metric: Metric, q: &CodeQuery, row: usize) -> f32 {
-        let dot = self.dot(q, row);
+        self.key_of_dot(metric, row, self.dot(q, row))
+    }
+
+    /// Row `row`'s key (see [`Codes::key`]) from its `q·x`.
+    #[inline(always)]
+    fn key_of_dot(&self, metric: Metric, row: usize, dot: f32) -> f32 {
         match metric {
             Metric::L2 => self.sqnorms[row] - self.bias - 2.0 * dot,
             Metric::Cosine | Metric::Dot => -dot,
@@ -191,10 +196,7 @@ impl Codes {
             }
         }
         for (key, row) in out[from..].iter_mut().zip(rows) {
-            *key = match metric {
-                Metric::L2 => self.sqnorms[row] - self.bias - 2.0 * *key,
-                Metric::Cosine | Metric::Dot => -*key,
-            };
+            *key = self.key_of_dot(metric, row, *key);
         }
     }
 
