@@ -32,7 +32,7 @@ pub(crate) struct Codes {
 }
 
 /// A query prepared for [`Codes::dot`]: its weights `q[d] step[d]` as integers, scaled so the
-/// largest is [`WEIGHT_MAX`], and what scales their sums back.
+/// largest is [`MAX_WEIGHT`], and what scales their sums back.
 #[derive(Debug)]
 pub(crate) struct CodeQuery {
     weights: Vec<i16>,
@@ -44,8 +44,6 @@ pub(crate) struct CodeQuery {
 /// two of them summed, stays below 2^23, so [`LANE_PAIRS`] such sums fit in an `i32`. Rounding
 /// a weight errs by at most 1 / 32,766 of the largest, far below the codes' own rounding (half
 /// a step on every dimension).
-const WEIGHT_MAX: f64 = MAX_WEIGHT as f64;
-/// [`WEIGHT_MAX`] as an integer.
 const MAX_WEIGHT: usize = 16383;
 /// Sums of two products an `i32` lane adds up before it is added to the row's `i64` total.
 #[cfg(target_arch = "x86_64")]
@@ -130,11 +128,19 @@ impl Codes {
             .map(|w| if w.is_finite() { w } else { 0.0 })
             .collect();
         let max = weights.iter().fold(0f64, |m, w| m.max(w.abs()));
-        let scale = if max > 0.0 { WEIGHT_MAX / max } else { 0.0 };
+        let scale = if max > 0.0 {
+            MAX_WEIGHT as f64 / max
+        } else {
+            0.0
+        };
         CodeQuery {
-            // In range: |w| * scale is at most WEIGHT_MAX (the cast saturates anyway).
+            // In range: |w| * scale is at most MAX_WEIGHT (the cast saturates anyway).
             weights: weights.iter().map(|w| (w * scale).round() as i16).collect(),
-            unscale: if max > 0.0 { max / WEIGHT_MAX } else { 0.0 },
+            unscale: if max > 0.0 {
+                max / MAX_WEIGHT as f64
+            } else {
+                0.0
+            },
             offset: query.iter().zip(&self.min).map(|(q, m)| q * m).sum(),
         }
     }
