@@ -10,7 +10,8 @@ use super::{Conjunction, SearchOptions, SCORE_COLUMN};
 use crate::key::Key;
 use crate::read::pool::Stop;
 use crate::read::{
-    compile_filter, filter_rows, past_view, DeadRowCache, LiveRows, Snapshot, Source,
+    compile_filter, filter_rows, past_view, DeadRowCache, LiveRows, Looked, ReadCaches, Snapshot,
+    Source,
 };
 use crate::schema::IndexSchema;
 use crate::text::{ColdPiece, DocRows, TailQuery, TextIndex, TextSchema};
@@ -216,7 +217,7 @@ pub(crate) fn statistics(
     let per_source = snapshot.pool.install(|| {
         shares(
             ts,
-            &snapshot.caches.dead,
+            &snapshot.caches,
             &snapshot.sources,
             &live,
             &terms,
@@ -462,9 +463,8 @@ pub(crate) fn prepare(
     let pool = snapshot.pool.clone();
     let caches = snapshot.caches.clone();
     let sources = snapshot.sources;
-    let dead_rows = &snapshot.caches.dead;
     let (needs, terms) = query_terms(query.as_ref());
-    let per_source = pool.install(|| shares(ts, dead_rows, &sources, &live, &terms, &needs))?;
+    let per_source = pool.install(|| shares(ts, &caches, &sources, &live, &terms, &needs))?;
     let t_stats = started.elapsed();
     let stats = GlobalStats::sum(ts, &terms, per_source.iter().map(|(_, n, s, _)| (*n, s)));
     let stats = match global {
@@ -635,25 +635,51 @@ type Share = (TextIndex, usize, SourceStats, Vec<ColdPiece>);
 
 /// Each source's text index, live rows, share of the statistics of `terms` and what its
 /// search of `needs` (the terms, each with whether positions are read) will read of its cold
-/// part, concurrently across sources (on the query pool this runs in).
+/// part: the terms looked up in every source concurrently across terms, then each source's
+/// share concurrently across sources (on the query pool this runs in).
 fn shares(
     ts: &TextSchema,
-    dead_rows: &DeadRowCache,
+    caches: &ReadCaches,
     sources: &[Source],
     live: &[LiveRows],
     terms: &[Term],
     needs: &[(Term, bool)],
 ) -> Result<Vec<Share>> {
     use rayon::prelude::*;
+    let indexes = sources
+        .iter()
+        .map(|s| {
+            s.text_index()?
+                .ok_or_else(|| Error::internal("a source without a text index"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // Each term once, reading positions if any of its needs does (`needs` is sorted).
+    let mut wanted: Vec<(Term, bool)> = Vec::with_capacity(terms.len());
+    for (t, positions) in needs {
+        match wanted.last_mut() {
+            Some((last, p)) if last == t => *p |= *positions,
+            _ => wanted.push((t.clone(), *positions)),
+        }
+    }
+    debug_assert!(wanted.iter().map(|(t, _)| t).eq(terms.iter()));
+    let looked = caches.terms.look_up(sources, &indexes, &wanted)?;
+    // Transposed: per source, each term's document frequency, and its pieces.
+    let mut per_source: Vec<(Vec<u64>, Vec<ColdPiece>)> = (0..sources.len())
+        .map(|_| (Vec::with_capacity(terms.len()), Vec::new()))
+        .collect();
+    for term in looked {
+        for (s, Looked { doc_freq, pieces }) in per_source.iter_mut().zip(term) {
+            s.0.push(doc_freq);
+            s.1.extend(pieces);
+        }
+    }
     sources
         .par_iter()
         .zip(live.par_iter())
-        .map(|(source, live)| {
-            let ti = source
-                .text_index()?
-                .ok_or_else(|| Error::internal("a source without a text index"))?;
-            let stats = source_stats(ts, dead_rows, source, &ti, live, terms)?;
-            let pieces = ti.cold_pieces(needs)?;
+        .zip(indexes)
+        .zip(per_source)
+        .map(|(((source, live), ti), (doc_freq, pieces))| {
+            let stats = source_stats(ts, &caches.dead, source, &ti, live, terms, doc_freq)?;
             Ok((ti, live.count(), stats, pieces))
         })
         .collect()
@@ -683,7 +709,8 @@ struct SourceStats {
     doc_freq: Vec<u64>,
 }
 
-/// The statistics of `source`'s live rows: its index's totals minus what its dead rows hold.
+/// The statistics of `source`'s live rows: its index's totals (`doc_freq` of each of
+/// `terms`, every row counted) minus what its dead rows hold.
 fn source_stats(
     ts: &TextSchema,
     dead_rows: &DeadRowCache,
@@ -691,6 +718,7 @@ fn source_stats(
     ti: &TextIndex,
     live: &LiveRows,
     terms: &[Term],
+    doc_freq: Vec<u64>,
 ) -> Result<SourceStats> {
     let dead = dead_rows.for_source(source);
     let mut dead = dead.lock().unwrap_or_else(|e| e.into_inner());
@@ -705,12 +733,9 @@ fn source_stats(
     let doc_freq = terms
         .iter()
         .zip(past_df)
-        .map(|(term, past)| {
-            Ok(ti
-                .doc_freq(term)?
-                .saturating_sub(dead.doc_freq(term) + past))
-        })
-        .collect::<Result<_>>()?;
+        .zip(doc_freq)
+        .map(|((term, past), all)| all.saturating_sub(dead.doc_freq(term) + past))
+        .collect();
     Ok(SourceStats { tokens, doc_freq })
 }
 

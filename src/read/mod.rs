@@ -12,6 +12,7 @@ mod filter;
 mod live_rows;
 pub(crate) mod pool;
 mod source;
+mod terms;
 mod terms_ahead;
 
 pub(crate) use columns::ColumnCache;
@@ -19,6 +20,7 @@ pub(crate) use dead_rows::{past_view, DeadRowCache};
 pub(crate) use filter::compile_filter;
 pub(crate) use live_rows::{LiveRowCache, LiveRows};
 pub(crate) use source::Source;
+pub(crate) use terms::{Looked, TermTable};
 
 use crate::generation::Generation;
 use crate::memtable::MemtableView;
@@ -79,6 +81,8 @@ pub(crate) struct ReadCaches {
     pub(crate) dead: DeadRowCache,
     /// Decoded columns filters read.
     pub(crate) columns: ColumnCache,
+    /// What searches looked up of their terms in generations.
+    pub(crate) terms: TermTable,
 }
 
 impl ReadCaches {
@@ -92,6 +96,7 @@ impl ReadCaches {
             sources.iter().map(SourceKey::of).collect();
         self.dead
             .retain(|k| current.contains(k) || kept.contains(k));
+        self.terms.retain(&current, &kept);
         self.columns.retain(|id, epoch| {
             let k = SourceKey::Generation(id, epoch);
             current.contains(&k) || kept.contains(&k)
@@ -316,7 +321,12 @@ mod tests {
     use arrow::array::{ArrayRef, StringArray};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    fn text_generation(ts: &TextSchema, id: u64, keys: &[&str], text: &str) -> Arc<Generation> {
+    pub(super) fn text_generation(
+        ts: &TextSchema,
+        id: u64,
+        keys: &[&str],
+        text: &str,
+    ) -> Arc<Generation> {
         let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t"]}"#).unwrap();
         let texts: ArrayRef = Arc::new(StringArray::from(vec![text; keys.len()]));
         let keys: ArrayRef = Arc::new(StringArray::from(keys.to_vec()));

@@ -244,7 +244,7 @@ pub(crate) fn filter_columns(filter: &Arc<dyn PhysicalExpr>, user: &SchemaRef) -
 }
 
 /// A source's identity while a handle keeps something for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) enum SourceKey {
     Memtable(u64),
     Generation(u64, u64),

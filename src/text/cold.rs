@@ -493,31 +493,26 @@ pub(crate) fn hot_pieces(
 }
 
 /// Where each text field's postings body and positions start in the object, per segment of a
-/// generation whose postings and positions are cold: what [`ColdText::ranges`] adds to a
-/// term's ranges.
+/// generation whose postings and positions are cold: what [`ColdText::term`] adds to a term's
+/// ranges.
 #[derive(Debug, Default)]
 pub(crate) struct ColdText {
     /// Per segment (in the searcher's order), per field.
     segments: Vec<HashMap<Field, FieldAt>>,
-    /// The ranges of recently queried terms (a generation never changes, so neither do
-    /// they), so that a warm query does not look its terms up twice; it starts over when full.
-    /// With each, the count of entries that had left the postings cache when all its ranges
-    /// were last found kept (while no entry leaves, they still are).
-    memo: Mutex<HashMap<(Term, bool), RangesKept, TermHasher>>,
 }
 
-/// The hasher of [`ColdText`]'s memo.
-type TermHasher = xxhash_rust::xxh3::Xxh3Builder;
+/// Ranges of cold files a search of one term reads, in segment order.
+pub(crate) type TermRanges = Arc<[(Arc<ColdFile>, Range<u64>)]>;
 
-/// A term's ranges, and the count of entries that had left the postings cache when they were
-/// last all found kept, if they were.
-type RangesKept = (TermRanges, Option<u64>);
-
-/// The ranges of cold files a search of one term reads.
-type TermRanges = Arc<[(Arc<ColdFile>, Range<u64>)]>;
-
-/// Terms whose ranges a generation's [`ColdText`] remembers.
-const RANGES_MEMO: usize = 4096;
+/// What a search of one term reads of a generation's index: its document frequency (every
+/// segment's, summed), and the ranges of its postings and of its positions in the cold part
+/// (empty when they are held).
+#[derive(Debug, Clone)]
+pub(crate) struct TermAt {
+    pub(crate) doc_freq: u64,
+    pub(crate) postings: TermRanges,
+    pub(crate) positions: TermRanges,
+}
 
 /// Where a field's postings body and positions start in their cold files.
 #[derive(Debug, Clone, Default)]
@@ -606,68 +601,14 @@ impl ColdText {
             }
             segments.push(fields);
         }
-        Ok(Some(ColdText {
-            segments,
-            memo: Mutex::default(),
-        }))
+        Ok(Some(ColdText { segments }))
     }
 
-    /// The ranges of cold files holding `terms`' postings (and their positions where the
-    /// flag asks) in every segment of `searcher` (the one [`ColdText::locate`] saw), but those
-    /// the postings cache holds.
-    pub(crate) fn pieces(
-        &self,
-        searcher: &tantivy::Searcher,
-        terms: &[(Term, bool)],
-    ) -> Result<Vec<ColdPiece>> {
-        let mut out = Vec::new();
-        for t in terms {
-            let (ranges, kept_at) = self.ranges_of(searcher, t)?;
-            // Counted before looking: an entry leaving meanwhile makes the next query look (see
-            // `PostingsCache::left` for the moment a leave is counted).
-            let Some(left) = ranges.first().map(|(f, _)| f.read.postings().left()) else {
-                continue;
-            };
-            if kept_at == Some(left) {
-                continue;
-            }
-            let before = out.len();
-            for (file, range) in ranges.iter() {
-                if !file.is_kept(range) {
-                    out.push(ColdPiece {
-                        file: file.clone(),
-                        range: range.clone(),
-                    });
-                }
-            }
-            if out.len() == before {
-                if let Some(m) = self
-                    .memo
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get_mut(t)
-                {
-                    m.1 = Some(left);
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// The ranges of cold files a search of `term` reads (its positions too with the flag).
-    /// With the count of entries that had left the postings cache when they were last all
-    /// found kept, if they were.
-    fn ranges_of(&self, searcher: &tantivy::Searcher, term: &(Term, bool)) -> Result<RangesKept> {
-        if let Some(r) = self
-            .memo
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(term)
-        {
-            return Ok(r.clone());
-        }
-        let mut out = Vec::new();
-        let mut want = |at: &Option<(Arc<ColdFile>, u64)>, r: &Range<usize>| {
+    /// What a search of `term` reads in every segment of `searcher` (the one
+    /// [`ColdText::locate`] saw): one term-dictionary lookup a segment.
+    pub(crate) fn term(&self, searcher: &tantivy::Searcher, term: &Term) -> Result<TermAt> {
+        let (mut doc_freq, mut postings, mut positions) = (0u64, Vec::new(), Vec::new());
+        let want = |out: &mut Vec<_>, at: &Option<(Arc<ColdFile>, u64)>, r: &Range<usize>| {
             if let Some((file, base)) = at {
                 let range = base + r.start as u64..base + r.end as u64;
                 if !range.is_empty() {
@@ -675,28 +616,58 @@ impl ColdText {
                 }
             }
         };
-        let (t, positions) = term;
         for (seg, fields) in searcher.segment_readers().iter().zip(&self.segments) {
-            let Some(at) = fields.get(&t.field()) else {
+            let inv = seg.inverted_index(term.field())?;
+            let Some(ti) = inv
+                .get_term_info(term)
+                .map_err(tantivy::TantivyError::from)?
+            else {
                 continue;
             };
-            let inv = seg.inverted_index(t.field())?;
-            let Some(ti) = inv.get_term_info(t).map_err(tantivy::TantivyError::from)? else {
-                continue;
-            };
-            want(&at.postings, &ti.postings_range);
-            if *positions {
-                want(&at.positions, &ti.positions_range);
+            doc_freq += u64::from(ti.doc_freq);
+            if let Some(at) = fields.get(&term.field()) {
+                want(&mut postings, &at.postings, &ti.postings_range);
+                want(&mut positions, &at.positions, &ti.positions_range);
             }
         }
-        let out: Arc<[_]> = out.into();
-        let mut memo = self.memo.lock().unwrap_or_else(|e| e.into_inner());
-        if memo.len() >= RANGES_MEMO {
-            memo.clear();
-        }
-        memo.insert(term.clone(), (out.clone(), None));
-        Ok((out, None))
+        Ok(TermAt {
+            doc_freq,
+            postings: postings.into(),
+            positions: positions.into(),
+        })
     }
+}
+
+/// The pieces of `ranges` (a term's postings, and its positions when a search reads them)
+/// that the postings cache does not hold. `kept_at` is the count of entries that had left
+/// the cache when all of them were last found kept: while it is still the count, they still
+/// are, and nothing is looked up. It is set when all are found kept now.
+pub(crate) fn missing(ranges: &[&TermRanges], kept_at: &mut Option<u64>) -> Vec<ColdPiece> {
+    // Counted before looking: an entry leaving meanwhile makes the next query look (see
+    // `PostingsCache::left` for the moment a leave is counted).
+    let Some(left) = ranges
+        .iter()
+        .find_map(|r| r.first())
+        .map(|(f, _)| f.read.postings().left())
+    else {
+        return Vec::new();
+    };
+    if *kept_at == Some(left) {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for (file, range) in ranges.iter().flat_map(|r| r.iter()) {
+        if !file.is_kept(range) {
+            out.push(ColdPiece {
+                file: file.clone(),
+                range: range.clone(),
+            });
+        }
+    }
+    if out.is_empty() {
+        *kept_at = Some(left);
+    }
+    out
 }
 
 #[cfg(test)]

@@ -1,14 +1,13 @@
 //! A source's full-text index as searches read it, and a generation's, built at flush and
 //! stored in its bundle.
 
-use super::cold::{ColdPiece, ColdRead, ColdText, GenDirectory, TextFile};
+use super::cold::{ColdRead, ColdText, GenDirectory, TermAt, TextFile};
 use super::schema::TextSchema;
 use super::tail::{TailQuery, TailSegment};
 use super::{open_reader, segment_files, token_totals, IndexFiles, ROW_FIELD};
 use crate::{Error, Result};
 use arrow::array::RecordBatch;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tantivy::directory::Directory;
 use tantivy::{IndexWriter, Searcher, SegmentReader, TantivyDocument, Term};
 
@@ -30,9 +29,6 @@ pub(crate) struct TextIndex {
     /// Per segment, each document's row (a generation's, read once when it is opened);
     /// `None` for a memtable's index, whose documents are looked up in the `_row` fast field.
     pub(super) doc_rows: Option<Arc<Vec<Vec<u32>>>>,
-    /// A generation's document frequencies of recently queried terms (a generation never
-    /// changes, so neither do they); `None` for a memtable's index.
-    pub(super) doc_freqs: Option<Arc<Mutex<HashMap<Term, u64>>>>,
     /// A memtable's rows past what its index had committed, in the order of their rows: small
     /// segments searches built themselves (see [`MemTextIndex::view`]). Empty for a generation.
     pub(super) tail: Arc<[Arc<TailSegment>]>,
@@ -40,10 +36,6 @@ pub(crate) struct TextIndex {
     /// `None` when they are held.
     pub(super) cold: Option<Arc<ColdText>>,
 }
-
-/// Terms whose document frequencies a generation's index remembers; the memo starts over
-/// when it is full.
-const DOC_FREQ_MEMO: usize = 4096;
 
 /// How a segment's documents map to rows: a table read once, or the `_row` fast field.
 pub(crate) enum DocRows<'a> {
@@ -166,7 +158,7 @@ impl TextIndex {
         DocRows::of_segment(seg)
     }
 
-    /// Documents containing `term` (a generation's index remembers the answer).
+    /// Documents containing `term`.
     pub(crate) fn doc_freq(&self, term: &Term) -> Result<u64> {
         let tail: u64 = self
             .tail
@@ -174,19 +166,22 @@ impl TextIndex {
             .filter_map(|t| t.postings(term))
             .map(|p| p.rows.len() as u64)
             .sum();
-        let Some(memo) = &self.doc_freqs else {
-            return Ok(self.searcher.doc_freq(term)? + tail);
-        };
-        if let Some(n) = memo.lock().unwrap_or_else(|e| e.into_inner()).get(term) {
-            return Ok(*n + tail);
+        Ok(self.searcher.doc_freq(term)? + tail)
+    }
+
+    /// What a search of `term` reads of a generation's index (one with no rows past a commit):
+    /// its document frequency, and where its postings and positions lie in the generation's
+    /// cold part (no ranges when they are held).
+    pub(crate) fn term(&self, term: &Term) -> Result<TermAt> {
+        debug_assert!(self.tail.is_empty(), "a memtable's index");
+        match &self.cold {
+            Some(c) => c.term(&self.searcher, term),
+            None => Ok(TermAt {
+                doc_freq: self.searcher.doc_freq(term)?,
+                postings: Arc::new([]),
+                positions: Arc::new([]),
+            }),
         }
-        let n = self.searcher.doc_freq(term)?;
-        let mut memo = memo.lock().unwrap_or_else(|e| e.into_inner());
-        if memo.len() >= DOC_FREQ_MEMO {
-            memo.clear();
-        }
-        memo.insert(term.clone(), n);
-        Ok(n + tail)
     }
 
     /// Rows of the committed index, tail segments aside.
@@ -261,7 +256,6 @@ impl TextIndex {
         let rows = counts.len() / ts.fields.len().max(1);
         Ok(TextIndex {
             doc_rows: Some(Arc::new(doc_row_tables(&searcher, rows)?)),
-            doc_freqs: Some(Arc::default()),
             searcher,
             counts: Arc::new(counts),
             committed: rows,
@@ -322,16 +316,6 @@ impl TextIndex {
         ti.totals = Arc::new(totals);
         ti.counts = Arc::new(Vec::new());
         Ok(ti)
-    }
-
-    /// What a search of `terms` (their postings, and their positions where the flag asks)
-    /// reads of a generation's cold part and the postings cache does not hold. Empty when its
-    /// postings are held (a memtable's index, or an older generation).
-    pub(crate) fn cold_pieces(&self, terms: &[(Term, bool)]) -> Result<Vec<ColdPiece>> {
-        match &self.cold {
-            Some(c) => c.pieces(&self.searcher, terms),
-            None => Ok(Vec::new()),
-        }
     }
 
     /// Encode token counts (u32 little-endian, row-major).

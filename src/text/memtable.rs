@@ -78,7 +78,6 @@ pub(super) fn published(st: &MemState, nfields: usize) -> TextIndex {
     let _ = totals.set(st.totals.clone());
     TextIndex {
         doc_rows: None,
-        doc_freqs: None,
         searcher: st.reader.searcher(),
         counts: Arc::new(st.counts.clone()),
         committed: st.counts.len() / nfields.max(1),

@@ -12,7 +12,7 @@ mod memtable;
 mod schema;
 mod tail;
 
-pub(crate) use cold::{hot_pieces, ColdPiece, ColdRead, PostingsCache, TextFile};
+pub(crate) use cold::{hot_pieces, missing, ColdPiece, ColdRead, PostingsCache, TermAt, TextFile};
 pub(crate) use index::{DocRows, TextIndex};
 pub(crate) use memtable::MemTextIndex;
 pub(crate) use schema::TextSchema;
