@@ -44,15 +44,19 @@ impl GlobalStats {
         shares: impl Iterator<Item = (usize, &'a SourceStats)>,
     ) -> GlobalStats {
         let mut stats = GlobalStats::default();
+        let mut tokens = vec![0u64; ts.fields().len()];
+        let mut doc_freq = vec![0u64; terms.len()];
         for (live_rows, s) in shares {
             stats.docs += live_rows as u64;
-            for (field, n) in ts.fields().iter().zip(&s.tokens) {
-                *stats.tokens.entry(*field).or_default() += n;
+            for (sum, n) in tokens.iter_mut().zip(&s.tokens) {
+                *sum += n;
             }
-            for (term, n) in terms.iter().zip(&s.doc_freq) {
-                *stats.doc_freq.entry(term.clone()).or_default() += n;
+            for (sum, n) in doc_freq.iter_mut().zip(&s.doc_freq) {
+                *sum += n;
             }
         }
+        stats.tokens = ts.fields().iter().copied().zip(tokens).collect();
+        stats.doc_freq = terms.iter().cloned().zip(doc_freq).collect();
         stats
     }
 }
