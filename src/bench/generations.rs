@@ -56,6 +56,15 @@ pub struct Options {
     /// Warm queries per kind.
     #[arg(long, default_value_t = 200)]
     pub warm_queries: usize,
+    /// The query kinds measured (the default shape), comma-separated: `fts`, `vector`,
+    /// `filtered`, `fts+text`, `hybrid`, `fts@100`, `vector@100`. The query surface's costs
+    /// are measured together over the kinds given among theirs (all of them by default).
+    #[arg(
+        long,
+        default_value = "fts,vector,filtered,fts+text,hybrid,fts@100,vector@100",
+        value_delimiter = ','
+    )]
+    pub kinds: Vec<String>,
     /// Cold queries (a new handle each) per kind.
     #[arg(long, default_value_t = 7)]
     pub cold_queries: usize,
@@ -96,6 +105,12 @@ impl Options {
             return Err(Error::invalid(
                 "--gens needs counts of at least 1 and --docs more than 1,000 (the memtable)",
             ));
+        }
+        if let Some(k) = self.kinds.iter().find(|k| !KINDS.contains(&k.as_str())) {
+            return Err(Error::invalid(format!(
+                "--kinds: no query kind '{k}' (kinds: {})",
+                KINDS.join(", ")
+            )));
         }
         if self.warm_queries == 0 || self.cold_queries == 0 {
             return Err(Error::invalid(
@@ -437,6 +452,17 @@ async fn measure(
     Ok([cold, run("warm", ms, counts)])
 }
 
+/// The query kinds of the default shape.
+const KINDS: [&str; 7] = [
+    "fts",
+    "vector",
+    "filtered",
+    "fts+text",
+    "hybrid",
+    "fts@100",
+    "vector@100",
+];
+
 /// The query kinds whose warm p50s the query surface's costs compare.
 const COST_KINDS: [&str; 6] = [
     "fts",
@@ -742,7 +768,8 @@ async fn generations_shape(
             ("fts@100", &fts_part),
             ("vector@100", &vector_part),
         ];
-        for (name, qs) in kinds {
+        let asked = |name: &str| o.kinds.iter().any(|k| k == name);
+        for (name, qs) in kinds.iter().filter(|(name, _)| asked(name)) {
             for r in measure(&loc, &store, g, name, qs, o).await? {
                 say(r.line());
                 report.runs.push(r);
@@ -750,16 +777,20 @@ async fn generations_shape(
         }
         let costs: Vec<(&str, &Vec<Query>)> = kinds
             .iter()
-            .filter(|(name, _)| COST_KINDS.contains(name))
+            .filter(|(name, _)| COST_KINDS.contains(name) && asked(name))
             .map(|(name, qs)| (*name, *qs))
             .collect();
-        let together = measure_together(&loc, &costs, o).await?;
-        report.together_p50_ms.insert(g, together);
-        let overlap = hybrid_overlap(&loc, &hybrid).await?;
-        say(format!(
-            "{g:>5} hybrid overlap@10, graphs walked against exact vectors: {overlap:.3}"
-        ));
-        report.hybrid_overlap.insert(g, overlap);
+        if !costs.is_empty() {
+            let together = measure_together(&loc, &costs, o).await?;
+            report.together_p50_ms.insert(g, together);
+        }
+        if asked("hybrid") {
+            let overlap = hybrid_overlap(&loc, &hybrid).await?;
+            say(format!(
+                "{g:>5} hybrid overlap@10, graphs walked against exact vectors: {overlap:.3}"
+            ));
+            report.hybrid_overlap.insert(g, overlap);
+        }
         if !o.reuse {
             let _ = std::fs::remove_dir_all(&dir);
         }

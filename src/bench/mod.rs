@@ -35,6 +35,14 @@ mod tests {
         assert_eq!(g.gens, vec![1, 2, 5, 10, 18, 32, 64]);
         assert_eq!(g.get_latency, Duration::from_millis(10));
         assert!(g.print && !g.progress);
+        assert_eq!(g.kinds.len(), 7);
+        g.check().unwrap();
+        let unknown = Options {
+            kinds: vec!["fts".into(), "vectors".into()],
+            ..Options::default()
+        };
+        let e = unknown.check().unwrap_err().to_string();
+        assert!(e.contains("--kinds") && e.contains("'vectors'"), "{e}");
         let s = stream::StreamOptions::default();
         assert_eq!(s.duration, Duration::from_secs(180));
         assert_eq!(s.kinds, ["fts", "vector", "filtered"]);
