@@ -588,14 +588,22 @@ impl FlatGraph {
         if admit(entry as usize) {
             found.push(Scored(best, entry));
         }
+        // A node's neighbours not yet seen, their codes fetched into the caches together.
+        let mut unseen: Vec<u32> = Vec::new();
         while let Some(std::cmp::Reverse(Scored(d, node))) = frontier.pop() {
             if found.len() >= ef && found.peek().is_some_and(|w| d > w.0) {
                 break;
             }
+            unseen.clear();
             for n in self.adjacency.layer0(node) {
-                if seen(n) {
-                    continue;
+                if !seen(n) {
+                    if let Some((codes, _)) = &prepared {
+                        codes.prefetch(n as usize);
+                    }
+                    unseen.push(n);
                 }
+            }
+            for &n in &unseen {
                 let dn = walk_key(n);
                 let bound = if found.len() >= ef {
                     found.peek().map_or(f32::INFINITY, |w| w.0)
