@@ -157,19 +157,12 @@ impl Codes {
         q.unscaled(idot(&q.weights, c))
     }
 
-    /// Ask the processor to bring row `row`'s codes into its caches ahead of [`Codes::key`]:
-    /// a walk reads the rows it visits in no order, and each read would otherwise wait for
-    /// memory in turn.
+    /// Ask the processor to bring row `row`'s codes into its caches ahead of [`Codes::key`]
+    /// (see [`super::distance::prefetch`]).
     #[inline(always)]
     pub(crate) fn prefetch(&self, row: usize) {
-        #[cfg(target_arch = "x86_64")]
         if let Some(c) = self.codes.get(row * self.dim..(row + 1) * self.dim) {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            for line in (0..c.len()).step_by(64) {
-                // SAFETY: the address lies within `c`; a prefetch only hints the caches (it
-                // reads nothing the program sees and never faults).
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(c.as_ptr().add(line).cast()) };
-            }
+            super::distance::prefetch(c);
         }
     }
 

@@ -134,6 +134,23 @@ dispatch!(
     "`[a·b, a·a, b·b]` in one pass (over the shorter length)."
 );
 
+/// Ask the processor to bring `data` into its caches ahead of a read: a graph walk reads the
+/// vectors (or codes) of the nodes it visits in no order, and each read would otherwise wait
+/// for memory in turn.
+#[inline(always)]
+pub(crate) fn prefetch<T>(data: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let bytes = std::mem::size_of_val(data);
+        for line in (0..bytes).step_by(64) {
+            // SAFETY: the address lies within `data`; a prefetch only hints the caches (it
+            // reads nothing the program sees and never faults).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(data.as_ptr().cast::<i8>().add(line)) };
+        }
+    }
+}
+
 /// Dot product of `a` with a half-precision `b` (over the shorter length), for graph walks:
 /// the order of its additions is not fixed, so results differ between machines in the last
 /// bits; a walk's candidates are re-scored with the exact kernels.

@@ -366,10 +366,23 @@ impl HnswBuilder {
                 break;
             }
             self.links_into(c.1, layer, &mut links);
-            for &n in &links {
+            // The neighbours not yet seen, their vectors fetched into the caches together.
+            let mut unseen = 0;
+            for i in 0..links.len() {
+                let n = links[i];
                 if (n as usize) >= scratch.stamps.len() || scratch.seen(n) {
                     continue;
                 }
+                if let Some(node) = self.node(n) {
+                    match node.vector.at() {
+                        At::Full(v) => distance::prefetch(v),
+                        At::Half(v) => distance::prefetch(v),
+                    }
+                    links[unseen] = n;
+                    unseen += 1;
+                }
+            }
+            for &n in &links[..unseen] {
                 let Some(node) = self.node(n) else { continue };
                 let d = self.dist(q, node.vector.at());
                 let bound = if found.len() >= ef {
