@@ -899,6 +899,39 @@ async fn postings_pushed_out_of_the_caches_are_fetched_again_in_one_round() {
     assert!(again.round_trips <= 2, "{again:?}");
 }
 
+/// A generation pushed out of the handle's cache of generations is opened again for the next
+/// query: that copy's postings are read ahead in one round, as the first copy's were, not
+/// one term at a time as its search asks (what the handle keeps of the terms names the first
+/// copy's files, which no search reads any more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generation_opened_again_reads_its_postings_ahead_in_one_round() {
+    let inner = one_generation(20_000).await;
+    let store = LatencyStore::new(inner, LatencyConfig::default());
+    // No generation stays open between queries; a few queries push each other's postings
+    // (and their blocks) out of the caches.
+    let settings = Settings {
+        cache_bytes: 80 << 10,
+        hot_cache_bytes: 1,
+        ..Settings::default()
+    };
+    let ro = Index::open_read_only(Location::from_store(store.clone(), "idx"), settings)
+        .await
+        .unwrap();
+    let opts = SearchOptions::with_k(1);
+    let query = "drag mach wing";
+    let want = keys(&ro.search_fts(query, &opts).await.unwrap());
+    for other in ["flow layer heat", "jet lift nozzle", "plate wave shock"] {
+        ro.search_fts(other, &opts).await.unwrap();
+    }
+    store.reset();
+    assert_eq!(keys(&ro.search_fts(query, &opts).await.unwrap()), want);
+    let again = store.counters();
+    // The generation's hot part, its three terms' postings in one round, then the page of
+    // the row returned.
+    assert!(again.gets >= 3, "the postings left the caches: {again:?}");
+    assert!(again.round_trips <= 3, "{again:?}");
+}
+
 /// A refresh reads the WAL objects written since the last one, and nothing else: with nothing
 /// new it reads no WAL object, and one new object costs one GET whatever the WAL's length.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
