@@ -993,9 +993,9 @@ impl Generation {
         Some(driver.block_on(f))
     }
 
-    /// Fetch `pieces` of its cold text files (a query's postings, see
-    /// [`TextIndex::cold_pieces`]) through the block cache and keep them for the search that
-    /// reads them next.
+    /// Fetch `pieces` of its cold text files (a query's postings the postings cache does not
+    /// hold, see [`crate::read::TermTable`]) through the block cache and keep them for the
+    /// search that reads them next.
     pub(crate) async fn warm(&self, pieces: &[crate::text::ColdPiece]) -> Result<()> {
         let Some(c) = &self.cold else {
             return Ok(());

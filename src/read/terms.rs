@@ -39,6 +39,9 @@ struct Row(Vec<Entry>);
 #[derive(Debug)]
 struct Entry {
     key: SourceKey,
+    /// The opening of the generation's index `at` was found in ([`TextIndex::opening`]): a
+    /// generation opened again has other files, so its entry is found again.
+    opening: u64,
     at: TermAt,
     /// The count of entries that had left the postings cache when the term's pieces were
     /// last all found kept, without positions and with them (see [`missing`]).
@@ -94,13 +97,24 @@ impl TermTable {
                             });
                         }
                         let key = SourceKey::of(source);
+                        let opening = ti.opening();
                         let i = match row.find(key, hint) {
-                            Some(i) => i,
+                            Some(i) if row.0[i].opening == opening => i,
+                            Some(i) => {
+                                row.0[i] = Entry {
+                                    key,
+                                    opening,
+                                    at: ti.term(term)?,
+                                    kept_at: [None; 2],
+                                };
+                                i
+                            }
                             None => {
                                 let at = ti.term(term)?;
                                 self.entries.fetch_add(1, Ordering::Relaxed);
                                 row.0.push(Entry {
                                     key,
+                                    opening,
                                     at,
                                     kept_at: [None; 2],
                                 });

@@ -497,6 +497,9 @@ pub(crate) fn hot_pieces(
 /// ranges.
 #[derive(Debug, Default)]
 pub(crate) struct ColdText {
+    /// Which opening of a generation's index this is: the files a term's ranges name are the
+    /// files of one opening (see [`ColdText::id`]).
+    id: u64,
     /// Per segment (in the searcher's order), per field.
     segments: Vec<HashMap<Field, FieldAt>>,
 }
@@ -601,7 +604,17 @@ impl ColdText {
             }
             segments.push(fields);
         }
-        Ok(Some(ColdText { segments }))
+        Ok(Some(ColdText {
+            id: NEXT_FILE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            segments,
+        }))
+    }
+
+    /// A number no other opening of a generation's index has (a generation pushed out of a
+    /// handle's cache and opened again gets new files): ranges found in one opening name files
+    /// that searches of another do not read.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 
     /// What a search of `term` reads in every segment of `searcher` (the one

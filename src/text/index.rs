@@ -169,6 +169,12 @@ impl TextIndex {
         Ok(self.searcher.doc_freq(term)? + tail)
     }
 
+    /// Which opening of a generation's index this is, for what is kept of its terms' cold
+    /// ranges (see [`ColdText::id`]); 0 when its postings are held.
+    pub(crate) fn opening(&self) -> u64 {
+        self.cold.as_ref().map_or(0, |c| c.id())
+    }
+
     /// What a search of `term` reads of a generation's index (one with no rows past a commit):
     /// its document frequency, and where its postings and positions lie in the generation's
     /// cold part (no ranges when they are held).
