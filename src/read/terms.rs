@@ -65,6 +65,42 @@ impl Row {
             _ => self.0.iter().position(|e| e.key == key),
         }
     }
+
+    /// The index of the entry of generation `source` (whose text index is `ti`) for `term`,
+    /// looked for at `hint` first; looked up in `ti` and made when missing or found for
+    /// another opening of the generation (`entries` counts the entries made).
+    fn entry(
+        &mut self,
+        source: &Source,
+        ti: &TextIndex,
+        term: &Term,
+        hint: usize,
+        entries: &AtomicUsize,
+    ) -> Result<usize> {
+        let key = SourceKey::of(source);
+        let opening = ti.opening();
+        let found = self.find(key, hint);
+        if let Some(i) = found.filter(|i| self.0[*i].opening == opening) {
+            return Ok(i);
+        }
+        let e = Entry {
+            key,
+            opening,
+            at: ti.term(term)?,
+            kept_at: [None; 2],
+        };
+        Ok(match found {
+            Some(i) => {
+                self.0[i] = e;
+                i
+            }
+            None => {
+                entries.fetch_add(1, Ordering::Relaxed);
+                self.0.push(e);
+                self.0.len() - 1
+            }
+        })
+    }
 }
 
 impl TermTable {
@@ -84,55 +120,66 @@ impl TermTable {
             .par_iter()
             .zip(rows)
             .map(|((term, positions), row)| {
-                let mut row = row.lock().unwrap_or_else(|e| e.into_inner());
-                let mut hint = 0;
-                sources
+                let p = usize::from(*positions);
+                // Under the row's lock, only each generation's entry, found or made (a lookup
+                // in its held term dictionaries), copied out: concurrent searches of the term
+                // wait for no more.
+                let found = {
+                    let mut row = row.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut hint = 0;
+                    sources
+                        .iter()
+                        .zip(indexes)
+                        .map(|(source, ti)| {
+                            if matches!(source, Source::Memtable(_)) {
+                                return Ok(None);
+                            }
+                            let i = row.entry(source, ti, term, hint, &self.entries)?;
+                            hint = i + 1;
+                            let e = &row.0[i];
+                            Ok(Some((i, e.at.clone(), e.kept_at[p])))
+                        })
+                        .collect::<Result<Vec<_>>>()?
+                };
+                let mut kept = Vec::new();
+                let looked = sources
                     .iter()
                     .zip(indexes)
-                    .map(|(source, ti)| {
-                        if matches!(source, Source::Memtable(_)) {
-                            return Ok(Looked {
-                                doc_freq: ti.doc_freq(term)?,
-                                pieces: Vec::new(),
-                            });
+                    .zip(found)
+                    .map(|((source, ti), found)| match found {
+                        None => Ok(Looked {
+                            doc_freq: ti.doc_freq(term)?,
+                            pieces: Vec::new(),
+                        }),
+                        Some((i, at, mut kept_at)) => {
+                            let ranges: &[_] = match positions {
+                                true => &[&at.postings, &at.positions],
+                                false => &[&at.postings],
+                            };
+                            let was = kept_at;
+                            let pieces = missing(ranges, &mut kept_at);
+                            if kept_at != was {
+                                kept.push((i, SourceKey::of(source), ti.opening(), kept_at));
+                            }
+                            Ok(Looked {
+                                doc_freq: at.doc_freq,
+                                pieces,
+                            })
                         }
-                        let key = SourceKey::of(source);
-                        let opening = ti.opening();
-                        let i = match row.find(key, hint) {
-                            Some(i) if row.0[i].opening == opening => i,
-                            Some(i) => {
-                                row.0[i] = Entry {
-                                    key,
-                                    opening,
-                                    at: ti.term(term)?,
-                                    kept_at: [None; 2],
-                                };
-                                i
-                            }
-                            None => {
-                                let at = ti.term(term)?;
-                                self.entries.fetch_add(1, Ordering::Relaxed);
-                                row.0.push(Entry {
-                                    key,
-                                    opening,
-                                    at,
-                                    kept_at: [None; 2],
-                                });
-                                row.0.len() - 1
-                            }
-                        };
-                        hint = i + 1;
-                        let e = &mut row.0[i];
-                        let ranges: &[_] = match positions {
-                            true => &[&e.at.postings, &e.at.positions],
-                            false => &[&e.at.postings],
-                        };
-                        Ok(Looked {
-                            doc_freq: e.at.doc_freq,
-                            pieces: missing(ranges, &mut e.kept_at[usize::from(*positions)]),
-                        })
                     })
-                    .collect()
+                    .collect::<Result<Vec<_>>>()?;
+                if !kept.is_empty() {
+                    let mut row = row.lock().unwrap_or_else(|e| e.into_inner());
+                    for (i, key, opening, kept_at) in kept {
+                        // Unless another search replaced the entry meanwhile.
+                        if let Some(e) = row.0.get_mut(i) {
+                            if e.key == key && e.opening == opening {
+                                e.kept_at[p] = kept_at;
+                            }
+                        }
+                    }
+                }
+                Ok(looked)
             })
             .collect()
     }
