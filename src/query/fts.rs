@@ -650,8 +650,9 @@ fn shares(
     needs: &[(Term, bool)],
 ) -> Result<Vec<Share>> {
     use rayon::prelude::*;
+    // A memtable's index catches up here, concurrently across sources.
     let indexes = sources
-        .iter()
+        .par_iter()
         .map(|s| {
             s.text_index()?
                 .ok_or_else(|| Error::internal("a source without a text index"))
