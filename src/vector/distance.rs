@@ -136,20 +136,28 @@ dispatch!(
 
 /// Ask the processor to bring `data` into its caches ahead of a read: a graph walk reads the
 /// vectors (or codes) of the nodes it visits in no order, and each read would otherwise wait
-/// for memory in turn.
+/// for memory in turn. At most the first [`PREFETCH_LINES`] cache lines of `data`: the
+/// processor's own prefetcher follows a read along the rest.
 #[inline(always)]
 pub(crate) fn prefetch<T>(data: &[T]) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let bytes = std::mem::size_of_val(data);
-        for line in (0..bytes).step_by(64) {
-            // SAFETY: the address lies within `data`; a prefetch only hints the caches (it
-            // reads nothing the program sees and never faults).
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(data.as_ptr().cast::<i8>().add(line)) };
+        let start = data.as_ptr() as usize;
+        let end = start + std::mem::size_of_val(data);
+        // Every line the bytes touch, from the one holding the first.
+        for line in ((start & !63)..end).step_by(64).take(PREFETCH_LINES) {
+            // SAFETY: a prefetch only hints the caches: it reads nothing the program sees and
+            // never faults, whatever the address (here each lies in a line `data` touches).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(line as *const i8) };
         }
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = data;
 }
+
+/// The most cache lines [`prefetch`] asks for (512 bytes: 128 dimensions of `f32`).
+const PREFETCH_LINES: usize = 8;
 
 /// Dot product of `a` with a half-precision `b` (over the shorter length), for graph walks:
 /// the order of its additions is not fixed, so results differ between machines in the last
