@@ -759,15 +759,22 @@ async fn generations_shape(
         let secs = build(&dir, b, o.progress, o.reuse, o.compaction).await?;
         report.build_seconds.insert(g, secs);
         let (loc, store) = Location::parse(&dir.display().to_string())?.with_latency(latency);
-        let kinds = [
-            ("fts", &fts),
-            ("vector", &vector),
-            ("filtered", &filtered),
-            ("fts+text", &fts_text),
-            ("hybrid", &hybrid),
-            ("fts@100", &fts_part),
-            ("vector@100", &vector_part),
-        ];
+        let kinds: Vec<(&str, &Vec<Query>)> = KINDS
+            .iter()
+            .filter_map(|name| {
+                let queries = match *name {
+                    "fts" => &fts,
+                    "vector" => &vector,
+                    "filtered" => &filtered,
+                    "fts+text" => &fts_text,
+                    "hybrid" => &hybrid,
+                    "fts@100" => &fts_part,
+                    "vector@100" => &vector_part,
+                    _ => return None,
+                };
+                Some((*name, queries))
+            })
+            .collect();
         let asked = |name: &str| o.kinds.iter().any(|k| k == name);
         for (name, qs) in kinds.iter().filter(|(name, _)| asked(name)) {
             for r in measure(&loc, &store, g, name, qs, o).await? {
