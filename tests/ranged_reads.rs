@@ -860,18 +860,24 @@ async fn a_writer_reranks_the_vectors_it_just_flushed_without_a_request() {
     assert!(gets_of_a_search_after_a_flush(8 << 20).await > 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postings_pushed_out_of_the_caches_are_fetched_again_in_one_round() {
+/// A read-only handle, over a latency store, on a generation of 20,000 rows, with `settings`
+/// but caches so small that a few queries push each other's postings (and their blocks) out.
+async fn small_caches(settings: Settings) -> (Arc<LatencyStore>, ReadOnlyIndex) {
     let inner = one_generation(20_000).await;
     let store = LatencyStore::new(inner, LatencyConfig::default());
-    // Small caches: a few queries push each other's postings (and their blocks) out.
     let settings = Settings {
         cache_bytes: 80 << 10,
-        ..Settings::default()
+        ..settings
     };
     let ro = Index::open_read_only(Location::from_store(store.clone(), "idx"), settings)
         .await
         .unwrap();
+    (store, ro)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postings_pushed_out_of_the_caches_are_fetched_again_in_one_round() {
+    let (store, ro) = small_caches(Settings::default()).await;
     let opts = SearchOptions::with_k(1);
     // Terms whose postings lie in three different blocks of the postings file.
     let query = "drag mach wing";
@@ -905,18 +911,12 @@ async fn postings_pushed_out_of_the_caches_are_fetched_again_in_one_round() {
 /// copy's files, which no search reads any more).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_generation_opened_again_reads_its_postings_ahead_in_one_round() {
-    let inner = one_generation(20_000).await;
-    let store = LatencyStore::new(inner, LatencyConfig::default());
-    // No generation stays open between queries; a few queries push each other's postings
-    // (and their blocks) out of the caches.
-    let settings = Settings {
-        cache_bytes: 80 << 10,
+    // Besides, no generation stays open between queries.
+    let (store, ro) = small_caches(Settings {
         hot_cache_bytes: 1,
         ..Settings::default()
-    };
-    let ro = Index::open_read_only(Location::from_store(store.clone(), "idx"), settings)
-        .await
-        .unwrap();
+    })
+    .await;
     let opts = SearchOptions::with_k(1);
     let query = "drag mach wing";
     let want = keys(&ro.search_fts(query, &opts).await.unwrap());
