@@ -242,15 +242,20 @@ pub(crate) fn check_min_score(min_score: Option<f32>) -> Result<()> {
     }
 }
 
-/// The query's terms, each with whether its search reads positions (a phrase's), and the
-/// terms alone, sorted and unique.
+/// The query's terms, sorted and unique, each with whether its search reads positions (a
+/// phrase's, anywhere in the query); and the terms alone.
 fn query_terms(query: &dyn Query) -> (Vec<(Term, bool)>, Vec<Term>) {
-    let mut needs: Vec<(Term, bool)> = Vec::new();
-    query.query_terms(&mut |t, positions| needs.push((t.clone(), positions)));
-    needs.sort();
-    needs.dedup();
-    let mut terms: Vec<Term> = needs.iter().map(|(t, _)| t.clone()).collect();
-    terms.dedup();
+    let mut all: Vec<(Term, bool)> = Vec::new();
+    query.query_terms(&mut |t, positions| all.push((t.clone(), positions)));
+    all.sort();
+    let mut needs: Vec<(Term, bool)> = Vec::with_capacity(all.len());
+    for (t, positions) in all {
+        match needs.last_mut() {
+            Some((last, p)) if *last == t => *p |= positions,
+            _ => needs.push((t, positions)),
+        }
+    }
+    let terms: Vec<Term> = needs.iter().map(|(t, _)| t.clone()).collect();
     (needs, terms)
 }
 
@@ -638,7 +643,7 @@ pub(crate) fn count(
 type Share = (TextIndex, usize, SourceStats, Vec<ColdPiece>);
 
 /// Each source's text index, live rows, share of the statistics of `terms` and what its
-/// search of `needs` (the terms, each with whether positions are read) will read of its cold
+/// search of `needs` (the same terms, each with whether positions are read) will read of its cold
 /// part: the terms looked up in every source concurrently across terms, then each source's
 /// share concurrently across sources (on the query pool this runs in).
 fn shares(
@@ -658,16 +663,7 @@ fn shares(
                 .ok_or_else(|| Error::internal("a source without a text index"))
         })
         .collect::<Result<Vec<_>>>()?;
-    // Each term once, reading positions if any of its needs does (`needs` is sorted).
-    let mut wanted: Vec<(Term, bool)> = Vec::with_capacity(terms.len());
-    for (t, positions) in needs {
-        match wanted.last_mut() {
-            Some((last, p)) if last == t => *p |= *positions,
-            _ => wanted.push((t.clone(), *positions)),
-        }
-    }
-    debug_assert!(wanted.iter().map(|(t, _)| t).eq(terms.iter()));
-    let looked = caches.terms.look_up(sources, &indexes, &wanted)?;
+    let looked = caches.terms.look_up(sources, &indexes, needs)?;
     // Transposed: per source, each term's document frequency, and its pieces.
     let mut per_source: Vec<(Vec<u64>, Vec<ColdPiece>)> = (0..sources.len())
         .map(|_| (Vec::with_capacity(terms.len()), Vec::new()))
