@@ -586,7 +586,7 @@ impl PointInTime {
 /// Arrow schema of returned rows).
 fn scan_cursor(user: &SchemaRef, snapshot: Snapshot, filter: Option<&str>) -> Result<ScanCursor> {
     let filter = filter.map(|f| compile_filter(user, f)).transpose()?;
-    Ok(snapshot.scan(user.clone(), filter, SCAN_BATCH_ROWS))
+    Ok(snapshot.scan(user.clone(), filter.map(|f| f.expr), SCAN_BATCH_ROWS))
 }
 
 /// The batches of `cursor` as a stream, each built on a blocking thread when the stream is

@@ -1,22 +1,52 @@
-//! Decoded columns of generations that filters read, kept between queries within a byte
-//! budget ([`crate::Settings::column_cache_bytes`]): a filtered query over a version-3
-//! generation reads the columns its filter names from the object (through the block cache)
-//! and decodes them; the next query with a filter on the same columns finds them decoded.
+//! Decoded columns of generations that filters read, and which rows of a generation each
+//! filter passes, kept between queries within a byte budget
+//! ([`crate::Settings::column_cache_bytes`]): a filtered query over a version-3 generation
+//! reads the columns its filter names from the object (through the block cache) and decodes
+//! them; the next query with a filter on the same columns finds them decoded, and the next
+//! with the same filter finds which rows pass (a generation never changes, so neither do
+//! they), as Lucene's query cache keeps a filter's matches per segment.
 
 use super::source::key_of;
 use crate::generation::Generation;
 use crate::Result;
 use arrow::array::{Array, ArrayRef};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-/// Decoded columns by (generation, stored column), within a byte budget.
+/// What is kept of a generation `(id, epoch)`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Kept {
+    /// A stored column, decoded.
+    Column(u64, u64, usize),
+    /// Which rows a filter (its text, see [`super::Filter`]) passes.
+    Passes(u64, u64, Arc<str>),
+}
+
+impl Kept {
+    fn generation(&self) -> (u64, u64) {
+        match self {
+            Kept::Column(id, epoch, _) | Kept::Passes(id, epoch, _) => (*id, *epoch),
+        }
+    }
+}
+
+/// A kept value.
+#[derive(Debug, Clone)]
+enum Held {
+    Column(ArrayRef),
+    Passes(Arc<Vec<bool>>),
+}
+
+/// Decoded columns by (generation, stored column) and filters' passing rows by (generation,
+/// filter), within a byte budget.
 pub(crate) struct ColumnCache {
-    cache: moka::sync::Cache<(u64, u64, usize), ArrayRef>,
+    cache: moka::sync::Cache<Kept, Held>,
+    /// The generations [`ColumnCache::retain`] last kept entries for.
+    generations: Mutex<Vec<(u64, u64)>>,
 }
 
 impl std::fmt::Debug for ColumnCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ColumnCache({} columns)", self.cache.entry_count())
+        write!(f, "ColumnCache({} entries)", self.cache.entry_count())
     }
 }
 
@@ -27,16 +57,37 @@ impl Default for ColumnCache {
 }
 
 impl ColumnCache {
-    /// A cache of at most `budget` bytes of decoded columns.
+    /// A cache of at most `budget` bytes of decoded columns and passing rows.
     pub(crate) fn new(budget: u64) -> Self {
         ColumnCache {
             cache: moka::sync::Cache::builder()
                 .max_capacity(budget)
-                .weigher(|_, a: &ArrayRef| {
-                    u32::try_from(a.get_array_memory_size()).unwrap_or(u32::MAX)
+                .weigher(|_, h: &Held| {
+                    let bytes = match h {
+                        Held::Column(a) => a.get_array_memory_size(),
+                        Held::Passes(p) => p.capacity(),
+                    };
+                    u32::try_from(bytes).unwrap_or(u32::MAX)
                 })
                 .build(),
+            generations: Mutex::default(),
         }
+    }
+
+    /// The rows of generation `g` that the filter `key` passes, when kept.
+    pub(crate) fn passes(&self, g: &Generation, key: &Arc<str>) -> Option<Arc<Vec<bool>>> {
+        let (id, epoch) = key_of(g);
+        match self.cache.get(&Kept::Passes(id, epoch, key.clone())) {
+            Some(Held::Passes(p)) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// Keep `passes`, the rows of generation `g` that the filter `key` passes.
+    pub(crate) fn keep_passes(&self, g: &Generation, key: &Arc<str>, passes: Arc<Vec<bool>>) {
+        let (id, epoch) = key_of(g);
+        self.cache
+            .insert(Kept::Passes(id, epoch, key.clone()), Held::Passes(passes));
     }
 
     /// Columns `cols` of every row of each of `gens`, in order: decoded ones from the cache,
@@ -59,11 +110,18 @@ impl ColumnCache {
     ) -> Result<Vec<Vec<ArrayRef>>> {
         let key = |g: &Generation, c: usize| {
             let (id, epoch) = key_of(g);
-            (id, epoch, c)
+            Kept::Column(id, epoch, c)
         };
         let cached: Vec<Option<Vec<ArrayRef>>> = gens
             .iter()
-            .map(|g| cols.iter().map(|c| self.cache.get(&key(g, *c))).collect())
+            .map(|g| {
+                cols.iter()
+                    .map(|c| match self.cache.get(&key(g, *c)) {
+                        Some(Held::Column(a)) => Some(a),
+                        _ => None,
+                    })
+                    .collect()
+            })
             .collect();
         let missing: Vec<&Arc<Generation>> = gens
             .iter()
@@ -85,7 +143,7 @@ impl ColumnCache {
                     // Only what reading by range costs is kept: a generation held whole has them.
                     if g.reads_by_range() {
                         for (c, a) in cols.iter().zip(&columns) {
-                            self.cache.insert(key(g, *c), a.clone());
+                            self.cache.insert(key(g, *c), Held::Column(a.clone()));
                         }
                     }
                     out.push(columns);
@@ -95,20 +153,30 @@ impl ColumnCache {
         Ok(out)
     }
 
-    /// Drop the columns of generations `keep` says no to.
-    pub(crate) fn retain(&self, keep: impl Fn(u64, u64) -> bool) {
-        let gone: Vec<(u64, u64, usize)> = self
+    /// Drop what is kept of generations other than `keep`, once each time they change (a
+    /// walk over every entry, which a query would otherwise pay).
+    pub(crate) fn retain(&self, keep: &std::collections::HashSet<(u64, u64)>) {
+        let mut gens: Vec<(u64, u64)> = keep.iter().copied().collect();
+        gens.sort_unstable();
+        {
+            let mut last = self.generations.lock().unwrap_or_else(|e| e.into_inner());
+            if *last == gens {
+                return;
+            }
+            *last = gens;
+        }
+        let gone: Vec<Kept> = self
             .cache
             .iter()
-            .map(|(k, _)| *k)
-            .filter(|(id, epoch, _)| !keep(*id, *epoch))
+            .map(|(k, _)| (*k).clone())
+            .filter(|k| !keep.contains(&k.generation()))
             .collect();
         for k in gone {
             self.cache.invalidate(&k);
         }
     }
 
-    /// Bytes of decoded columns held.
+    /// Bytes of decoded columns and passing rows held.
     pub(crate) fn bytes(&self) -> u64 {
         self.cache.run_pending_tasks();
         self.cache.weighted_size()

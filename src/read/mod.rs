@@ -17,7 +17,7 @@ mod terms_ahead;
 
 pub(crate) use columns::ColumnCache;
 pub(crate) use dead_rows::{past_view, DeadRowCache};
-pub(crate) use filter::compile_filter;
+pub(crate) use filter::{compile_filter, Filter};
 pub(crate) use live_rows::{LiveRowCache, LiveRows};
 pub(crate) use source::Source;
 pub(crate) use terms::{Looked, TermTable};
@@ -34,42 +34,67 @@ use source::SourceKey;
 use std::sync::Arc;
 
 /// Per source, the rows that pass `filter` (`None` without one), evaluated concurrently on
-/// the query pool.
+/// the query pool. A generation's are kept in `columns` under the filter's text (when it has
+/// one, see [`Filter::key`]), and found there by the next query with the same filter.
 pub(crate) fn filter_rows(
     pool: &QueryPool,
     columns: &ColumnCache,
     sources: &[Source],
-    filter: Option<&Arc<dyn PhysicalExpr>>,
+    filter: Option<&Filter>,
     user: &SchemaRef,
-) -> Result<Vec<Option<Vec<bool>>>> {
-    let Some(f) = filter else {
+) -> Result<Vec<Option<Arc<Vec<bool>>>>> {
+    let Some(filter) = filter else {
         return Ok(vec![None; sources.len()]);
     };
-    // The columns it names, of every generation at once (decoded ones kept from an earlier
-    // query, the others by range, concurrently): one round of reads whatever the number of
-    // generations.
+    let f = &filter.expr;
+    let kept: Vec<Option<Arc<Vec<bool>>>> = sources
+        .iter()
+        .map(|s| match (s, &filter.key) {
+            (Source::Generation(g), Some(key)) => columns.passes(g, key),
+            _ => None,
+        })
+        .collect();
+    // The columns it names, of every generation it was not kept for at once (decoded ones
+    // kept from an earlier query, the others by range, concurrently): one round of reads
+    // whatever the number of generations.
     let used = source::filter_columns(f, user);
     let gens: Vec<&Arc<crate::generation::Generation>> = sources
         .iter()
-        .filter_map(|s| match s {
-            Source::Generation(g) => Some(g),
-            Source::Memtable(_) => None,
+        .zip(&kept)
+        .filter_map(|(s, k)| match s {
+            Source::Generation(g) if k.is_none() => Some(g),
+            _ => None,
         })
         .collect();
-    let mut read = columns.read(&gens, &used)?.into_iter();
+    let mut read = match gens.is_empty() {
+        true => Vec::new(),
+        false => columns.read(&gens, &used)?,
+    }
+    .into_iter();
     let read: Vec<Option<Vec<arrow::array::ArrayRef>>> = sources
         .iter()
-        .map(|s| match s {
-            Source::Generation(_) => read.next(),
-            Source::Memtable(_) => None,
+        .zip(&kept)
+        .map(|(s, k)| match s {
+            Source::Generation(_) if k.is_none() => read.next(),
+            _ => None,
         })
         .collect();
     pool.install(|| {
         use rayon::prelude::*;
         sources
             .par_iter()
+            .zip(kept)
             .zip(read)
-            .map(|(s, r)| s.filter_rows(f, user, r).map(Some))
+            .map(|((s, k), r)| {
+                if let Some(passes) = k {
+                    return Ok(Some(passes));
+                }
+                let passes = Arc::new(s.filter_rows(f, user, r)?);
+                if let (Source::Generation(g), Some(key)) = (s, &filter.key) {
+                    columns.keep_passes(g, key, passes.clone());
+                }
+                Ok(Some(passes))
+            })
             .collect()
     })
 }
@@ -97,10 +122,15 @@ impl ReadCaches {
         self.dead
             .retain(|k| current.contains(k) || kept.contains(k));
         self.terms.retain(&current, &kept);
-        self.columns.retain(|id, epoch| {
-            let k = SourceKey::Generation(id, epoch);
-            current.contains(&k) || kept.contains(&k)
-        });
+        let gens = current
+            .iter()
+            .chain(kept.iter())
+            .filter_map(|k| match k {
+                SourceKey::Generation(id, epoch) => Some((*id, *epoch)),
+                SourceKey::Memtable(_) => None,
+            })
+            .collect();
+        self.columns.retain(&gens);
     }
 
     /// Compute ahead what the first query over generation list `gens` (oldest first, as a
