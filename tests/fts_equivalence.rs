@@ -104,10 +104,14 @@ pub fn results(batches: &[RecordBatch]) -> Vec<(String, f32)> {
 async fn run(ops: Vec<Op>, ks: Vec<usize>) {
     let s = schema();
     // Background compaction merges runs of two generations while operations and queries go on.
+    // Generations' segments are scored in pieces of two documents and more, on three threads
+    // (the other tests score theirs whole).
     let settings = Settings {
         memtable_max_rows: 1_000_000,
         compaction_fanout: 2,
         compaction_grace_ms: 0,
+        query_threads: 3,
+        query_piece_docs: 2,
         ..Settings::default()
     };
     let index = Index::create(memory(), s.clone(), settings).await.unwrap();

@@ -23,9 +23,10 @@ use datafusion::physical_plan::ExecutionPlan;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::sync::Arc;
+use std::ops::Range;
 use std::time::Duration;
 use tantivy::query::{Bm25StatisticsProvider, EnableScoring, Query, QueryParser, Weight};
-use tantivy::Term;
+use tantivy::{DocId, DocSet, Term};
 
 /// BM25 statistics of the snapshot's live rows, for the query's terms.
 #[derive(Debug, Default)]
@@ -572,7 +573,7 @@ fn ranked_plan(
             window
         );
         let k = window.min(candidates);
-        let work = arm_work(source, ti, &scoring, eligible, k, src, &ranked);
+        let work = arm_work(source, ti, &scoring, eligible, k, src, &ranked, pool.piece_docs());
         arms.push(ArmSpec { description, work });
     }
     let leaf = Arc::new(ArmExec::new(
@@ -783,26 +784,23 @@ struct TopRows<'a> {
 impl TopRows<'_> {
     /// Offer `row` with `score`.
     fn push(&mut self, score: f32, row: usize) {
+        if self.heap.len() == self.k && score < self.heap.peek().expect("k > 0").score {
+            return;
+        }
+        let key = self.source.key_at(row);
+        self.insert(Ranked { score, key, row });
+    }
+
+    /// Offer `candidate`.
+    fn insert(&mut self, candidate: Ranked) {
         if self.heap.len() == self.k {
             let worst = self.heap.peek().expect("k > 0");
-            if score < worst.score {
-                return;
-            }
-            let candidate = Ranked {
-                score,
-                key: self.source.key_at(row),
-                row,
-            };
             if candidate < *worst {
                 self.heap.pop();
                 self.heap.push(candidate);
             }
         } else {
-            self.heap.push(Ranked {
-                score,
-                key: self.source.key_at(row),
-                row,
-            });
+            self.heap.push(candidate);
         }
         if self.heap.len() == self.k {
             self.floor = self.heap.peek().expect("k > 0").score;
@@ -828,6 +826,7 @@ fn arm_work(
     k: usize,
     src: usize,
     ranked: &SchemaRef,
+    piece_docs: u32,
 ) -> ArmWork {
     let ranked = ranked.clone();
     match &scoring.0 {
@@ -847,6 +846,7 @@ fn arm_work(
                     k,
                     src,
                     &ranked,
+                    piece_docs,
                 )
             })
         }
@@ -867,19 +867,55 @@ fn search_arm(
     k: usize,
     src: usize,
     ranked_schema: &SchemaRef,
+    piece_docs: u32,
 ) -> Result<ArmRows> {
-    let mut top = TopRows {
+    let new_top = || TopRows {
         heap: BinaryHeap::with_capacity(super::heap_capacity(k)),
         k,
         source,
         floor: f32::MIN,
     };
-    let mut offer = |row: usize, score: f32| {
-        if score >= top.floor && eligible.admits(row) {
-            top.push(score, row);
-        }
+    let threads = rayon::current_num_threads();
+    let pieces = match source {
+        Source::Generation(_) if threads > 1 && piece_docs > 0 => pieces(ti, piece_docs, threads),
+        _ => Vec::new(),
     };
-    each_match(ti, scoring, &mut offer)?;
+    let top = if pieces.len() > 1 {
+        // Each piece on a thread of the pool (the one this arm runs on first), into a top of
+        // its own; the tops merged.
+        use rayon::prelude::*;
+        let tops = pieces
+            .into_par_iter()
+            .map(|(ord, docs)| {
+                scoring.stop.check()?;
+                let mut top = new_top();
+                let mut offer = |row: usize, score: f32| {
+                    if score >= top.floor && eligible.admits(row) {
+                        top.push(score, row);
+                    }
+                };
+                each_match_in(ti, scoring.weight, ord, docs, &mut offer)?;
+                Ok(top)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut tops = tops.into_iter();
+        let mut top = tops.next().unwrap_or_else(new_top);
+        for other in tops {
+            for r in other.heap.into_vec() {
+                top.insert(r);
+            }
+        }
+        top
+    } else {
+        let mut top = new_top();
+        let mut offer = |row: usize, score: f32| {
+            if score >= top.floor && eligible.admits(row) {
+                top.push(score, row);
+            }
+        };
+        each_match(ti, scoring, &mut offer)?;
+        top
+    };
     let rows: Vec<Ranked> = top.heap.into_sorted_vec();
     let ords: Vec<usize> = rows.iter().map(|r| r.row).collect();
     let scores: ArrayRef = Arc::new(Float32Array::from_iter_values(rows.iter().map(|r| r.score)));
@@ -890,6 +926,60 @@ fn search_arm(
         scores,
         ranked_schema,
     )?))
+}
+
+/// The pieces [`search_arm`] scores `ti`'s segments in, on the query pool's threads:
+/// `(segment, documents)`, each segment cut into `max_doc / piece_docs` pieces of about equal
+/// size (at least one, at most `threads`), as Lucene slices a segment for intra-query
+/// concurrency ([`crate::Settings::query_piece_docs`]).
+fn pieces(ti: &TextIndex, piece_docs: u32, threads: usize) -> Vec<(usize, Range<DocId>)> {
+    let mut out = Vec::new();
+    for (ord, seg) in ti.segment_readers().enumerate() {
+        let max = u64::from(seg.max_doc());
+        let n = (max / u64::from(piece_docs.max(1))).clamp(1, threads.max(1) as u64);
+        for i in 0..n {
+            let start = u32::try_from(max * i / n).unwrap_or(u32::MAX);
+            let end = u32::try_from(max * (i + 1) / n).unwrap_or(u32::MAX);
+            out.push((ord, start..end));
+        }
+    }
+    out
+}
+
+/// Call `offer` with every row among documents `docs` of segment `ord` of `ti` (a generation's
+/// index, no rows past a commit) that `weight` matches, and its score.
+fn each_match_in<F: FnMut(usize, f32)>(
+    ti: &TextIndex,
+    weight: &dyn Weight,
+    ord: usize,
+    docs: Range<DocId>,
+    offer: &mut F,
+) -> Result<()> {
+    let seg = ti
+        .segment_readers()
+        .nth(ord)
+        .ok_or_else(|| Error::internal(format!("no segment {ord}")))?;
+    let rows = ti.doc_rows(ord)?;
+    if docs.start == 0 && docs.end >= seg.max_doc() {
+        weight.for_each(seg, &mut |doc, score| {
+            if let Some(row) = rows.get(doc) {
+                offer(row, score);
+            }
+        })?;
+        return Ok(());
+    }
+    let mut scorer = weight.scorer(seg, 1.0)?;
+    let mut doc = scorer.doc();
+    if doc < docs.start {
+        doc = scorer.seek(docs.start);
+    }
+    while doc < docs.end {
+        if let Some(row) = rows.get(doc) {
+            offer(row, scorer.score());
+        }
+        doc = scorer.advance();
+    }
+    Ok(())
 }
 
 /// Call `offer` with every row of `ti` that `scoring` matches and its score: each segment of
@@ -1141,5 +1231,62 @@ mod tests {
             got.insert(row, score);
         });
         assert_eq!(got, want);
+    }
+
+    /// A generation's segment scored in pieces of consecutive documents matches what one pass
+    /// over it matches, with the same scores, however it is cut.
+    #[test]
+    fn a_segment_scored_in_pieces_matches_as_one_pass() {
+        let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t", "u"]}"#).unwrap();
+        let ts = TextSchema::new(&s).unwrap();
+        let words = ["red", "fox", "hen", "brown", "the", "quick", "farm", "blue"];
+        let n = 700;
+        // Each row a few words picked by a small generator: every word in many rows, and
+        // rows matching none.
+        let mut x: u64 = 7;
+        let mut next = || {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (x >> 33) as usize
+        };
+        let mut text = |len: usize| -> String {
+            (0..len)
+                .map(|_| words[next() % words.len()])
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let t: Vec<String> = (0..n).map(|i| text(i % 5)).collect();
+        let u: Vec<String> = (0..n).map(|i| text(i % 3)).collect();
+        let keys: ArrayRef = Arc::new(StringArray::from_iter_values(
+            (0..n).map(|i| format!("k{i}")),
+        ));
+        let t: ArrayRef = Arc::new(StringArray::from_iter_values(t));
+        let u: ArrayRef = Arc::new(StringArray::from_iter_values(u));
+        let user = RecordBatch::try_new(s.arrow_schema(), vec![keys, t, u]).unwrap();
+        let (index, _) = TextIndex::build(&ts, &s.to_stored(&user, 1).unwrap()).unwrap();
+        let max = index.segment_readers().map(|seg| seg.max_doc()).sum::<u32>();
+        assert_eq!(max as usize, n);
+        for q in ["red", "red fox hen", "+fox +hen", "\"red fox\"", "fox -brown", "t:the u:blue"] {
+            let (weight, want, _) = both_ways(&ts, &index, q, Conjunction::Or);
+            assert!(!want.is_empty(), "{q}: matches nothing");
+            for (piece_docs, threads) in [(7, 2), (64, 3), (100, 8), (1000, 4), (1, 700)] {
+                let cut = pieces(&index, piece_docs, threads);
+                // The pieces cover each segment's documents once, in order.
+                let mut at = HashMap::new();
+                for (ord, docs) in &cut {
+                    let from = at.insert(*ord, docs.end).unwrap_or(0);
+                    assert_eq!(docs.start, from, "{q}: pieces {cut:?}");
+                }
+                let want_pieces = (max / piece_docs).clamp(1, threads as u32) as usize;
+                assert_eq!(cut.len(), want_pieces, "{piece_docs} docs, {threads} threads");
+                let mut got = HashMap::new();
+                for (ord, docs) in cut {
+                    each_match_in(&index, weight.as_ref(), ord, docs, &mut |row, score| {
+                        assert!(got.insert(row, score).is_none(), "{q}: row {row} twice");
+                    })
+                    .unwrap();
+                }
+                assert_eq!(got, want, "{q}: pieces of {piece_docs} for {threads} threads");
+            }
+        }
     }
 }

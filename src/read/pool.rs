@@ -10,6 +10,8 @@ use std::sync::Arc;
 /// A handle's query threads.
 pub(crate) struct QueryPool {
     pool: rayon::ThreadPool,
+    /// [`crate::Settings::query_piece_docs`].
+    piece_docs: u32,
 }
 
 impl std::fmt::Debug for QueryPool {
@@ -52,8 +54,9 @@ impl Stop {
 }
 
 impl QueryPool {
-    /// A pool of `threads` threads (0: one per core).
-    pub(crate) fn new(threads: usize) -> Result<Arc<QueryPool>> {
+    /// A pool of `threads` threads (0: one per core), whose full-text arms score segments in
+    /// pieces of `piece_docs` documents at least (0: whole).
+    pub(crate) fn new(threads: usize, piece_docs: usize) -> Result<Arc<QueryPool>> {
         let threads = if threads == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
         } else {
@@ -64,7 +67,15 @@ impl QueryPool {
             .thread_name(|i| format!("lsmsearch-query-{i}"))
             .build()
             .map_err(|e| Error::internal(format!("cannot start the query threads: {e}")))?;
-        Ok(Arc::new(QueryPool { pool }))
+        Ok(Arc::new(QueryPool {
+            pool,
+            piece_docs: u32::try_from(piece_docs).unwrap_or(u32::MAX),
+        }))
+    }
+
+    /// Documents of a text segment one thread scores at least (0: a segment is one piece).
+    pub(crate) fn piece_docs(&self) -> u32 {
+        self.piece_docs
     }
 
     /// Run `f` on the pool (its parallel iterators use the pool's threads), waiting for it.
@@ -105,7 +116,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_dropped_arm_never_runs_and_a_panic_is_an_error() {
-        let pool = QueryPool::new(1).unwrap();
+        let pool = QueryPool::new(1, 0).unwrap();
         // Hold the only thread so the next job waits in the queue.
         let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
         let busy = pool.run(move |_| {
@@ -132,7 +143,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_running_arm_sees_its_stream_dropped() {
-        let pool = QueryPool::new(1).unwrap();
+        let pool = QueryPool::new(1, 0).unwrap();
         let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
         let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
         let (seen_tx, seen_rx) = std::sync::mpsc::channel::<(bool, bool)>();
