@@ -932,6 +932,33 @@ async fn a_generation_opened_again_reads_its_postings_ahead_in_one_round() {
     assert!(again.round_trips <= 3, "{again:?}");
 }
 
+/// A generation opened again leaves nothing of its earlier opening in what the handle keeps
+/// of its searches' terms: the entries of terms no search asks for again would hold the
+/// earlier opening's files (its held pieces and its reader) until the generations change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generation_opened_again_keeps_nothing_of_its_earlier_opening() {
+    let inner = one_generation(20_000).await;
+    // No generation stays open between queries.
+    let settings = Settings {
+        hot_cache_bytes: 1,
+        ..Settings::default()
+    };
+    let ro = Index::open_read_only(Location::from_store(inner, "idx"), settings)
+        .await
+        .unwrap();
+    let opts = SearchOptions::with_k(1);
+    ro.search_fts("drag mach wing", &opts).await.unwrap();
+    let three = ro.cache_stats().await.term_entries;
+    ro.search_fts("drag", &opts).await.unwrap();
+    let one = ro.cache_stats().await.term_entries;
+    // The second search's opening replaced the entries of its term; those of the other two
+    // terms named the first opening, and went.
+    assert!(one < three, "{three} rows and entries, then {one}");
+    // Asked again, the terms find their entries made again, as many as the first time.
+    ro.search_fts("drag mach wing", &opts).await.unwrap();
+    assert_eq!(ro.cache_stats().await.term_entries, three);
+}
+
 /// A refresh reads the WAL objects written since the last one, and nothing else: with nothing
 /// new it reads no WAL object, and one new object costs one GET whatever the WAL's length.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

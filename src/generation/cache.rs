@@ -63,6 +63,10 @@ pub struct CacheStats {
     pub dead_row_terms_rows: u64,
     /// Bytes of the terms of those rows.
     pub dead_row_terms_bytes: u64,
+    /// Rows and entries of the table of what full-text searches looked up of their terms in
+    /// generations: a row per term, an entry per term and generation (about 150 bytes each
+    /// with its ranges; the table starts over at 65,536).
+    pub term_entries: u64,
     /// What the opened generations hold, by kind.
     pub resident: Resident,
 }
@@ -413,6 +417,7 @@ impl GenerationCache {
             postings_bytes: self.inner.cold.postings.bytes(),
             dead_row_terms_rows: 0,
             dead_row_terms_bytes: 0,
+            term_entries: 0,
             resident,
         }
     }

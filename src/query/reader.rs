@@ -304,6 +304,7 @@ impl Reader {
             column_bytes: self.caches.columns.bytes(),
             dead_row_terms_rows,
             dead_row_terms_bytes,
+            term_entries: self.caches.terms.entries(),
             ..self.generations.stats().await
         }
     }

@@ -203,6 +203,11 @@ impl TermTable {
             .collect()
     }
 
+    /// Rows and entries held.
+    pub(crate) fn entries(&self) -> u64 {
+        self.entries.load(Ordering::Relaxed) as u64
+    }
+
     /// Drop the entries of generations neither `current` nor `kept` holds (their ranges name
     /// the generation's files), once each time the generations change.
     pub(crate) fn retain(&self, current: &HashSet<SourceKey>, kept: &HashSet<SourceKey>) {
