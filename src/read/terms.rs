@@ -29,6 +29,10 @@ pub(crate) struct TermTable {
     entries: AtomicUsize,
     /// The generations [`TermTable::retain`] last kept entries for.
     generations: Mutex<Vec<SourceKey>>,
+    /// The latest opening of each generation searches met ([`TextIndex::opening`]).
+    latest: Mutex<HashMap<SourceKey, u64>>,
+    /// The generations of the last search with the openings it read, checked first.
+    last: Mutex<Vec<(SourceKey, u64)>>,
 }
 
 /// One term's entries, in the order searches first met their generations (a snapshot's
@@ -115,6 +119,7 @@ impl TermTable {
         terms: &[(Term, bool)],
     ) -> Result<Vec<Vec<Looked>>> {
         use rayon::prelude::*;
+        self.note_openings(sources, indexes);
         let rows = self.rows(terms.iter().map(|(t, _)| t));
         terms
             .par_iter()
@@ -184,6 +189,49 @@ impl TermTable {
             .collect()
     }
 
+    /// Note the openings `indexes` of generations `sources` hold; when one is newer than any
+    /// met before (the generation was pushed out of the handle's cache and opened again),
+    /// drop the entries of its earlier openings, whose ranges name files no search reads any
+    /// more (and would keep them alive until the generations change).
+    fn note_openings(&self, sources: &[Source], indexes: &[TextIndex]) {
+        let now: Vec<(SourceKey, u64)> = sources
+            .iter()
+            .zip(indexes)
+            .filter(|(s, _)| matches!(s, Source::Generation(_)))
+            .map(|(s, ti)| (SourceKey::of(s), ti.opening()))
+            .collect();
+        {
+            let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+            if *last == now {
+                return;
+            }
+            last.clone_from(&now);
+        }
+        let mut newer: HashMap<SourceKey, u64> = HashMap::new();
+        {
+            let mut latest = self.latest.lock().unwrap_or_else(|e| e.into_inner());
+            for (key, opening) in now {
+                let at = latest.entry(key).or_insert(opening);
+                if opening > *at {
+                    *at = opening;
+                    newer.insert(key, opening);
+                }
+            }
+        }
+        if newer.is_empty() {
+            return;
+        }
+        let rows = self.rows.lock().unwrap_or_else(|e| e.into_inner());
+        for row in rows.values() {
+            let mut row = row.lock().unwrap_or_else(|e| e.into_inner());
+            let before = row.0.len();
+            row.0
+                .retain(|e| newer.get(&e.key).is_none_or(|o| e.opening >= *o));
+            self.entries
+                .fetch_sub(before - row.0.len(), Ordering::Relaxed);
+        }
+    }
+
     /// The rows of `terms`, made where missing; the table starts over first when it holds
     /// [`MAX_ENTRIES`] entries.
     fn rows<'a>(&self, terms: impl Iterator<Item = &'a Term>) -> Vec<Arc<Mutex<Row>>> {
@@ -227,6 +275,10 @@ impl TermTable {
             }
             *last = gens;
         }
+        self.latest
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|k, _| keep(k));
         let rows = self.rows.lock().unwrap_or_else(|e| e.into_inner());
         for row in rows.values() {
             let mut row = row.lock().unwrap_or_else(|e| e.into_inner());
