@@ -86,7 +86,11 @@ mod tests {
             Field::new("year", DataType::Int64, true),
             Field::new("lang", DataType::Utf8, true),
         ]));
-        for f in ["year > 3", "lang = 'en' AND abs(year) < 5", "upper(lang) = 'EN'"] {
+        for f in [
+            "year > 3",
+            "lang = 'en' AND abs(year) < 5",
+            "upper(lang) = 'EN'",
+        ] {
             let c = compile_filter(&user, f).unwrap();
             assert_eq!(c.key.as_deref(), Some(f), "{f}");
         }
