@@ -8,7 +8,7 @@ use super::exec::{
 };
 use super::{Conjunction, SearchOptions, SCORE_COLUMN};
 use crate::key::Key;
-use crate::read::pool::Stop;
+use crate::read::pool::{QueryPool, Stop};
 use crate::read::{
     compile_filter, filter_rows, past_view, DeadRowCache, LiveRows, Looked, ReadCaches, Snapshot,
     Source,
@@ -22,8 +22,8 @@ use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMerge
 use datafusion::physical_plan::ExecutionPlan;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
-use std::sync::Arc;
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Duration;
 use tantivy::query::{Bm25StatisticsProvider, EnableScoring, Query, QueryParser, Weight};
 use tantivy::{DocId, DocSet, Term};
@@ -573,7 +573,7 @@ fn ranked_plan(
             window
         );
         let k = window.min(candidates);
-        let work = arm_work(source, ti, &scoring, eligible, k, src, &ranked, pool.piece_docs());
+        let work = arm_work(source, ti, &scoring, eligible, k, src, &ranked, &pool);
         arms.push(ArmSpec { description, work });
     }
     let leaf = Arc::new(ArmExec::new(
@@ -627,7 +627,12 @@ pub(crate) fn count(
             .par_iter()
             .map(|(_, ti, eligible, _)| {
                 let mut n = 0u64;
-                let scoring = Scoring { weight, tail, stop };
+                let scoring = Scoring {
+                    weight,
+                    tail,
+                    stop,
+                    pool: None,
+                };
                 each_match(ti, scoring, &mut |row, score| {
                     if score >= floor && eligible.admits(row) {
                         n += 1;
@@ -814,10 +819,14 @@ struct Scoring<'a> {
     weight: &'a dyn Weight,
     tail: Option<&'a TailQuery>,
     stop: &'a Stop,
+    /// The pool a search arm runs on, when it may score a generation's segment in pieces
+    /// there (see [`pieces`]).
+    pool: Option<&'a QueryPool>,
 }
 
 /// The work of one arm over `source` (number `src` of the snapshot): its best `k` eligible
 /// rows (at most its candidates, which bounds its heap), none when nothing can match.
+#[allow(clippy::too_many_arguments)]
 fn arm_work(
     source: Source,
     ti: TextIndex,
@@ -826,9 +835,10 @@ fn arm_work(
     k: usize,
     src: usize,
     ranked: &SchemaRef,
-    piece_docs: u32,
+    pool: &Arc<QueryPool>,
 ) -> ArmWork {
     let ranked = ranked.clone();
+    let pool = pool.clone();
     match &scoring.0 {
         Some(weight) if k > 0 => {
             let weight = weight.clone();
@@ -841,12 +851,12 @@ fn arm_work(
                         weight: weight.as_ref(),
                         tail: tail_query.as_deref(),
                         stop,
+                        pool: Some(&pool),
                     },
                     &eligible,
                     k,
                     src,
                     &ranked,
-                    piece_docs,
                 )
             })
         }
@@ -867,7 +877,6 @@ fn search_arm(
     k: usize,
     src: usize,
     ranked_schema: &SchemaRef,
-    piece_docs: u32,
 ) -> Result<ArmRows> {
     let new_top = || TopRows {
         heap: BinaryHeap::with_capacity(super::heap_capacity(k)),
@@ -875,9 +884,14 @@ fn search_arm(
         source,
         floor: f32::MIN,
     };
-    let threads = rayon::current_num_threads();
-    let pieces = match source {
-        Source::Generation(_) if threads > 1 && piece_docs > 0 => pieces(ti, piece_docs, threads),
+    // In pieces: a generation's segments, while the pool holds no other query's work (a
+    // thread waiting for a piece runs whatever job is queued).
+    let pieces = match (source, scoring.pool) {
+        (Source::Generation(_), Some(pool))
+            if pool.threads() > 1 && pool.piece_docs() > 0 && !pool.saturated() =>
+        {
+            pieces(ti, pool.piece_docs(), pool.threads())
+        }
         _ => Vec::new(),
     };
     let top = if pieces.len() > 1 {
@@ -991,7 +1005,9 @@ fn each_match<F: FnMut(usize, f32)>(
     scoring: Scoring<'_>,
     offer: &mut F,
 ) -> Result<()> {
-    let Scoring { weight, tail, stop } = scoring;
+    let Scoring {
+        weight, tail, stop, ..
+    } = scoring;
     let tail_readers = match tail {
         Some(tail) => {
             ti.score_tail(tail, &mut *offer);
@@ -1245,7 +1261,9 @@ mod tests {
         // rows matching none.
         let mut x: u64 = 7;
         let mut next = || {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (x >> 33) as usize
         };
         let mut text = |len: usize| -> String {
@@ -1263,9 +1281,19 @@ mod tests {
         let u: ArrayRef = Arc::new(StringArray::from_iter_values(u));
         let user = RecordBatch::try_new(s.arrow_schema(), vec![keys, t, u]).unwrap();
         let (index, _) = TextIndex::build(&ts, &s.to_stored(&user, 1).unwrap()).unwrap();
-        let max = index.segment_readers().map(|seg| seg.max_doc()).sum::<u32>();
+        let max = index
+            .segment_readers()
+            .map(|seg| seg.max_doc())
+            .sum::<u32>();
         assert_eq!(max as usize, n);
-        for q in ["red", "red fox hen", "+fox +hen", "\"red fox\"", "fox -brown", "t:the u:blue"] {
+        for q in [
+            "red",
+            "red fox hen",
+            "+fox +hen",
+            "\"red fox\"",
+            "fox -brown",
+            "t:the u:blue",
+        ] {
             let (weight, want, _) = both_ways(&ts, &index, q, Conjunction::Or);
             assert!(!want.is_empty(), "{q}: matches nothing");
             for (piece_docs, threads) in [(7, 2), (64, 3), (100, 8), (1000, 4), (1, 700)] {
@@ -1277,7 +1305,11 @@ mod tests {
                     assert_eq!(docs.start, from, "{q}: pieces {cut:?}");
                 }
                 let want_pieces = (max / piece_docs).clamp(1, threads as u32) as usize;
-                assert_eq!(cut.len(), want_pieces, "{piece_docs} docs, {threads} threads");
+                assert_eq!(
+                    cut.len(),
+                    want_pieces,
+                    "{piece_docs} docs, {threads} threads"
+                );
                 let mut got = HashMap::new();
                 for (ord, docs) in cut {
                     each_match_in(&index, weight.as_ref(), ord, docs, &mut |row, score| {
@@ -1285,7 +1317,10 @@ mod tests {
                     })
                     .unwrap();
                 }
-                assert_eq!(got, want, "{q}: pieces of {piece_docs} for {threads} threads");
+                assert_eq!(
+                    got, want,
+                    "{q}: pieces of {piece_docs} for {threads} threads"
+                );
             }
         }
     }

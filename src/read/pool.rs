@@ -4,7 +4,7 @@
 //! whatever the number of generations ([`crate::Settings::query_threads`]).
 
 use crate::{Error, Result};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// A handle's query threads.
@@ -12,6 +12,25 @@ pub(crate) struct QueryPool {
     pool: rayon::ThreadPool,
     /// [`crate::Settings::query_piece_docs`].
     piece_docs: u32,
+    /// Jobs handed to the pool ([`QueryPool::run`], [`QueryPool::install`]) and not finished:
+    /// queued or running.
+    jobs: Arc<AtomicUsize>,
+}
+
+/// Counts a job of the pool from when it is handed over until it is finished or skipped.
+struct Job(Arc<AtomicUsize>);
+
+impl Job {
+    fn new(jobs: &Arc<AtomicUsize>) -> Job {
+        jobs.fetch_add(1, Ordering::Relaxed);
+        Job(jobs.clone())
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl std::fmt::Debug for QueryPool {
@@ -70,6 +89,7 @@ impl QueryPool {
         Ok(Arc::new(QueryPool {
             pool,
             piece_docs: u32::try_from(piece_docs).unwrap_or(u32::MAX),
+            jobs: Arc::default(),
         }))
     }
 
@@ -78,8 +98,21 @@ impl QueryPool {
         self.piece_docs
     }
 
+    /// The pool's threads.
+    pub(crate) fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    /// Whether the pool has more jobs queued or running than threads: a job that splits its
+    /// work then waits for its parts while the thread that waits runs other jobs (rayon's
+    /// join), one of which may be another query's arm.
+    pub(crate) fn saturated(&self) -> bool {
+        self.jobs.load(Ordering::Relaxed) > self.threads()
+    }
+
     /// Run `f` on the pool (its parallel iterators use the pool's threads), waiting for it.
     pub(crate) fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        let _job = Job::new(&self.jobs);
         self.pool.install(f)
     }
 
@@ -92,7 +125,9 @@ impl QueryPool {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let cancelled = Arc::new(AtomicBool::new(false));
         let flag = cancelled.clone();
+        let job = Job::new(&self.jobs);
         self.pool.spawn(move || {
+            let _job = job;
             if flag.load(Ordering::Relaxed) {
                 return;
             }
