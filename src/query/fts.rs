@@ -884,10 +884,13 @@ fn search_arm(
         source,
         floor: f32::MIN,
     };
-    // In pieces: a generation's segments, while the pool holds no other query's work (a
-    // thread waiting for a piece runs whatever job is queued).
-    let pieces = match (source, scoring.pool) {
-        (Source::Generation(_), Some(pool))
+    // In pieces: a generation's segments, for a query of terms, phrases and their boolean
+    // combinations (what compiles for tail rows: other queries, such as ranges or regular
+    // expressions, build a scorer by reading the whole segment's matches, which each piece
+    // would do again), while the pool holds no other query's work (a thread waiting for a
+    // piece runs whatever job is queued).
+    let pieces = match (source, scoring.pool, scoring.tail) {
+        (Source::Generation(_), Some(pool), Some(_))
             if pool.threads() > 1 && pool.piece_docs() > 0 && !pool.saturated() =>
         {
             pieces(ti, pool.piece_docs(), pool.threads())
