@@ -12,6 +12,10 @@ use crate::Result;
 use arrow::array::{Array, ArrayRef};
 use std::sync::{Arc, Mutex};
 
+/// Bytes a kept filter result costs besides its rows and text (its key, value and the
+/// cache's bookkeeping).
+const ENTRY_BYTES: usize = 128;
+
 /// What is kept of a generation `(id, epoch)`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Kept {
@@ -62,10 +66,15 @@ impl ColumnCache {
         ColumnCache {
             cache: moka::sync::Cache::builder()
                 .max_capacity(budget)
-                .weigher(|_, h: &Held| {
-                    let bytes = match h {
-                        Held::Column(a) => a.get_array_memory_size(),
-                        Held::Passes(p) => p.capacity(),
+                .weigher(|k: &Kept, h: &Held| {
+                    // A filter's text counts with each generation's entry it keys: a long one
+                    // (a list of thousands of ids) may outweigh the rows it passes.
+                    let bytes = match (k, h) {
+                        (_, Held::Column(a)) => a.get_array_memory_size(),
+                        (Kept::Passes(.., text), Held::Passes(p)) => {
+                            p.capacity() + text.len() + ENTRY_BYTES
+                        }
+                        (Kept::Column(..), Held::Passes(p)) => p.capacity() + ENTRY_BYTES,
                     };
                     u32::try_from(bytes).unwrap_or(u32::MAX)
                 })
