@@ -52,6 +52,14 @@ struct Entry {
     kept_at: [Option<u64>; 2],
 }
 
+/// A generation's entry for a term, as [`Row::entry`] finds it.
+enum Found {
+    /// Kept, at this index of the row.
+    Kept(usize),
+    /// Looked up for an earlier opening than the one kept, and not kept.
+    Once(TermAt),
+}
+
 /// What a search of one term reads of one source.
 #[derive(Default)]
 pub(crate) struct Looked {
@@ -71,8 +79,9 @@ impl Row {
     }
 
     /// The index of the entry of generation `source` (whose text index is `ti`) for `term`,
-    /// looked for at `hint` first; looked up in `ti` and made when missing or found for
-    /// another opening of the generation (`entries` counts the entries made).
+    /// looked for at `hint` first; looked up in `ti` and made when missing or found for an
+    /// earlier opening of the generation (`entries` counts the entries made), or looked up
+    /// and not kept when found for a later one.
     fn entry(
         &mut self,
         source: &Source,
@@ -80,12 +89,16 @@ impl Row {
         term: &Term,
         hint: usize,
         entries: &AtomicUsize,
-    ) -> Result<usize> {
+    ) -> Result<Found> {
         let key = SourceKey::of(source);
         let opening = ti.opening();
         let found = self.find(key, hint);
-        if let Some(i) = found.filter(|i| self.0[*i].opening == opening) {
-            return Ok(i);
+        match found.map(|i| (i, self.0[i].opening)) {
+            Some((i, o)) if o == opening => return Ok(Found::Kept(i)),
+            // A search of an earlier opening (a point in time taken before the generation was
+            // opened again): its answer is not kept, which would hold that opening's files.
+            Some((_, o)) if o > opening => return Ok(Found::Once(ti.term(term)?)),
+            _ => {}
         }
         let e = Entry {
             key,
@@ -93,7 +106,7 @@ impl Row {
             at: ti.term(term)?,
             kept_at: [None; 2],
         };
-        Ok(match found {
+        Ok(Found::Kept(match found {
             Some(i) => {
                 self.0[i] = e;
                 i
@@ -103,7 +116,7 @@ impl Row {
                 self.0.push(e);
                 self.0.len() - 1
             }
-        })
+        }))
     }
 }
 
@@ -139,10 +152,15 @@ impl TermTable {
                             if matches!(source, Source::Memtable(_)) {
                                 return Ok(None);
                             }
-                            let i = row.entry(source, ti, term, hint, &self.entries)?;
-                            hint = i + 1;
-                            let e = &row.0[i];
-                            Ok(Some((i, e.at.clone(), e.kept_at[p])))
+                            match row.entry(source, ti, term, hint, &self.entries)? {
+                                Found::Kept(i) => {
+                                    hint = i + 1;
+                                    let e = &row.0[i];
+                                    Ok(Some((i, e.at.clone(), e.kept_at[p])))
+                                }
+                                // No entry to write back to.
+                                Found::Once(at) => Ok(Some((usize::MAX, at, None))),
+                            }
                         })
                         .collect::<Result<Vec<_>>>()?
                 };
