@@ -94,10 +94,13 @@ pub struct Settings {
     /// one its whole object). Queries open the generations that are not held (concurrently)
     /// and evict the least used beyond the budget. Default 4 GiB.
     pub hot_cache_bytes: u64,
-    /// Budget, in bytes, of the decoded columns a handle keeps for filters: a filter on a
-    /// version-3 generation reads the columns it names by range and decodes them, and the
-    /// next filter on them finds them decoded. Part of [`Settings::cache_bytes`] (at most a
-    /// quarter of it). Default 64 MiB.
+    /// Budget, in bytes, of the decoded columns a handle keeps for filters, and of the rows
+    /// of each generation that each filter passes: a filter on a version-3 generation reads
+    /// the columns it names by range and decodes them, the next filter on them finds them
+    /// decoded, and the next with the same text (calling no volatile or stable function,
+    /// such as `random()` or `now()`) finds which rows pass (one byte per row, with the
+    /// filter's text). Part of [`Settings::cache_bytes`] (at most a quarter of it). Default
+    /// 64 MiB.
     pub column_cache_bytes: u64,
     /// Budget, in bytes, of a handle's cache of the postings and positions full-text
     /// searches read from generations' cold parts (version 4), one entry per term and

@@ -52,8 +52,8 @@ pub struct CacheStats {
     pub blocks_fetched: u64,
     /// Bytes of blocks fetched from the object store.
     pub block_bytes_fetched: u64,
-    /// Bytes of decoded columns kept for filters and payload (see
-    /// [`crate::Settings::column_cache_bytes`]).
+    /// Bytes of decoded columns kept for filters and payload, and of filters' passing rows
+    /// (see [`crate::Settings::column_cache_bytes`]).
     pub column_bytes: u64,
     /// Bytes of postings and positions kept for full-text searches (see
     /// [`crate::Settings::postings_cache_bytes`]).

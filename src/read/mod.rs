@@ -104,7 +104,7 @@ pub(crate) fn filter_rows(
 pub(crate) struct ReadCaches {
     pub(crate) live: LiveRowCache,
     pub(crate) dead: DeadRowCache,
-    /// Decoded columns filters read.
+    /// Decoded columns filters read, and the rows of generations filters pass.
     pub(crate) columns: ColumnCache,
     /// What searches looked up of their terms in generations.
     pub(crate) terms: TermTable,
