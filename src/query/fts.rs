@@ -360,12 +360,13 @@ fn log_slow_plan(total: Duration, t_live: Duration, t_stats: Duration) {
 }
 
 /// The weight and tail query every arm shares (see [`scoring`]).
-type SharedScoring = (Option<Arc<dyn Weight>>, Option<Arc<TailQuery>>);
+type SharedScoring = (Option<Arc<dyn Weight>>, Option<Arc<TailQuery>>, bool);
 
 /// What every arm scores with: one weight (BM25 over the global statistics does not depend on
-/// the arm; `None` without sources) and, when a memtable's index holds rows past its last
-/// commit and the query allows it, the same query compiled for them (scored from their
-/// postings in memory; otherwise from a tantivy segment of them).
+/// the arm; `None` without sources); when a memtable's index holds rows past its last commit
+/// and the query allows it, the same query compiled for them (scored from their postings in
+/// memory; otherwise from a tantivy segment of them); and whether a segment may be scored in
+/// pieces ([`seeks`]).
 fn scoring(
     query: &dyn Query,
     ts: &TextSchema,
@@ -383,7 +384,24 @@ fn scoring(
     } else {
         None
     };
-    Ok((weight, tail_query))
+    Ok((weight, tail_query, seeks(query)))
+}
+
+/// Whether `query` is made of terms, phrases and their boolean combinations only, whose
+/// scorers seek: a segment can be scored in pieces (see [`pieces`]). Other queries (ranges,
+/// regular expressions, term sets, phrase prefixes) build their scorer by reading the whole
+/// segment's matches, which each piece would do again.
+fn seeks(query: &dyn Query) -> bool {
+    use tantivy::query::{BooleanQuery, EmptyQuery, PhraseQuery, TermQuery};
+    if query.downcast_ref::<TermQuery>().is_some()
+        || query.downcast_ref::<PhraseQuery>().is_some()
+        || query.downcast_ref::<EmptyQuery>().is_some()
+    {
+        return true;
+    }
+    query
+        .downcast_ref::<BooleanQuery>()
+        .is_some_and(|q| q.clauses().iter().all(|(_, sub)| seeks(sub.as_ref())))
 }
 
 /// Build the physical plan of a full-text search over a snapshot.
@@ -820,7 +838,7 @@ struct Scoring<'a> {
     tail: Option<&'a TailQuery>,
     stop: &'a Stop,
     /// The pool a search arm runs on, when it may score a generation's segment in pieces
-    /// there (see [`pieces`]).
+    /// there (the query's scorers seek: see [`seeks`] and [`pieces`]).
     pool: Option<&'a QueryPool>,
 }
 
@@ -843,6 +861,7 @@ fn arm_work(
         Some(weight) if k > 0 => {
             let weight = weight.clone();
             let tail_query = scoring.1.clone();
+            let seeks = scoring.2;
             Arc::new(move |stop| {
                 search_arm(
                     &source,
@@ -851,7 +870,7 @@ fn arm_work(
                         weight: weight.as_ref(),
                         tail: tail_query.as_deref(),
                         stop,
-                        pool: Some(&pool),
+                        pool: seeks.then_some(&pool),
                     },
                     &eligible,
                     k,
@@ -884,13 +903,11 @@ fn search_arm(
         source,
         floor: f32::MIN,
     };
-    // In pieces: a generation's segments, for a query of terms, phrases and their boolean
-    // combinations (what compiles for tail rows: other queries, such as ranges or regular
-    // expressions, build a scorer by reading the whole segment's matches, which each piece
-    // would do again), while the pool holds no other query's work (a thread waiting for a
-    // piece runs whatever job is queued).
-    let pieces = match (source, scoring.pool, scoring.tail) {
-        (Source::Generation(_), Some(pool), Some(_))
+    // In pieces: a generation's segments, for a query whose scorers seek (the pool is given
+    // only then), while the pool holds no other query's work (a thread waiting for a piece
+    // runs whatever job is queued).
+    let pieces = match (source, scoring.pool) {
+        (Source::Generation(_), Some(pool))
             if pool.threads() > 1 && pool.piece_docs() > 0 && !pool.saturated() =>
         {
             pieces(ti, pool.piece_docs(), pool.threads())
@@ -1325,6 +1342,28 @@ mod tests {
                     "{q}: pieces of {piece_docs} for {threads} threads"
                 );
             }
+        }
+    }
+
+    /// Terms, phrases and their boolean combinations are cut into pieces, whether or not a
+    /// memtable holds rows past its commit; queries whose scorers read the whole segment are
+    /// not.
+    #[test]
+    fn only_queries_whose_scorers_seek_are_cut() {
+        let s = IndexSchema::from_json(r#"{"primary_key": "id", "text": ["t", "u"]}"#).unwrap();
+        let ts = TextSchema::new(&s).unwrap();
+        let q = |text: &str| parse_query(&ts, text, Conjunction::Or).unwrap();
+        for text in [
+            "red",
+            "red fox hen",
+            "+fox -hen",
+            "\"red fox\"",
+            "t:red (u:fox OR hen)",
+        ] {
+            assert!(seeks(q(text).as_ref()), "{text}");
+        }
+        for text in ["t:[a TO m]", "\"red fo\"*", "red (t:[a TO c] fox)"] {
+            assert!(!seeks(q(text).as_ref()), "{text}");
         }
     }
 }
