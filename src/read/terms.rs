@@ -31,8 +31,16 @@ pub(crate) struct TermTable {
     generations: Mutex<Vec<SourceKey>>,
     /// The latest opening of each generation searches met ([`TextIndex::opening`]).
     latest: Mutex<HashMap<SourceKey, u64>>,
-    /// The generations of the last search with the openings it read, checked first.
-    last: Mutex<Vec<(SourceKey, u64)>>,
+    /// The openings the last search read, checked first.
+    last: Mutex<LastOpenings>,
+}
+
+/// The generations of a search with the openings it read, and those of them read at an
+/// earlier opening than the latest met.
+#[derive(Debug, Default)]
+struct LastOpenings {
+    read: Vec<(SourceKey, u64)>,
+    older: Vec<SourceKey>,
 }
 
 /// One term's entries, in the order searches first met their generations (a snapshot's
@@ -132,7 +140,7 @@ impl TermTable {
         terms: &[(Term, bool)],
     ) -> Result<Vec<Vec<Looked>>> {
         use rayon::prelude::*;
-        self.note_openings(sources, indexes);
+        let older = self.note_openings(sources, indexes);
         let rows = self.rows(terms.iter().map(|(t, _)| t));
         terms
             .par_iter()
@@ -151,6 +159,11 @@ impl TermTable {
                         .map(|(source, ti)| {
                             if matches!(source, Source::Memtable(_)) {
                                 return Ok(None);
+                            }
+                            let key = SourceKey::of(source);
+                            if older.contains(&key) {
+                                // Not kept: it would hold an earlier opening's files.
+                                return Ok(Some((usize::MAX, ti.term(term)?, None)));
                             }
                             match row.entry(source, ti, term, hint, &self.entries)? {
                                 Found::Kept(i) => {
@@ -211,7 +224,9 @@ impl TermTable {
     /// met before (the generation was pushed out of the handle's cache and opened again),
     /// drop the entries of its earlier openings, whose ranges name files no search reads any
     /// more (and would keep them alive until the generations change).
-    fn note_openings(&self, sources: &[Source], indexes: &[TextIndex]) {
+    /// Returns the generations `sources` read at an earlier opening than the latest met (a
+    /// point in time taken before they were opened again), whose entries are not kept.
+    fn note_openings(&self, sources: &[Source], indexes: &[TextIndex]) -> Vec<SourceKey> {
         let now: Vec<(SourceKey, u64)> = sources
             .iter()
             .zip(indexes)
@@ -219,25 +234,31 @@ impl TermTable {
             .map(|(s, ti)| (SourceKey::of(s), ti.opening()))
             .collect();
         {
-            let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-            if *last == now {
-                return;
+            let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+            if last.read == now {
+                return last.older.clone();
             }
-            last.clone_from(&now);
         }
         let mut newer: HashMap<SourceKey, u64> = HashMap::new();
+        let mut older = Vec::new();
         {
             let mut latest = self.latest.lock().unwrap_or_else(|e| e.into_inner());
-            for (key, opening) in now {
-                let at = latest.entry(key).or_insert(opening);
-                if opening > *at {
-                    *at = opening;
-                    newer.insert(key, opening);
+            for (key, opening) in &now {
+                let at = latest.entry(*key).or_insert(*opening);
+                if *opening > *at {
+                    *at = *opening;
+                    newer.insert(*key, *opening);
+                } else if *opening < *at {
+                    older.push(*key);
                 }
             }
         }
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = LastOpenings {
+            read: now,
+            older: older.clone(),
+        };
         if newer.is_empty() {
-            return;
+            return older;
         }
         let rows = self.rows.lock().unwrap_or_else(|e| e.into_inner());
         for row in rows.values() {
@@ -248,6 +269,7 @@ impl TermTable {
             self.entries
                 .fetch_sub(before - row.0.len(), Ordering::Relaxed);
         }
+        older
     }
 
     /// The rows of `terms`, made where missing; the table starts over first when it holds
