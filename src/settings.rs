@@ -176,7 +176,10 @@ pub struct Settings {
     /// full-text search scores a segment of twice as many or more in pieces of consecutive
     /// documents, one per query thread at most, so that a search over one large generation
     /// uses every core rather than one (a generation of 99,000 rows took 3 ms of one of two
-    /// threads). 0 scores each segment on one thread. Default 32,768.
+    /// threads). Only queries of terms, phrases and their boolean combinations are cut (other
+    /// scorers read the whole segment's matches when built), and only while the query pool
+    /// holds no more jobs than threads (concurrent queries keep every thread busy already).
+    /// 0 scores each segment on one thread. Default 32,768.
     pub query_piece_docs: usize,
 }
 
