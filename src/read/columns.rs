@@ -6,11 +6,11 @@
 //! with the same filter finds which rows pass (a generation never changes, so neither do
 //! they), as Lucene's query cache keeps a filter's matches per segment.
 
-use super::source::key_of;
+use super::source::{key_of, SourceKey};
 use crate::generation::Generation;
 use crate::Result;
 use arrow::array::{Array, ArrayRef};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Bytes a kept filter result costs besides its rows and text (its key, value and the
 /// cache's bookkeeping).
@@ -44,8 +44,6 @@ enum Held {
 /// filter), within a byte budget.
 pub(crate) struct ColumnCache {
     cache: moka::sync::Cache<Kept, Held>,
-    /// The generations [`ColumnCache::retain`] last kept entries for.
-    generations: Mutex<Vec<(u64, u64)>>,
 }
 
 impl std::fmt::Debug for ColumnCache {
@@ -79,7 +77,6 @@ impl ColumnCache {
                     u32::try_from(bytes).unwrap_or(u32::MAX)
                 })
                 .build(),
-            generations: Mutex::default(),
         }
     }
 
@@ -162,23 +159,17 @@ impl ColumnCache {
         Ok(out)
     }
 
-    /// Drop what is kept of generations other than `keep`, once each time they change (a
-    /// walk over every entry, which a query would otherwise pay).
-    pub(crate) fn retain(&self, keep: &std::collections::HashSet<(u64, u64)>) {
-        let mut gens: Vec<(u64, u64)> = keep.iter().copied().collect();
-        gens.sort_unstable();
-        {
-            let mut last = self.generations.lock().unwrap_or_else(|e| e.into_inner());
-            if *last == gens {
-                return;
-            }
-            *last = gens;
-        }
+    /// Drop what is kept of generations other than `gens` (sorted).
+    pub(crate) fn retain(&self, gens: &[SourceKey]) {
         let gone: Vec<Kept> = self
             .cache
             .iter()
             .map(|(k, _)| (*k).clone())
-            .filter(|k| !keep.contains(&k.generation()))
+            .filter(|k| {
+                let (id, epoch) = k.generation();
+                gens.binary_search(&SourceKey::Generation(id, epoch))
+                    .is_err()
+            })
             .collect();
         for k in gone {
             self.cache.invalidate(&k);

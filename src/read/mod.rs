@@ -108,6 +108,8 @@ pub(crate) struct ReadCaches {
     pub(crate) columns: ColumnCache,
     /// What searches looked up of their terms in generations.
     pub(crate) terms: TermTable,
+    /// The generations [`ReadCaches::retain`] last pruned `terms` and `columns` to, sorted.
+    pub(crate) generations: std::sync::Mutex<Vec<SourceKey>>,
 }
 
 impl ReadCaches {
@@ -121,15 +123,24 @@ impl ReadCaches {
             sources.iter().map(SourceKey::of).collect();
         self.dead
             .retain(|k| current.contains(k) || kept.contains(k));
-        self.terms.retain(&current, &kept);
-        let gens = current
+        // What is kept per generation (terms, columns, filters' rows) changes only when the
+        // generations do: walked once each time.
+        let mut gens: Vec<SourceKey> = current
             .iter()
-            .chain(kept.iter())
-            .filter_map(|k| match k {
-                SourceKey::Generation(id, epoch) => Some((*id, *epoch)),
-                SourceKey::Memtable(_) => None,
-            })
+            .chain(&kept)
+            .filter(|k| matches!(k, SourceKey::Generation(..)))
+            .copied()
             .collect();
+        gens.sort_unstable();
+        gens.dedup();
+        {
+            let mut last = self.generations.lock().unwrap_or_else(|e| e.into_inner());
+            if *last == gens {
+                return;
+            }
+            last.clone_from(&gens);
+        }
+        self.terms.retain(&gens);
         self.columns.retain(&gens);
     }
 

@@ -12,7 +12,7 @@ use super::source::SourceKey;
 use super::Source;
 use crate::text::{missing, ColdPiece, TermAt, TextIndex};
 use crate::Result;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tantivy::Term;
@@ -27,8 +27,6 @@ pub(crate) struct TermTable {
     rows: Mutex<HashMap<Term, Arc<Mutex<Row>>, xxhash_rust::xxh3::Xxh3Builder>>,
     /// Rows and entries made since the table last started over.
     entries: AtomicUsize,
-    /// The generations [`TermTable::retain`] last kept entries for.
-    generations: Mutex<Vec<SourceKey>>,
     /// The latest opening of each generation searches met ([`TextIndex::opening`]).
     latest: Mutex<HashMap<SourceKey, u64>>,
     /// The openings the last search read, checked first.
@@ -296,25 +294,10 @@ impl TermTable {
         self.entries.load(Ordering::Relaxed) as u64
     }
 
-    /// Drop the entries of generations neither `current` nor `kept` holds (their ranges name
-    /// the generation's files), once each time the generations change.
-    pub(crate) fn retain(&self, current: &HashSet<SourceKey>, kept: &HashSet<SourceKey>) {
-        let keep = |k: &SourceKey| current.contains(k) || kept.contains(k);
-        let mut gens: Vec<SourceKey> = current
-            .iter()
-            .chain(kept)
-            .filter(|k| matches!(k, SourceKey::Generation(..)))
-            .copied()
-            .collect();
-        gens.sort_unstable();
-        gens.dedup();
-        {
-            let mut last = self.generations.lock().unwrap_or_else(|e| e.into_inner());
-            if *last == gens {
-                return;
-            }
-            *last = gens;
-        }
+    /// Drop the entries of generations other than `gens` (sorted; their ranges name the
+    /// generation's files).
+    pub(crate) fn retain(&self, gens: &[SourceKey]) {
+        let keep = |k: &SourceKey| gens.binary_search(k).is_ok();
         self.latest
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -371,10 +354,10 @@ mod tests {
         assert_eq!(table.entries.load(Ordering::Relaxed), 12);
 
         // Generation 1 leaves the handle's sources: its entries go, once.
-        let current: HashSet<SourceKey> = sources[..1].iter().map(SourceKey::of).collect();
-        table.retain(&current, &HashSet::new());
+        let current: Vec<SourceKey> = sources[..1].iter().map(SourceKey::of).collect();
+        table.retain(&current);
         assert_eq!(table.entries.load(Ordering::Relaxed), 8);
-        table.retain(&current, &HashSet::new());
+        table.retain(&current);
         assert_eq!(table.entries.load(Ordering::Relaxed), 8);
         assert_eq!(
             doc_freqs(&table, &sources[..1], &terms),
