@@ -1081,6 +1081,16 @@ impl Search<'_> {
         node: ShardNode,
         fetch: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.planned_in(&self.state(), node, fetch).await
+    }
+
+    /// [`Search::planned`] in `state` (the attempt's, [`Search::state`]).
+    async fn planned_in(
+        &self,
+        state: &datafusion::execution::SessionState,
+        node: ShardNode,
+        fetch: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
         let leaf = Arc::new(ShardExec::new(node)?);
         let ordering = leaf
             .ordering()
@@ -1090,7 +1100,7 @@ impl Search<'_> {
         let source = datafusion::datasource::provider_as_source(Arc::new(Planned(plan)));
         let logical =
             datafusion::logical_expr::LogicalPlanBuilder::scan("shards", source, None)?.build()?;
-        Ok(self.state().create_physical_plan(&logical).await?)
+        Ok(state.create_physical_plan(&logical).await?)
     }
 
     /// The session state of this attempt: the index's, with its route.
@@ -1126,8 +1136,10 @@ impl Search<'_> {
     /// Run `node` over every shard through the workers.
     async fn run(&self, node: ShardNode, fetch: Option<usize>) -> Result<Vec<RecordBatch>> {
         self.check(&node.request)?;
-        let plan = self.planned(node, fetch).await?;
-        let ctx = Arc::new(TaskContext::from(&self.state()));
+        // One copy of the session's state a round (a copy clones its registries).
+        let state = self.state();
+        let plan = self.planned_in(&state, node, fetch).await?;
+        let ctx = Arc::new(TaskContext::from(&state));
         let tasks = datafusion::physical_plan::collect(plan, ctx);
         match tokio::time::timeout(self.index.task_timeout, tasks).await {
             Ok(done) => done.map_err(|e| self.failed(e)),
