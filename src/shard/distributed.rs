@@ -626,15 +626,18 @@ pub async fn serve(listener: tokio::net::TcpListener, settings: Settings) -> Res
     if let Ok(mut s) = registry().settings.lock() {
         *s = settings;
     }
-    let worker = Worker::from_session_builder(|mut ctx: WorkerQueryContext| async move {
+    let worker = Worker::from_session_builder(|ctx: WorkerQueryContext| async move {
         // A task's plan arrives planned: decoding and running it needs the task's config,
-        // the runtime and our codec, not the SQL functions, file formats and catalogs of a
-        // default session, whose registration is most of the cost of building one a task.
-        let config = ctx.builder.config().take().unwrap_or_default();
-        let mut builder = SessionStateBuilder::new().with_config(config);
-        if let Some(runtime) = ctx.builder.runtime_env().take() {
-            builder = builder.with_runtime_env(runtime);
-        }
+        // the runtime and our codec, not the SQL functions, file formats and expression
+        // planners of a default session, whose registration is most of the cost of building
+        // one a task. Only those are left out: whatever else the library sets is kept.
+        let mut builder = ctx.builder;
+        *builder.scalar_functions() = None;
+        *builder.higher_order_functions() = None;
+        *builder.aggregate_functions() = None;
+        *builder.window_functions() = None;
+        *builder.file_formats() = None;
+        *builder.expr_planners() = None;
         Ok(builder.with_distributed_user_codec(ShardCodec).build())
     });
     tonic::transport::Server::builder()
