@@ -1139,7 +1139,8 @@ impl Search<'_> {
     /// Run `node` over every shard through the workers.
     async fn run(&self, node: ShardNode, fetch: Option<usize>) -> Result<Vec<RecordBatch>> {
         self.check(&node.request)?;
-        // One copy of the session's state a round (a copy clones its registries).
+        // One copy of the session's state a round, not two (each clones its registries, as
+        // the task context made from it does once more).
         let state = self.state();
         let plan = self.planned_in(&state, node, fetch).await?;
         let ctx = Arc::new(TaskContext::from(&state));
