@@ -1008,7 +1008,9 @@ impl DistributedIndex {
                 statistics: FtsStatistics::default(),
             },
         );
-        let plan = search.planned(node, Some(options.k)).await?;
+        let plan = search
+            .planned(&search.state(), node, Some(options.k))
+            .await?;
         Ok(datafusion_distributed::display_plan_ascii(
             plan.as_ref(),
             false,
@@ -1078,17 +1080,8 @@ impl Search<'_> {
 
     /// `node` over every shard, merged by its order (keeping `fetch` rows) when it has one,
     /// made distributed by the session's planner (which plans from a logical plan: a scan of
-    /// a table whose plan this is).
+    /// a table whose plan this is), in `state` (the attempt's, [`Search::state`]).
     async fn planned(
-        &self,
-        node: ShardNode,
-        fetch: Option<usize>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        self.planned_in(&self.state(), node, fetch).await
-    }
-
-    /// [`Search::planned`] in `state` (the attempt's, [`Search::state`]).
-    async fn planned_in(
         &self,
         state: &datafusion::execution::SessionState,
         node: ShardNode,
@@ -1142,7 +1135,7 @@ impl Search<'_> {
         // One copy of the session's state a round, not two (each clones its registries, as
         // the task context made from it does once more).
         let state = self.state();
-        let plan = self.planned_in(&state, node, fetch).await?;
+        let plan = self.planned(&state, node, fetch).await?;
         let ctx = Arc::new(TaskContext::from(&state));
         let tasks = datafusion::physical_plan::collect(plan, ctx);
         match tokio::time::timeout(self.index.task_timeout, tasks).await {
