@@ -491,6 +491,42 @@ async fn generations_a_compaction_replaced_leave_the_caches() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_writer_deletes_no_object_a_stream_still_reads() {
+    // Nothing cached (`hot_cache_bytes` 1): the stream opened copies of the generations of its
+    // own, not the ones the compaction merged, and reads their rows by range as it is polled.
+    let dir = tempfile::tempdir().unwrap();
+    let loc = Location::parse(&dir.path().display().to_string()).unwrap();
+    let s = Settings {
+        hot_cache_bytes: 1,
+        ..settings(false)
+    };
+    let index = Index::create(loc, schema(), s).await.unwrap();
+    let model = six_generations(&index).await;
+    let stream = index
+        .scan_stream(lsmsearch::ScanOptions::default())
+        .await
+        .unwrap();
+    index.compact().await.unwrap().unwrap();
+    let objects = || {
+        std::fs::read_dir(dir.path().join("generations"))
+            .unwrap()
+            .count()
+    };
+    // Grace 0, and the compactor deletes what is due every second: past its next tick, the
+    // six objects the stream reads are still there.
+    let deadline = Instant::now() + Duration::from_millis(2_500);
+    while objects() == 7 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(objects(), 7, "an object the stream reads was deleted");
+    let batches: Vec<RecordBatch> = futures::TryStreamExt::try_collect(stream).await.unwrap();
+    assert_eq!(to_model(&batches), model);
+    // The stream is gone: so are they.
+    replaced_objects_deleted(&index, "objects a finished stream read are left").await;
+    assert_eq!(objects(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_that_loses_a_generation_to_a_compaction_starts_over() {
     // A second writer opens while the running one compacts: it read the list before the
     // compaction, and the replaced objects are deleted (grace 0) before it fetches them. The
