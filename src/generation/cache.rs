@@ -100,15 +100,37 @@ struct Loader {
     retired: std::sync::Mutex<Retired>,
     /// Generations points in time hold, by `(id, epoch)`, with how many hold each: not
     /// deleted while held, whichever copy of them the cache holds (see [`Pins`]).
-    pinned: std::sync::Mutex<std::collections::HashMap<(u64, u64), usize>>,
+    pinned: Pinned,
 }
 
-/// Generations a point in time holds ([`GenerationCache::pin`]): while it lives, the writer
-/// does not delete their objects, even when the cache has dropped the copy the point in time
-/// reads and a compaction opened another.
+/// How many hold each generation, by `(id, epoch)`: points in time, and every copy of a
+/// generation the cache opened (see [`Pins`]).
+type Pinned = Arc<std::sync::Mutex<std::collections::HashMap<(u64, u64), usize>>>;
+
+/// Generations a point in time holds ([`GenerationCache::pin`]), or a generation one opened
+/// copy reads (each copy [`Loader::load`] makes holds its own): while they live, the writer
+/// does not delete their objects, even when the cache has dropped the copy a query or a
+/// stream reads and a compaction opened another.
 pub(crate) struct Pins {
-    cache: Arc<Loader>,
+    pinned: Pinned,
     keys: Vec<(u64, u64)>,
+}
+
+impl Pins {
+    /// Hold `keys` in `pinned` until the pins are dropped.
+    fn new(pinned: &Pinned, keys: Vec<(u64, u64)>) -> Pins {
+        let mut held = pinned
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for k in &keys {
+            *held.entry(*k).or_insert(0) += 1;
+        }
+        drop(held);
+        Pins {
+            pinned: pinned.clone(),
+            keys,
+        }
+    }
 }
 
 impl std::fmt::Debug for Pins {
@@ -120,7 +142,6 @@ impl std::fmt::Debug for Pins {
 impl Drop for Pins {
     fn drop(&mut self) {
         let mut pinned = self
-            .cache
             .pinned
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -249,21 +270,11 @@ impl GenerationCache {
 
     /// Hold the generations `keys` (`(id, epoch)`) until the returned pins are dropped.
     pub(crate) fn pin(&self, keys: Vec<(u64, u64)>) -> Pins {
-        let mut pinned = self
-            .inner
-            .pinned
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for k in &keys {
-            *pinned.entry(*k).or_insert(0) += 1;
-        }
-        Pins {
-            cache: self.inner.clone(),
-            keys,
-        }
+        Pins::new(&self.inner.pinned, keys)
     }
 
-    /// Whether a point in time holds generation `id` of `epoch`.
+    /// Whether a point in time, or an opened copy of it that a query, a stream or the cache
+    /// still holds, holds generation `id` of `epoch`.
     pub(crate) fn is_pinned(&self, id: u64, epoch: u64) -> bool {
         self.inner
             .pinned
@@ -445,7 +456,10 @@ impl Loader {
                 "generation statistics differ from the manifest's record of it",
             ));
         }
-        Ok(Arc::new(g))
+        // Every copy holds its object until dropped: the cache may drop it while a query or a
+        // stream reads on, and the writer only knows the copies its compactions read.
+        let pin = Pins::new(&self.pinned, vec![(meta.id, meta.epoch)]);
+        Ok(Arc::new(g.holding(pin)))
     }
 
     /// Whether a generation of `rows` rows keeps its vectors in memory.

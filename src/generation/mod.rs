@@ -89,6 +89,8 @@ pub(crate) struct Generation {
     resident_bytes: Resident,
     /// The position of the vector column, when the index has one.
     vector_col: Option<usize>,
+    /// Opened by a handle's cache: its object, held from deletion while this copy lives.
+    object_pin: Option<cache::Pins>,
 }
 
 /// What a version-3 generation opened from its hot part also holds of its cold part (a small
@@ -359,6 +361,7 @@ impl Generation {
                 hot_bytes: 0,
                 resident_bytes: Resident::default(),
                 vector_col: vcol,
+                object_pin: None,
             },
             out,
         ))
@@ -741,7 +744,14 @@ impl Generation {
             hot_bytes,
             resident_bytes: Resident::default(),
             vector_col: spec.vector.map(|v| v.0),
+            object_pin: None,
         })
+    }
+
+    /// This generation, holding its object from deletion with `pin` while it lives.
+    pub(crate) fn holding(mut self, pin: cache::Pins) -> Self {
+        self.object_pin = Some(pin);
+        self
     }
 
     /// What the manifest records about it.
