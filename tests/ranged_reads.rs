@@ -220,6 +220,38 @@ async fn a_filter_reads_only_the_columns_it_names() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filter_column_larger_than_the_block_cache_is_fetched_once() {
+    // The notes (about 10 MB of hex) far outgrow a block cache of 128 KiB: the filter's read
+    // of them must not fetch them twice, once ahead and once as they are decoded.
+    let inner = one_generation(20_000).await;
+    let opts = SearchOptions {
+        filter: Some("note < '8'".into()),
+        ..SearchOptions::with_k(10)
+    };
+    let mut runs = Vec::new();
+    for cache_bytes in [Settings::default().cache_bytes, 128 << 10] {
+        let store = LatencyStore::new(inner.clone(), LatencyConfig::default());
+        let settings = Settings {
+            cache_bytes,
+            ..Settings::default()
+        };
+        let ro = Index::open_read_only(Location::from_store(store.clone(), "idx"), settings)
+            .await
+            .unwrap();
+        store.reset();
+        let got = keys(&ro.search_fts("shock", &opts).await.unwrap());
+        runs.push((got, store.counters().bytes_read));
+    }
+    let ((big, read_big), (small, read_small)) = (&runs[0], &runs[1]);
+    assert_eq!(big.len(), 10);
+    assert_eq!(small, big);
+    assert!(
+        *read_small < read_big + read_big / 4,
+        "{read_small} bytes read with a small cache, {read_big} with the default"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_handle_finds_its_disk_cache() {
     let inner = one_generation(5_000).await;
     let dir = tempfile::tempdir().unwrap();
