@@ -243,6 +243,7 @@ async fn a_filter_column_larger_than_the_block_cache_is_fetched_once() {
         runs.push((got, store.counters().bytes_read));
     }
     let ((big, read_big), (small, read_small)) = (&runs[0], &runs[1]);
+    println!("a filter on the notes: {read_big} bytes read with the default cache, {read_small} with 128 KiB");
     assert_eq!(big.len(), 10);
     assert_eq!(small, big);
     assert!(

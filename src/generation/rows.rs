@@ -223,18 +223,20 @@ impl ColdRows {
         order.sort_unstable();
         order.dedup();
         // Some rows: their pages through the block cache, fetched at once before the reader
-        // asks for them row group by row group. Every row: the column chunks straight from
-        // the store (not through the cache, which they would flush), kept for the reader.
+        // asks for them row group by row group. Every row: the column chunks, through the
+        // cache (`Cached`) or straight from the store (not through the cache, which they
+        // would flush). Either way what was fetched is kept for the reader, which would
+        // otherwise fetch again what the cache could not keep.
         let (local, selection) = match how {
             Read::Rows(selection) => {
                 let pages = self.page_ranges(&order, runs)?;
-                self.object.read_ranges(&pages).await?;
-                (Vec::new(), Some(selection))
+                let read = self.object.read_ranges(&pages).await?;
+                (pages.into_iter().zip(read).collect(), Some(selection))
             }
             Read::Cached => {
                 let chunks = self.chunk_ranges(&order)?;
-                self.object.read_ranges(&chunks).await?;
-                (Vec::new(), None)
+                let read = self.object.read_ranges(&chunks).await?;
+                (chunks.into_iter().zip(read).collect(), None)
             }
             Read::Direct => {
                 let chunks = self.chunk_ranges(&order)?;
