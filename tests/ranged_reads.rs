@@ -253,6 +253,75 @@ async fn a_filter_column_larger_than_the_block_cache_is_fetched_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_number_column_larger_than_its_cache_share_is_read_by_row() {
+    // 50,000 rows of a random 64-bit number (400 KB, incompressible): a handle whose column
+    // cache could not keep it reads the pages of the rows returned, not the whole column at
+    // every query.
+    let s = IndexSchema::from_json(
+        r#"{"primary_key": "id", "text": ["body"], "payload": [{"name": "n", "type": "int64"}]}"#,
+    )
+    .unwrap();
+    let rows = 50_000usize;
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x as i64
+    };
+    let batch = RecordBatch::try_new(
+        s.arrow_schema(),
+        vec![
+            Arc::new(StringArray::from_iter_values(
+                (0..rows).map(|i| format!("k{i:06}")),
+            )),
+            Arc::new(StringArray::from_iter_values(
+                (0..rows).map(|i| ["wing flow", "shock wave"][i % 2]),
+            )),
+            Arc::new(Int64Array::from_iter_values((0..rows).map(|_| next()))),
+        ],
+    )
+    .unwrap();
+    let inner: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let settings = Settings {
+        memtable_max_rows: rows + 1,
+        ..Settings::default()
+    };
+    let index = Index::create(Location::from_store(inner.clone(), "idx"), s, settings)
+        .await
+        .unwrap();
+    index.append(&batch).await.unwrap();
+    index.flush().await.unwrap();
+    index.close().await.unwrap();
+    let store = LatencyStore::new(inner, LatencyConfig::default());
+    let settings = Settings {
+        column_cache_bytes: 64 << 10,
+        ..Settings::default()
+    };
+    let ro = Index::open_read_only(Location::from_store(store.clone(), "idx"), settings)
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        store.reset();
+        let hits = ro
+            .search_fts("shock", &SearchOptions::with_k(10))
+            .await
+            .unwrap();
+        assert_eq!(keys(&hits).len(), 10);
+        let n = hits[0]
+            .column_by_name("n")
+            .unwrap()
+            .as_primitive::<arrow::datatypes::Int64Type>();
+        assert_eq!(n.len(), hits[0].num_rows());
+        let read = store.counters().bytes_read;
+        assert!(
+            read < 200_000,
+            "a query of 10 rows read {read} bytes (the column holds 400,000)"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_handle_finds_its_disk_cache() {
     let inner = one_generation(5_000).await;
     let dir = tempfile::tempdir().unwrap();
