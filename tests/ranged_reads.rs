@@ -314,6 +314,7 @@ async fn a_number_column_larger_than_its_cache_share_is_read_by_row() {
             .as_primitive::<arrow::datatypes::Int64Type>();
         assert_eq!(n.len(), hits[0].num_rows());
         let read = store.counters().bytes_read;
+        println!("a query of 10 rows: {read} bytes read");
         assert!(
             read < 200_000,
             "a query of 10 rows read {read} bytes (the column holds 400,000)"

@@ -377,8 +377,9 @@ async fn annotate(
 }
 
 /// Payload columns `payload` of rows `ords` of generation `g`: fixed-width columns (numbers,
-/// booleans, dates) from their decoded whole, kept in the handle's column cache (read once,
-/// then a take per query); the others read by row.
+/// dates) from their decoded whole, kept in the handle's column cache (read once, then a take
+/// per query) when the cache can keep them ([`crate::read::ColumnCache::keeps_whole`]); the
+/// others read by row.
 async fn generation_payload(
     g: &Arc<crate::generation::Generation>,
     ords: &[usize],
@@ -390,8 +391,12 @@ async fn generation_payload(
         return g.read_rows(ords, payload).await;
     }
     // The output schema's payload fields follow the key and the score.
+    let rows = g.num_rows() as u64;
     let narrow: Vec<bool> = (0..payload.len())
-        .map(|i| schema.field(i + 2).data_type().is_primitive())
+        .map(|i| {
+            let width = schema.field(i + 2).data_type().primitive_width();
+            width.is_some_and(|w| caches.columns.keeps_whole(rows.saturating_mul(w as u64)))
+        })
         .collect();
     let (mut kept, mut by_row) = (Vec::new(), Vec::new());
     for (c, n) in payload.iter().zip(&narrow) {
