@@ -688,8 +688,11 @@ impl Generation {
                     Arc::new(arrow::datatypes::Schema::new(vec![v.field.clone()])),
                     vec![v.held.clone().expect("checked")],
                 )?;
+                // Its codes too: searches that need not be exact scan them instead of the
+                // vectors, and re-rank the best with the query's other arms.
                 Some(Arc::new(
                     VectorIndex::open(&held, 0, metric, &section(GRAPH_SECTION)?)
+                        .and_then(|vi| vi.with_scan_codes(&section(CODES_SECTION)?, metric, v.dim))
                         .map_err(|e| e.corrupt_in(object, "generation vector graph"))?,
                 ))
             }

@@ -225,6 +225,7 @@ pub(crate) fn plan_ranked(
         let graph = match (source.vector(), source.mem_graph()) {
             (Some(g), _) if walk => ArmGraph::Generation(g.clone()),
             (_, Some(g)) if walk && g.indexed() > 0 => ArmGraph::Memtable(g.clone()),
+            (Some(g), _) if !opts.exact && g.scans_codes() => ArmGraph::Codes(g.clone()),
             _ => ArmGraph::None,
         };
         let mode = match &graph {
@@ -232,6 +233,7 @@ pub(crate) fn plan_ranked(
             ArmGraph::Memtable(g) => {
                 format!("hnsw ef={ef} over {} rows + exact tail", g.indexed())
             }
+            ArmGraph::Codes(_) => "scan of codes, re-ranked in the round".to_string(),
             ArmGraph::None => "exact".to_string(),
         };
         let description = format!(
@@ -240,8 +242,10 @@ pub(crate) fn plan_ranked(
             source.rows(),
             window
         );
+        // So do the arms that scan a small generation's codes: the vectors it holds re-rank
+        // the best of them.
         let reads_vectors = matches!(&source, Source::Generation(g) if g.vector_values().is_none());
-        let ticket = reads_vectors.then(|| round.ticket());
+        let ticket = (reads_vectors || matches!(graph, ArmGraph::Codes(_))).then(|| round.ticket());
         let work = arm_work(ArmParts {
             source,
             eligible,
@@ -516,6 +520,9 @@ enum Candidates {
 enum ArmGraph {
     Generation(Arc<VectorIndex>),
     Memtable(Arc<MemVectorIndex>),
+    /// No walk: a scan of the codes of a generation that holds its vectors, whose best the
+    /// query's round re-ranks ([`VectorIndex::scan_keyed`]).
+    Codes(Arc<VectorIndex>),
     None,
 }
 
@@ -558,14 +565,15 @@ impl Arm<'_> {
                     self.rank(admitted())
                 }
             }
-            ArmGraph::None => self.rank(admitted()),
+            ArmGraph::Codes(_) | ArmGraph::None => self.rank(admitted()),
         }
     }
 
-    /// The rows to rank exactly for an arm whose vectors are read by range (a generation's):
-    /// the candidates its graph over codes proposes with their keys, at most `keep` (a walk's
-    /// list, or the best by a scan of the codes; the query's round chooses among them), or
-    /// every admitted row without a graph over codes or when the candidates come back short.
+    /// The rows to rank exactly for an arm whose vectors are read by range (a generation's),
+    /// or that scans the codes of a generation holding its vectors: the candidates its codes
+    /// propose with their keys, at most `keep` (a walk's list, or the best by a scan of the
+    /// codes; the query's round chooses among them), or every admitted row without codes or
+    /// when the candidates come back short.
     fn candidate_rows(
         &self,
         graph: &ArmGraph,
@@ -574,11 +582,19 @@ impl Arm<'_> {
         candidates: usize,
     ) -> Candidates {
         let admit = |r: usize| self.eligible.admits(r);
-        if let ArmGraph::Generation(g) = graph {
-            if let Some(keyed) = g.keyed_candidates(self.query, self.k, ef, keep, &admit) {
-                if keyed.len() >= self.k.min(candidates) {
-                    return Candidates::Keyed(keyed);
-                }
+        let keyed = match graph {
+            ArmGraph::Generation(g) => g.keyed_candidates(self.query, self.k, ef, keep, &admit),
+            ArmGraph::Codes(g) => {
+                // Rows without a vector have codes too (zeros): never proposed.
+                let held = self.source.vector_columns(self.vidx);
+                let has = |r: usize| held.first().is_some_and(|a| a.is_valid(r));
+                g.scan_keyed(self.query, self.k, keep, &|r| has(r) && admit(r))
+            }
+            _ => None,
+        };
+        if let Some(keyed) = keyed {
+            if keyed.len() >= self.k.min(candidates) {
+                return Candidates::Keyed(keyed);
             }
         }
         Candidates::All(self.eligible.rows().collect())

@@ -410,6 +410,11 @@ impl FlatGraph {
         &self.adjacency
     }
 
+    /// Rows of its generation (nodes or not).
+    pub(crate) fn rows(&self) -> usize {
+        self.adjacency.rows as usize
+    }
+
     /// A graph over `vectors` (row-major, `dim` per row, one per row of the adjacency).
     pub(crate) fn new(
         adjacency: Adjacency,
@@ -673,6 +678,22 @@ impl FlatGraph {
         Some(list)
     }
 
+    /// The best `keep` (at least `k`) graph nodes `admit` accepts by the keys of `codes` (the
+    /// codes of the rows of a graph walked over its f32 vectors), nearest first.
+    pub(crate) fn scan_keyed(
+        &self,
+        codes: &Codes,
+        query: &[f32],
+        k: usize,
+        keep: usize,
+        admit: &dyn Fn(usize) -> bool,
+    ) -> Vec<Scored> {
+        if k == 0 || query.len() != self.dim {
+            return Vec::new();
+        }
+        self.scan_rows(codes, query, keep.max(k), None, admit)
+    }
+
     /// The best `n` graph nodes `admit` accepts by their codes' keys, nearest first.
     fn scan_codes(
         &self,
@@ -681,8 +702,22 @@ impl FlatGraph {
         n: usize,
         admit: &dyn Fn(usize) -> bool,
     ) -> Vec<Scored> {
-        let cq = codes.query(query);
         let nodes = self.nodes.get_or_init(|| self.adjacency.nodes_bitmap());
+        self.scan_rows(codes, query, n, Some(nodes), admit)
+    }
+
+    /// The best `n` rows `admit` accepts (and, given `nodes`, whose bits are set) by their
+    /// codes' keys, nearest first.
+    fn scan_rows(
+        &self,
+        codes: &Codes,
+        query: &[f32],
+        n: usize,
+        nodes: Option<&[u64]>,
+        admit: &dyn Fn(usize) -> bool,
+    ) -> Vec<Scored> {
+        let cq = codes.query(query);
+        let is_node = |r: usize| nodes.is_none_or(|b| b[r / 64] & (1 << (r % 64)) != 0);
         let rows = self.adjacency.rows as usize;
         let mut found: BinaryHeap<Scored> = BinaryHeap::with_capacity(n.min(rows) + 1);
         let mut keys = Vec::with_capacity(SCAN_CHUNK_ROWS.min(rows));
@@ -696,7 +731,7 @@ impl FlatGraph {
                 if found.len() == n && found.peek().is_some_and(|w| Scored(key, row) >= *w) {
                     continue;
                 }
-                if nodes[r / 64] & (1 << (r % 64)) == 0 || !admit(r) {
+                if !is_node(r) || !admit(r) {
                     continue;
                 }
                 found.push(Scored(key, row));
@@ -940,6 +975,47 @@ mod tests {
         }
         let plain = FlatGraph::new(adjacency, Metric::L2, dim, vectors.into()).unwrap();
         assert!(plain.code_candidates(&own, 10, 100, 30, &admit).is_none());
+    }
+
+    #[test]
+    fn a_scan_of_a_graph_over_vectors_reads_every_admitted_rows_codes() {
+        // A graph over f32 vectors whose row 42 lost its links and was never named (no node):
+        // a scan of its codes reads every row `admit` accepts, nodes or not.
+        let (rows, dim, lonely) = (300usize, 8, 42u32);
+        let mut next = distance::tests::uniform(5);
+        let vectors: Vec<f32> = (0..rows * dim).map(|_| next()).collect();
+        let nodes = (0..rows as u32)
+            .filter(|r| *r != lonely)
+            .map(|r| {
+                let near = [r.wrapping_sub(1), r + 1, r + 2]
+                    .into_iter()
+                    .filter(|n| (*n as usize) < rows && *n != lonely)
+                    .collect();
+                (r, vec![near])
+            })
+            .collect();
+        let adjacency = Adjacency::from_lists(rows, nodes, 0);
+        let own = vectors[lonely as usize * dim..(lonely as usize + 1) * dim].to_vec();
+        let admit = |r: usize| r % 3 != 1;
+        for metric in [Metric::L2, Metric::Dot, Metric::Cosine] {
+            let codes = Codes::build(metric, dim, &vectors, &|_| true);
+            let g = FlatGraph::new(adjacency.clone(), metric, dim, vectors.clone().into()).unwrap();
+            let cq = codes.query(&own);
+            let mut want: Vec<Scored> = (0..rows)
+                .filter(|r| admit(*r))
+                .map(|r| Scored(codes.key(metric, &cq, r), r as u32))
+                .collect();
+            want.sort();
+            assert_eq!(g.scan_keyed(&codes, &own, 10, 25, &admit), want[..25]);
+            // Never fewer than k, whatever is kept.
+            assert_eq!(g.scan_keyed(&codes, &own, 10, 3, &admit), want[..10]);
+            if metric == Metric::L2 {
+                assert_eq!(g.scan_keyed(&codes, &own, 10, 25, &admit)[0].1, lonely);
+            }
+            assert!(g.scan_keyed(&codes, &own, 0, 25, &admit).is_empty());
+            assert!(g.scan_keyed(&codes, &own[1..], 10, 25, &admit).is_empty());
+            assert!(g.scan_keyed(&codes, &own, 10, 25, &|_| false).is_empty());
+        }
     }
 
     #[test]

@@ -84,18 +84,67 @@ type Graph<'a> = Hnsw<'a, f32, GraphDistance>;
 #[derive(Debug)]
 pub(crate) struct VectorIndex {
     graph: Option<FlatGraph>,
+    /// A graph walked over its f32 vectors (a small generation's, which keeps them): the 8-bit
+    /// codes of its rows, which a search that need not be exact scans instead of the vectors
+    /// (see [`VectorIndex::scan_keyed`]).
+    scan: Option<codes::Codes>,
 }
 
 impl VectorIndex {
-    /// Bytes the index holds in memory besides what its generation's object holds.
+    /// Bytes the index holds in memory besides what its generation's object holds (the
+    /// scanned codes of a graph over f32 vectors counted whole, although the object holds
+    /// them too).
     pub(crate) fn extra_bytes(&self) -> usize {
-        self.graph.as_ref().map_or(0, FlatGraph::extra_bytes)
+        let scan = self.scan.as_ref().map_or(0, codes::Codes::bytes);
+        self.graph.as_ref().map_or(0, FlatGraph::extra_bytes) + scan
     }
 
     /// Bytes of the bitmap of its graph's nodes a scan builds (part of
     /// [`VectorIndex::extra_bytes`]).
     pub(crate) fn nodes_bytes(&self) -> usize {
         self.graph.as_ref().map_or(0, FlatGraph::nodes_bytes)
+    }
+
+    /// This index (a graph over its rows' f32 vectors, of `dim` values each) with the 8-bit
+    /// codes of its rows from section `codes` (see [`codes`]), which searches that need not
+    /// be exact scan instead of the vectors ([`VectorIndex::scan_keyed`]).
+    pub(crate) fn with_scan_codes(
+        mut self,
+        section: &[u8],
+        metric: Metric,
+        dim: usize,
+    ) -> Result<Self> {
+        let Some(graph) = &self.graph else {
+            return Ok(self);
+        };
+        let rows = graph.rows();
+        let codes = codes::Codes::decode(section, metric, rows, dim)
+            .map_err(|m| Error::internal(format!("section '{CODES_SECTION}' {m}")))?;
+        self.scan = Some(codes);
+        Ok(self)
+    }
+
+    /// Whether searches that need not be exact scan its codes ([`VectorIndex::scan_keyed`]).
+    pub(crate) fn scans_codes(&self) -> bool {
+        self.scan.is_some() && self.graph.is_some()
+    }
+
+    /// The best `keep` rows (at least `k`) that `admit` accepts by the keys of their codes
+    /// (smaller is nearer; comparable between generations, as a walk over codes proposes
+    /// them), nearest first, found by scanning every row's code: for the caller to re-rank
+    /// exactly. Every row is scanned, nodes of the graph or not: `admit` must refuse rows
+    /// without a vector (whose codes are zeros). `None` when the index keeps no codes to
+    /// scan.
+    pub(crate) fn scan_keyed(
+        &self,
+        query: &[f32],
+        k: usize,
+        keep: usize,
+        admit: &dyn Fn(usize) -> bool,
+    ) -> Option<Vec<(f32, usize)>> {
+        let (graph, codes) = (self.graph.as_ref()?, self.scan.as_ref()?);
+        let list = graph.scan_keyed(codes, query, k, keep, admit);
+        Some(list.into_iter().map(|s| (s.0, s.1 as usize)).collect())
     }
 
     /// Bytes its graph's neighbour lists hold in memory.
@@ -340,6 +389,7 @@ impl VectorIndex {
         Ok((
             VectorIndex {
                 graph: Some(FlatGraph::new(adjacency, metric, dim, vectors)?),
+                scan: None,
             },
             section,
         ))
@@ -357,6 +407,7 @@ impl VectorIndex {
         let (dim, vectors) = vectors_of(rows, vcol)?;
         Ok(VectorIndex {
             graph: Some(FlatGraph::new(adjacency, metric, dim, vectors)?),
+            scan: None,
         })
     }
 
@@ -390,6 +441,7 @@ impl VectorIndex {
         let (dim, vectors) = vectors_of(rows, vcol)?;
         Ok(VectorIndex {
             graph: Some(FlatGraph::new(adjacency, metric, dim, vectors)?),
+            scan: None,
         })
     }
 
@@ -469,6 +521,7 @@ impl VectorIndex {
             .map_err(|m| Error::internal(format!("section '{CODES_SECTION}' {m}")))?;
         Ok(VectorIndex {
             graph: Some(FlatGraph::with_codes(adjacency, metric, dim, codes)),
+            scan: None,
         })
     }
 
