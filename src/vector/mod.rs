@@ -91,12 +91,10 @@ pub(crate) struct VectorIndex {
 }
 
 impl VectorIndex {
-    /// Bytes the index holds in memory besides what its generation's object holds (the
-    /// scanned codes of a graph over f32 vectors counted whole, although the object holds
-    /// them too).
+    /// Bytes the index holds in memory besides what its generation's object holds (its
+    /// codes, scanned or walked, are counted with the object's hot part they come from).
     pub(crate) fn extra_bytes(&self) -> usize {
-        let scan = self.scan.as_ref().map_or(0, codes::Codes::bytes);
-        self.graph.as_ref().map_or(0, FlatGraph::extra_bytes) + scan
+        self.graph.as_ref().map_or(0, FlatGraph::extra_bytes)
     }
 
     /// Bytes of the bitmap of its graph's nodes a scan builds (part of
