@@ -689,10 +689,18 @@ impl Generation {
                     vec![v.held.clone().expect("checked")],
                 )?;
                 // Its codes too: searches that need not be exact scan them instead of the
-                // vectors, and re-rank the best with the query's other arms.
+                // vectors, and rank the best exactly. Objects of the first version-3 writers
+                // have none: their searches scan the vectors.
+                let codes = match bundle.section_names().any(|n| n == CODES_SECTION) {
+                    true => Some(section(CODES_SECTION)?),
+                    false => None,
+                };
                 Some(Arc::new(
                     VectorIndex::open(&held, 0, metric, &section(GRAPH_SECTION)?)
-                        .and_then(|vi| vi.with_scan_codes(&section(CODES_SECTION)?, metric, v.dim))
+                        .and_then(|vi| match &codes {
+                            Some(c) => vi.with_scan_codes(c, metric, v.dim),
+                            None => Ok(vi),
+                        })
                         .map_err(|e| e.corrupt_in(object, "generation vector graph"))?,
                 ))
             }
