@@ -361,7 +361,9 @@ impl GenerationCache {
                 }
             }
         }
-        let g = Arc::new(g);
+        // Held from deletion while it lives, as every copy the loader opens is.
+        let pin = Pins::new(&self.inner.pinned, vec![(meta.id, meta.epoch)]);
+        let g = Arc::new(g.holding(pin));
         self.insert(g.clone()).await;
         Ok(g)
     }
