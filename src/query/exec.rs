@@ -378,20 +378,19 @@ async fn annotate(
 
 /// Payload columns `payload` of rows `ords` of generation `g`: fixed-width columns (numbers,
 /// dates) from their decoded whole, kept in the handle's column cache (read once, then a take
-/// per query) when the cache can keep them ([`crate::read::ColumnCache::keeps_whole`]); the
-/// others read by row.
+/// per query) when the cache can keep them for every generation the query returns rows of,
+/// `rows` rows in all ([`crate::read::ColumnCache::keeps_whole`]); the others read by row.
 async fn generation_payload(
     g: &Arc<crate::generation::Generation>,
     ords: &[usize],
     caches: &ReadCaches,
-    payload: &[usize],
+    (payload, rows): (&[usize], u64),
     schema: &SchemaRef,
 ) -> crate::Result<Vec<ArrayRef>> {
     if !g.reads_by_range() {
         return g.read_rows(ords, payload).await;
     }
     // The output schema's payload fields follow the key and the score.
-    let rows = g.num_rows() as u64;
     let narrow: Vec<bool> = (0..payload.len())
         .map(|i| {
             let width = schema.field(i + 2).data_type().primitive_width();
@@ -468,13 +467,24 @@ pub(crate) async fn take_payload(
             .or_default()
             .push((i, ord.value(i) as usize));
     }
+    // Rows of the generations the batch has rows of: a column read whole is read whole in
+    // each of them.
+    let rows_read: u64 = by_source
+        .keys()
+        .filter_map(|s| match sources.get(*s) {
+            Some(Source::Generation(g)) => Some(g.num_rows() as u64),
+            _ => None,
+        })
+        .sum();
     let reads = by_source.iter().map(|(s, rows)| async move {
         let source = sources.get(*s).ok_or_else(|| {
             crate::Error::internal(format!("a row of source {s}, which is not in the snapshot"))
         })?;
         let ords: Vec<usize> = rows.iter().map(|r| r.1).collect();
         match source {
-            Source::Generation(g) => generation_payload(g, &ords, caches, payload, schema).await,
+            Source::Generation(g) => {
+                generation_payload(g, &ords, caches, (payload, rows_read), schema).await
+            }
             Source::Memtable(_) => source.take(&ords, payload),
         }
     });

@@ -59,15 +59,15 @@ impl Default for ColumnCache {
 }
 
 impl ColumnCache {
-    /// Whether a decoded column of `bytes` is small enough to be read whole and kept: at
-    /// most an eighth of the budget, so that a few such columns of every generation a query
-    /// returns rows of fit beside each other. A larger one would be read whole again at
-    /// every query the cache could not keep it for.
+    /// Whether a column of `bytes` decoded, summed over every generation a query reads it
+    /// of, is small enough to be read whole and kept: at most a quarter of the budget, so
+    /// that a few such columns fit beside each other. A larger one would be read whole again
+    /// at every query the cache could not keep it for.
     pub(crate) fn keeps_whole(&self, bytes: u64) -> bool {
         self.cache
             .policy()
             .max_capacity()
-            .is_some_and(|budget| bytes <= budget / 8)
+            .is_some_and(|budget| bytes <= budget / 4)
     }
 
     /// A cache of at most `budget` bytes of decoded columns and passing rows.
