@@ -11,6 +11,7 @@
 //! and least frequently used are dropped; a query holding one keeps it alive until it
 //! finishes.
 
+use super::pins::{Pinned, Pins};
 use super::{Generation, Held, IndexSpec, Resident};
 use crate::format::bundle::Bundle;
 use crate::format::GenerationMeta;
@@ -101,59 +102,6 @@ struct Loader {
     /// Generations points in time hold, by `(id, epoch)`, with how many hold each: not
     /// deleted while held, whichever copy of them the cache holds (see [`Pins`]).
     pinned: Pinned,
-}
-
-/// How many hold each generation, by `(id, epoch)`: points in time, and every copy of a
-/// generation the cache opened (see [`Pins`]).
-type Pinned = Arc<std::sync::Mutex<std::collections::HashMap<(u64, u64), usize>>>;
-
-/// Generations a point in time holds ([`GenerationCache::pin`]), or a generation one opened
-/// copy reads (each copy [`Loader::load`] makes holds its own): while they live, the writer
-/// does not delete their objects, even when the cache has dropped the copy a query or a
-/// stream reads and a compaction opened another.
-pub(crate) struct Pins {
-    pinned: Pinned,
-    keys: Vec<(u64, u64)>,
-}
-
-impl Pins {
-    /// Hold `keys` in `pinned` until the pins are dropped.
-    fn new(pinned: &Pinned, keys: Vec<(u64, u64)>) -> Pins {
-        let mut held = pinned
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for k in &keys {
-            *held.entry(*k).or_insert(0) += 1;
-        }
-        drop(held);
-        Pins {
-            pinned: pinned.clone(),
-            keys,
-        }
-    }
-}
-
-impl std::fmt::Debug for Pins {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Pins({} generations)", self.keys.len())
-    }
-}
-
-impl Drop for Pins {
-    fn drop(&mut self) {
-        let mut pinned = self
-            .pinned
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for k in &self.keys {
-            if let Some(n) = pinned.get_mut(k) {
-                *n -= 1;
-                if *n == 0 {
-                    pinned.remove(k);
-                }
-            }
-        }
-    }
 }
 
 /// The most recent [`RETIRED`] retired generations, oldest first. Ids are never reused, so a

@@ -15,6 +15,7 @@
 pub(crate) mod by_hash;
 pub(crate) mod cache;
 pub(crate) mod cold;
+pub(crate) mod pins;
 pub(crate) mod rows;
 
 use crate::format::bundle::{Bundle, BundleWriter};
@@ -90,7 +91,7 @@ pub(crate) struct Generation {
     /// The position of the vector column, when the index has one.
     vector_col: Option<usize>,
     /// Opened by a handle's cache: its object, held from deletion while this copy lives.
-    object_pin: Option<cache::Pins>,
+    object_pin: Option<pins::Pins>,
 }
 
 /// What a version-3 generation opened from its hot part also holds of its cold part (a small
@@ -760,7 +761,7 @@ impl Generation {
     }
 
     /// This generation, holding its object from deletion with `pin` while it lives.
-    pub(crate) fn holding(mut self, pin: cache::Pins) -> Self {
+    pub(crate) fn holding(mut self, pin: pins::Pins) -> Self {
         self.object_pin = Some(pin);
         self
     }

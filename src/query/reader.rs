@@ -280,7 +280,7 @@ impl Reader {
     }
 
     /// The reads of `snapshot`, for as long as they are wanted: its generations are held
-    /// until the last clone goes (see [`crate::generation::cache::Pins`]).
+    /// until the last clone goes (see [`crate::generation::pins::Pins`]).
     pub(crate) fn pinned_point_in_time(&self, snapshot: Snapshot) -> PointInTime {
         let keys = snapshot
             .sources
@@ -333,7 +333,7 @@ pub struct PointInTime {
     settings: Settings,
     snapshot: Snapshot,
     /// The generations held while it lives (a point in time a user took).
-    _pins: Option<Arc<crate::generation::cache::Pins>>,
+    _pins: Option<Arc<crate::generation::pins::Pins>>,
 }
 
 impl PointInTime {
