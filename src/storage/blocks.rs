@@ -1027,4 +1027,42 @@ mod tests {
         };
         BlockCache::open(&c).await.unwrap().close().await.unwrap();
     }
+    /// A read from a thread outside any runtime after the runtime that opened the cache has
+    /// shut down (a query thread finishing a search its process is stopping): an error, not
+    /// a thread stuck for good. foyer spawns a miss's fetch while it holds the lock of the
+    /// misses in flight, and a runtime that has shut down drops a spawned task at once, on
+    /// the spawning thread, whose drop takes that lock again.
+    #[test]
+    fn a_read_after_the_opening_runtime_shut_down_ends() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (store, path, bytes) = rt.block_on(object(10_000, Duration::ZERO));
+        let cache = rt
+            .block_on(BlockCache::open(&config(1 << 20, None)))
+            .unwrap();
+        drop(rt);
+        let dyn_store: Arc<dyn ObjectStore> = store;
+        let len = bytes.len() as u64;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let r = futures::executor::block_on(cache.read(
+                &dyn_store,
+                "mem",
+                &path,
+                len,
+                0..len,
+                &accept(),
+            ));
+            let _ = tx.send(r.map(|b| b.len()));
+        });
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            // Either is fine: the bytes, or an error naming the block.
+            Ok(Ok(n)) => assert_eq!(n as u64, len),
+            Ok(Err(e)) => assert!(e.to_string().contains("o#"), "{e}"),
+            Err(_) => panic!("the read did not end within 20 s"),
+        }
+    }
 }
