@@ -121,9 +121,9 @@ pub(crate) struct BlockCache {
     /// The disk tier's runtime, when there is a disk tier, held for its drop (after
     /// `cache`'s), which closes the tier and shuts the runtime.
     _tier: Option<Arc<TierRuntime>>,
-    /// With a disk tier, the runtime that opened the cache: foyer runs a fetch on the tier's
-    /// runtime, and the object store is read on this one, where its client's connections
-    /// live and which outlives the tier's.
+    /// The runtime that opened the cache: foyer runs a miss on a runtime of its own (the disk
+    /// tier's, or [`miss_spawner`]'s), and the object store is read on this one, where its
+    /// client's connections live.
     fetch_on: Option<tokio::runtime::Handle>,
 }
 
@@ -155,6 +155,31 @@ impl TierRuntime {
 
     fn handle(&self) -> Option<tokio::runtime::Handle> {
         self.runtime.as_ref().map(|rt| rt.handle().clone())
+    }
+}
+
+/// The runtime foyer runs a memory-only cache's misses on: one thread for the process, never
+/// shut down. foyer spawns a miss while it holds the lock of the misses in flight, and a
+/// runtime that has shut down drops the task at once, on the spawning thread, whose drop takes
+/// that lock again: on the runtime that opened the cache, a read made by a query thread after
+/// that runtime ended (a process stopping mid-search) stopped its thread for good. The task
+/// here only waits for the fetch, which runs on the opening runtime ([`BlockCache::fetch_on`])
+/// and fails once that runtime is gone.
+fn miss_spawner() -> Result<Spawner> {
+    static RUNTIME: std::sync::OnceLock<std::result::Result<tokio::runtime::Runtime, String>> =
+        std::sync::OnceLock::new();
+    match RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("lsmsearch-cache-misses")
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())
+    }) {
+        Ok(rt) => Ok(Spawner::from(rt.handle().clone())),
+        Err(e) => Err(Error::internal(format!(
+            "cannot start the block cache's runtime: {e}"
+        ))),
     }
 }
 
@@ -286,7 +311,7 @@ impl BlockCache {
                     )
                     .with_recover_mode(RecoverMode::Quiet)
             }
-            _ => builder,
+            _ => builder.with_spawner(miss_spawner()?),
         };
         let cache = builder
             .build()
@@ -295,9 +320,7 @@ impl BlockCache {
         if let Some(tier) = tier.as_mut() {
             tier.cache = Some(cache.clone());
         }
-        let fetch_on = tier
-            .as_ref()
-            .and_then(|_| tokio::runtime::Handle::try_current().ok());
+        let fetch_on = tokio::runtime::Handle::try_current().ok();
         let tier = tier.map(Arc::new);
         Ok(BlockCache {
             cache,
@@ -529,6 +552,7 @@ impl BlockCache {
         let (store, path, verify) = (store.clone(), path.clone(), verify.clone());
         let counters = self.counters.clone();
         let caller = self.fetch_on.clone();
+        let block = name.clone();
         let fetch = async move {
             let want = range.end - range.start;
             let bytes = store
@@ -560,7 +584,7 @@ impl BlockCache {
             .get_or_fetch(&key, move || async move {
                 match caller {
                     Some(caller) => caller.spawn(fetch).await.map_err(|e| {
-                        Error::internal(format!("a block's fetch did not finish: {e}"))
+                        Error::io(format!("block {block}: its fetch did not finish: {e}"))
                     })?,
                     None => fetch.await,
                 }
@@ -1027,6 +1051,7 @@ mod tests {
         };
         BlockCache::open(&c).await.unwrap().close().await.unwrap();
     }
+
     /// A read from a thread outside any runtime after the runtime that opened the cache has
     /// shut down (a query thread finishing a search its process is stopping): an error, not
     /// a thread stuck for good. foyer spawns a miss's fetch while it holds the lock of the
