@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use object_store::path::Path;
+use object_store::ObjectStoreExt;
 use object_store::{
     CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
     PutMultipartOptions, PutOptions, PutPayload, PutResult,
@@ -18,6 +19,13 @@ use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// Ranged GETs (reads of part of an object: hot parts, row pages) the store failed, over
+/// every store of the process: what shows that faults reach them.
+pub static RANGED_GETS_FAILED: AtomicU64 = AtomicU64::new(0);
+
+/// Of them, reads of a generation's hot part (a range that ends where the object ends).
+pub static HOT_PART_GETS_FAILED: AtomicU64 = AtomicU64::new(0);
 
 /// How often things go wrong.
 #[derive(Debug, Clone, Copy)]
@@ -201,7 +209,17 @@ impl ObjectStore for SimStore {
         location: &Path,
         options: GetOptions,
     ) -> object_store::Result<GetResult> {
-        self.fate("get", location.as_ref()).await?;
+        let fate = self.fate("get", location.as_ref()).await;
+        if fate.is_err() && options.range.is_some() {
+            RANGED_GETS_FAILED.fetch_add(1, Ordering::Relaxed);
+            if let Some(object_store::GetRange::Bounded(r)) = &options.range {
+                let size = self.inner.head(location).await.map(|m| m.size);
+                if size.is_ok_and(|n| n == r.end && r.start > 0) {
+                    HOT_PART_GETS_FAILED.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        fate?;
         self.inner.get_opts(location, options).await
     }
 
