@@ -319,6 +319,19 @@ fn the_command_line_takes_settings_for_the_index_it_opens() {
     ]);
     let v: serde_json::Value = serde_json::from_str(stats.trim()).unwrap();
     assert!(v["generations"].as_array().is_some_and(|g| !g.is_empty()));
+    // What the handle held once open: the generations' keys at least.
+    let held = &v["cache"];
+    assert!(held["generations"].as_u64().is_some_and(|n| n > 0), "{v}");
+    assert!(
+        held["resident"]["keys"].as_u64().is_some_and(|n| n > 0),
+        "{v}"
+    );
+    let human = cli(&["stats", &location]);
+    assert!(
+        human.contains("held in memory:") && human.contains("B/row"),
+        "{human}"
+    );
+    assert!(human.contains("block cache:"), "{human}");
     // A hybrid search, its parts' columns and the one named, as JSON lines: "row 7" ranks k7
     // first in text, [7, 1, 2, 3] nearest.
     let hybrid = cli(&[

@@ -228,6 +228,13 @@ impl ShardHandle {
             ShardHandle::Reader(r) => r.stats(),
         }
     }
+
+    async fn cache_stats(&self) -> crate::CacheStats {
+        match self {
+            ShardHandle::Writer(w) => w.cache_stats().await,
+            ShardHandle::Reader(r) => r.cache_stats().await,
+        }
+    }
 }
 
 /// A sharded index: N ordinary indexes under one root (see the module documentation),
@@ -586,6 +593,12 @@ impl ShardedIndex {
     /// Each shard's statistics, by shard.
     pub fn stats(&self) -> Vec<IndexStats> {
         self.shards.iter().map(ShardHandle::stats).collect()
+    }
+
+    /// What each shard's handle holds in memory and has fetched, by shard (see
+    /// [`crate::Index::cache_stats`]).
+    pub async fn cache_stats(&self) -> Vec<crate::CacheStats> {
+        futures::future::join_all(self.shards.iter().map(ShardHandle::cache_stats)).await
     }
 
     /// A point in time of every shard: searches of it see the same rows, whatever is written

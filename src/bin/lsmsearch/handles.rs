@@ -4,8 +4,8 @@
 use arrow::array::RecordBatch;
 use lsmsearch::shard::{ShardLayout, ShardedIndex};
 use lsmsearch::{
-    CompactionReport, ErrorKind, HybridSearchOptions, Index, IndexSchema, IndexStats, Key,
-    Location, ReadOnlyIndex, SearchOptions, Settings, VectorSearchOptions, WriteOptions,
+    CacheStats, CompactionReport, ErrorKind, HybridSearchOptions, Index, IndexSchema, IndexStats,
+    Key, Location, ReadOnlyIndex, SearchOptions, Settings, VectorSearchOptions, WriteOptions,
     WriteReceipt,
 };
 
@@ -168,6 +168,15 @@ impl Reader {
         match self {
             Reader::One(i) => vec![i.stats()],
             Reader::Sharded(s) => s.stats(),
+        }
+    }
+
+    /// What each shard's handle holds in memory and has fetched (one for an index that is
+    /// not sharded).
+    pub(crate) async fn cache_stats(&self) -> Vec<CacheStats> {
+        match self {
+            Reader::One(i) => vec![i.cache_stats().await],
+            Reader::Sharded(s) => s.cache_stats().await,
         }
     }
 

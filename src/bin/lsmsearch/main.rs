@@ -260,7 +260,8 @@ enum Command {
         #[arg(long, value_parser = settings_json, default_value = "{}")]
         settings: Settings,
     },
-    /// Print generations, memtable rows, pending WAL objects and the writer epoch.
+    /// Print generations, memtable rows, pending WAL objects and the writer epoch, and what a
+    /// handle holds in memory once open (by kind, per row) and fetched to open.
     Stats {
         #[command(flatten)]
         open: Open,
@@ -534,12 +535,23 @@ async fn run(cli: Cli) -> lsmsearch::Result<()> {
         Command::Stats { open } => {
             let index = Reader::open(&open.location, open.settings).await?;
             let stats = index.stats();
+            let held = index.cache_stats().await;
             index.close().await?;
-            for (i, s) in stats.iter().enumerate() {
-                if stats.len() > 1 && !json {
+            for (i, (s, c)) in stats.iter().zip(&held).enumerate() {
+                if json {
+                    // The index's statistics, with what the handle held once open.
+                    let mut v = serde_json::to_value(s).unwrap_or_default();
+                    if let Some(o) = v.as_object_mut() {
+                        o.insert("cache".into(), serde_json::to_value(c).unwrap_or_default());
+                    }
+                    println!("{v}");
+                    continue;
+                }
+                if stats.len() > 1 {
                     println!("{}shard {i}", if i > 0 { "\n" } else { "" });
                 }
-                print_stats(s, json);
+                print_stats(s, false);
+                print_held(s, c);
             }
             Ok(())
         }
@@ -1259,6 +1271,48 @@ fn lists_for_json(b: &RecordBatch) -> lsmsearch::Result<RecordBatch> {
         }
     }
     Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)?)
+}
+
+/// What a read-only handle holds in memory once open (the hot parts of its generations, by
+/// kind, and per row), and what its opening fetched through the block cache.
+fn print_held(s: &IndexStats, c: &lsmsearch::CacheStats) {
+    let r = &c.resident;
+    let held = r.keys + r.text + r.graph + r.vectors + r.other + r.whole;
+    let rows: u64 = s.generations.iter().map(|g| g.rows).sum();
+    let per_row = |b: u64| {
+        if rows == 0 {
+            0.0
+        } else {
+            b as f64 / rows as f64
+        }
+    };
+    println!(
+        "held in memory:      {} bytes in {} generations (budget {}), {:.1} B/row",
+        held,
+        c.generations,
+        c.budget,
+        per_row(held)
+    );
+    println!(
+        "  by kind, B/row:    keys {:.1}, text {:.1}, graph and codes {:.1}, vectors {:.1}, \
+         other {:.1}, whole generations {:.1}",
+        per_row(r.keys),
+        per_row(r.text),
+        per_row(r.graph),
+        per_row(r.vectors),
+        per_row(r.other),
+        per_row(r.whole)
+    );
+    println!(
+        "block cache:         {} bytes in memory; {} blocks read: {} memory hits, {} disk hits, \
+         {} fetched ({} bytes)",
+        c.block_bytes,
+        c.blocks_read,
+        c.block_memory_hits,
+        c.block_disk_hits,
+        c.blocks_fetched,
+        c.block_bytes_fetched
+    );
 }
 
 pub(crate) fn print_stats(s: &IndexStats, json: bool) {
