@@ -158,8 +158,8 @@ impl TierRuntime {
     }
 }
 
-/// The runtime foyer runs a memory-only cache's misses on: one thread for the process, never
-/// shut down. foyer spawns a miss while it holds the lock of the misses in flight, and a
+/// The runtime foyer runs a memory-only cache's misses on: one for the process, never shut
+/// down. foyer spawns a miss while it holds the lock of the misses in flight, and a
 /// runtime that has shut down drops the task at once, on the spawning thread, whose drop takes
 /// that lock again: on the runtime that opened the cache, a read made by a query thread after
 /// that runtime ended (a process stopping mid-search) stopped its thread for good. The task
@@ -170,7 +170,9 @@ fn miss_spawner() -> Result<Spawner> {
         std::sync::OnceLock::new();
     match RUNTIME.get_or_init(|| {
         tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
+            // A miss's task inserts its block (and evicts) when the fetch ends: one thread
+            // per core, so that a burst of misses of many handles does not queue behind one.
+            .worker_threads(std::thread::available_parallelism().map_or(1, |n| n.get()))
             .thread_name("lsmsearch-cache-misses")
             .enable_all()
             .build()
