@@ -8,6 +8,8 @@
 #
 # Each build keeps its indexes in OUT/NAME (built in the first round, reused after) and each
 # run's results in OUT/res/NAME-G-ROUND.json; `summary.py OUT BASE` prints the warm p50s.
+# Use a new OUT for new binaries: an index a build left in OUT/NAME is reused by whichever
+# binary runs under that NAME next.
 set -u
 if [ $# -lt 3 ]; then
   echo "usage: $0 ROUNDS OUT NAME=BINARY[:EXTRA ARGS] NAME=BINARY[:EXTRA ARGS] ..." >&2
@@ -24,6 +26,8 @@ for r in $(seq 1 "$rounds"); do
       name=${spec%%=*}; rest=${spec#*=}
       bin=${rest%%:*}; extra=""
       [[ "$rest" == *:* ]] && extra=${rest#*:}
+      # No result of an earlier run in OUT may stand in for a failed one.
+      rm -f "$out/res/$name-$g-$r.json"
       # shellcheck disable=SC2086 # the extra arguments are words
       if ! "$bin" bench generations --gens "$g" --reuse --cold-queries 1 --out "$out/$name" $extra \
         > "$out/res/$name-$g-$r.log" 2>&1; then
