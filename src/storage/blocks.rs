@@ -585,8 +585,11 @@ impl BlockCache {
         self.cache
             .get_or_fetch(&key, move || async move {
                 match caller {
-                    Some(caller) => caller.spawn(fetch).await.map_err(|e| {
-                        Error::io(format!("block {block}: its fetch did not finish: {e}"))
+                    Some(caller) => caller.spawn(fetch).await.map_err(|e| match e.is_panic() {
+                        // A fault of ours, which no retry mends.
+                        true => Error::internal(format!("block {block}: its fetch panicked")),
+                        // Cancelled: the runtime that opened the cache has shut down.
+                        false => Error::io(format!("block {block}: its fetch did not finish: {e}")),
                     })?,
                     None => fetch.await,
                 }
