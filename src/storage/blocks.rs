@@ -166,22 +166,24 @@ impl TierRuntime {
 /// here only waits for the fetch, which runs on the opening runtime ([`BlockCache::fetch_on`])
 /// and fails once that runtime is gone.
 fn miss_spawner() -> Result<Spawner> {
-    static RUNTIME: std::sync::OnceLock<std::result::Result<tokio::runtime::Runtime, String>> =
-        std::sync::OnceLock::new();
-    match RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
+    // Started by the first cache that needs it; a start that failed (no thread could be
+    // made) is tried again by the next open instead of failing every open after it.
+    static RUNTIME: std::sync::Mutex<Option<tokio::runtime::Runtime>> = std::sync::Mutex::new(None);
+    let mut runtime = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
+    if runtime.is_none() {
+        let started = tokio::runtime::Builder::new_multi_thread()
             // A miss's task inserts its block (and evicts) when the fetch ends: one thread
             // per core, so that a burst of misses of many handles does not queue behind one.
             .worker_threads(std::thread::available_parallelism().map_or(1, |n| n.get()))
             .thread_name("lsmsearch-cache-misses")
             .enable_all()
             .build()
-            .map_err(|e| e.to_string())
-    }) {
-        Ok(rt) => Ok(Spawner::from(rt.handle().clone())),
-        Err(e) => Err(Error::internal(format!(
-            "cannot start the block cache's runtime: {e}"
-        ))),
+            .map_err(|e| Error::internal(format!("cannot start the block cache's runtime: {e}")))?;
+        *runtime = Some(started);
+    }
+    match runtime.as_ref() {
+        Some(rt) => Ok(Spawner::from(rt.handle().clone())),
+        None => Err(Error::internal("the block cache's runtime did not start")),
     }
 }
 
