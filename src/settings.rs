@@ -387,4 +387,28 @@ mod tests {
         };
         assert!(fewer.validate().is_err());
     }
+
+    /// A disk budget split between the shards of a sharded handle leaves each at least what
+    /// a disk tier needs (two of its 1 MiB disk blocks: see `BlockCache::open`), as the
+    /// memory budget does: a user's 4 MiB over three shards is not an error about 1.3 MiB
+    /// they never set.
+    #[test]
+    fn a_shared_disk_budget_leaves_each_part_what_a_disk_tier_needs() {
+        let s = Settings {
+            cache_disk_bytes: 4 << 20,
+            cache_dir: Some("cache".into()),
+            ..Settings::default()
+        };
+        let part = s.share(3, "shard-0");
+        assert!(part.cache_disk_bytes >= 2 << 20, "{}", part.cache_disk_bytes);
+        assert_eq!(part.cache_dir, Some(std::path::PathBuf::from("cache/shard-0")));
+        // No disk tier stays none.
+        assert_eq!(Settings::default().share(3, "shard-0").cache_disk_bytes, 0);
+        // A large budget is split evenly.
+        let large = Settings {
+            cache_disk_bytes: 3 << 30,
+            ..s
+        };
+        assert_eq!(large.share(3, "shard-0").cache_disk_bytes, 1 << 30);
+    }
 }
