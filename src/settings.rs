@@ -189,6 +189,10 @@ pub struct Settings {
 /// their keys (the block cache refuses a budget that holds fewer).
 const MIN_CACHE_BYTES: u64 = 2 * ((16 << 10) + 1024);
 
+/// The least disk budget of the block cache's disk tier: two of its disk blocks, which are at
+/// least 1 MiB (see `BlockCache::open`).
+const MIN_CACHE_DISK_BYTES: u64 = 2 << 20;
+
 impl Default for Settings {
     fn default() -> Self {
         Settings {
@@ -306,7 +310,10 @@ impl Settings {
         let parts = parts.max(1);
         Settings {
             cache_bytes: (self.cache_bytes / parts).max(2 * MIN_CACHE_BYTES),
-            cache_disk_bytes: self.cache_disk_bytes / parts,
+            cache_disk_bytes: match self.cache_disk_bytes {
+                0 => 0,
+                d => (d / parts).max(MIN_CACHE_DISK_BYTES),
+            },
             hot_cache_bytes: (self.hot_cache_bytes / parts).max(1),
             cache_dir: self.cache_dir.as_ref().map(|d| d.join(name)),
             ..self.clone()
@@ -400,8 +407,15 @@ mod tests {
             ..Settings::default()
         };
         let part = s.share(3, "shard-0");
-        assert!(part.cache_disk_bytes >= 2 << 20, "{}", part.cache_disk_bytes);
-        assert_eq!(part.cache_dir, Some(std::path::PathBuf::from("cache/shard-0")));
+        assert!(
+            part.cache_disk_bytes >= 2 << 20,
+            "{}",
+            part.cache_disk_bytes
+        );
+        assert_eq!(
+            part.cache_dir,
+            Some(std::path::PathBuf::from("cache/shard-0"))
+        );
         // No disk tier stays none.
         assert_eq!(Settings::default().share(3, "shard-0").cache_disk_bytes, 0);
         // A large budget is split evenly.
