@@ -140,8 +140,9 @@ pub struct Settings {
     /// No compaction makes a generation of more than this many rows (as Lucene caps merged
     /// segments): a merge holds its merged rows and one input's, and builds the merged
     /// generation in memory, so this bounds a compaction's memory by the setting, not by the
-    /// index (`docs/performance.md`, "Memory": with the default, a writer ingesting
-    /// 2,000,000 rows of the benchmark corpus peaked at 3.1 GB, `compact` at 1.8 GB).
+    /// index (`docs/performance.md`, "Format 4: postings by range, and a 2,000,000-row
+    /// index": with the default, `lsmsearch ingest` of 2,000,000 rows of the benchmark corpus
+    /// peaked at 1.92 GB, `compact` at 1.65 GB; a merge holds about 10 KB a merged row).
     /// Generations of at least half of it are full: the cap on the count
     /// ([`Settings::compaction_max_generations`]) applies to the others, so a large index
     /// holds up to `2 × rows / compaction_max_rows` full generations beside them. `compact()`
