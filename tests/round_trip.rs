@@ -327,8 +327,9 @@ fn the_command_line_takes_settings_for_the_index_it_opens() {
         "{v}"
     );
     let human = cli(&["stats", &location]);
+    assert!(held["rows"].as_u64().is_some_and(|n| n > 0), "{v}");
     assert!(
-        human.contains("held in memory:") && human.contains("B/row"),
+        human.contains("held in memory:") && human.contains("B per stored row"),
         "{human}"
     );
     assert!(human.contains("block cache:"), "{human}");

@@ -35,6 +35,9 @@ use std::sync::Arc;
 pub struct CacheStats {
     /// Generations held.
     pub generations: u64,
+    /// Rows stored in the generations held (every version, tombstones too): what
+    /// [`CacheStats::resident`] is held for.
+    pub rows: u64,
     /// Their weight in bytes: what each opened generation holds in memory (see
     /// [`crate::Settings::hot_cache_bytes`]).
     pub bytes: u64,
@@ -359,13 +362,16 @@ impl GenerationCache {
         self.inner.cache.run_pending_tasks().await;
         let blocks = &self.inner.cold.cache;
         let b = blocks.stats();
-        let resident = self
+        let (resident, rows) = self
             .inner
             .cache
             .iter()
-            .fold(Resident::default(), |sum, (_, g)| sum.add(g.resident()));
+            .fold((Resident::default(), 0u64), |(sum, rows), (_, g)| {
+                (sum.add(g.resident()), rows + g.meta().rows)
+            });
         CacheStats {
             generations: self.inner.cache.entry_count(),
+            rows,
             bytes: self.inner.cache.weighted_size(),
             budget: self.inner.budget,
             block_bytes: blocks.memory_bytes(),

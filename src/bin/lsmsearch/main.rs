@@ -1278,7 +1278,9 @@ fn lists_for_json(b: &RecordBatch) -> lsmsearch::Result<RecordBatch> {
 fn print_held(s: &IndexStats, c: &lsmsearch::CacheStats) {
     let r = &c.resident;
     let held = r.keys + r.text + r.graph + r.vectors + r.other + r.whole;
-    let rows: u64 = s.generations.iter().map(|g| g.rows).sum();
+    // Over the rows of the generations held (a budget below the hot parts holds fewer than
+    // the index has), every stored version and tombstone counted.
+    let rows = c.rows;
     let per_row = |b: u64| {
         if rows == 0 {
             0.0
@@ -1287,9 +1289,11 @@ fn print_held(s: &IndexStats, c: &lsmsearch::CacheStats) {
         }
     };
     println!(
-        "held in memory:      {} bytes in {} generations (budget {}), {:.1} B/row",
+        "held in memory:      {} bytes in {} of {} generations (budget {}), {:.1} B per \
+         stored row",
         held,
         c.generations,
+        s.generations.len(),
         c.budget,
         per_row(held)
     );
