@@ -85,8 +85,10 @@ pub struct Settings {
     /// 68 KiB. Default 384 MiB: 256 MiB of blocks, 64 MiB of postings, 64 MiB of columns.
     pub cache_bytes: u64,
     /// Budget, in bytes, of the disk tier of the block cache, in [`Settings::cache_dir`]; 0
-    /// (the default) or no directory: no disk tier. A process that opens the same directory
-    /// again finds the blocks an earlier one left there (each is checked again when read).
+    /// (the default) or no directory: no disk tier. At least 2 MiB when there is one. A
+    /// process that opens the same directory again finds the blocks an earlier one left there
+    /// (each is checked again when read). A sharded handle splits it evenly between its
+    /// shards, each getting 2 MiB at least.
     pub cache_disk_bytes: u64,
     /// Directory of the block cache's disk tier (created when missing). Two handles open at
     /// the same time need two directories. Default none.
