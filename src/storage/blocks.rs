@@ -171,14 +171,31 @@ fn miss_spawner() -> Result<Spawner> {
     static RUNTIME: std::sync::Mutex<Option<tokio::runtime::Runtime>> = std::sync::Mutex::new(None);
     let mut runtime = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
     if runtime.is_none() {
-        let started = tokio::runtime::Builder::new_multi_thread()
-            // A miss's task inserts its block (and evicts) when the fetch ends: one thread
-            // per core, so that a burst of misses of many handles does not queue behind one.
-            .worker_threads(std::thread::available_parallelism().map_or(1, |n| n.get()))
-            .thread_name("lsmsearch-cache-misses")
-            .enable_all()
-            .build()
-            .map_err(|e| Error::internal(format!("cannot start the block cache's runtime: {e}")))?;
+        // tokio panics when it cannot make a worker thread (and errs when it cannot make its
+        // drivers): either is an error of this open, not a panic.
+        let started = std::panic::catch_unwind(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                // A miss's task waits for its fetch, then inserts its block (and evicts): a
+                // thread per core, at most four, so that a burst of misses of many handles
+                // does not queue behind one.
+                .worker_threads(std::thread::available_parallelism().map_or(1, |n| n.get().min(4)))
+                .thread_name("lsmsearch-cache-misses")
+                .enable_all()
+                .build()
+        });
+        let started = match started {
+            Ok(Ok(rt)) => rt,
+            Ok(Err(e)) => {
+                return Err(Error::internal(format!(
+                    "cannot start the block cache's runtime: {e}"
+                )))
+            }
+            Err(_) => {
+                return Err(Error::internal(
+                    "cannot start the block cache's runtime: no thread could be made",
+                ))
+            }
+        };
         *runtime = Some(started);
     }
     match runtime.as_ref() {
