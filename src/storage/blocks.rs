@@ -1122,4 +1122,42 @@ mod tests {
             Err(_) => panic!("the read did not end within 20 s"),
         }
     }
+
+    /// The least disk budget a handle may have (2 MiB: what `Settings::share` gives a shard
+    /// at least) holds blocks of the production size on disk, and a new process finds them.
+    #[tokio::test]
+    async fn the_least_disk_budget_keeps_blocks_a_new_process_finds() {
+        let dir = tempfile::tempdir().unwrap();
+        let len = 64usize << 10;
+        let (store, path, bytes) = object(len, Duration::ZERO).await;
+        let dyn_store: Arc<dyn ObjectStore> = store.clone();
+        let block = 16u64 << 10;
+        let c = BlockCacheConfig {
+            memory_bytes: 4 * (block + 1024),
+            disk_bytes: 2 << 20,
+            disk_dir: Some(dir.path().to_path_buf()),
+            block_bytes: block,
+            concurrency: 4,
+        };
+        let len = len as u64;
+        {
+            let cache = BlockCache::open(&c).await.unwrap();
+            let got = cache
+                .read(&dyn_store, "mem", &path, len, 0..len, &accept())
+                .await
+                .unwrap();
+            assert_eq!(&got[..], &bytes[..]);
+            cache.close().await.unwrap();
+        }
+        let cache = BlockCache::open(&c).await.unwrap();
+        let gets = store.counters().gets;
+        let got = cache
+            .read(&dyn_store, "mem", &path, len, 0..len, &accept())
+            .await
+            .unwrap();
+        assert_eq!(&got[..], &bytes[..]);
+        assert_eq!(cache.stats().disk_hits, 4, "{:?}", cache.stats());
+        assert_eq!(store.counters().gets, gets, "read from disk, not the store");
+        cache.close().await.unwrap();
+    }
 }
