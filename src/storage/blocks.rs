@@ -924,8 +924,15 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::Data);
         assert!(e.to_string().contains("block 1 fails its CRC"), "{e}");
+        // The read failed as soon as block 1 did; the fetches of blocks 0 and 2 go on (and
+        // are cached): let them land before counting.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while store.counters().gets < 3 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         // Not cached: the next read fetches it again, and gets the right bytes.
         let gets = store.counters().gets;
+        assert_eq!(gets, 3, "one GET for each of blocks 0, 1 and 2");
         let got = cache
             .read(&dyn_store, "mem", &path, 3000, 1024..2048, &accept())
             .await
