@@ -295,7 +295,7 @@ pub async fn run(o: &ReaderOptions) -> Result<ReaderReport> {
     let c = setup.store.counters();
     let cache = ro.cache_stats().await;
     let r = cache.resident;
-    let held = r.keys + r.text + r.graph + r.vectors + r.other + r.whole;
+    let held = r.total();
     let peak = peak_rss_mib();
     let after = rss_mib();
     let index_bytes = setup.index_bytes;
@@ -361,7 +361,6 @@ impl ReaderReport {
     pub fn table(&self) -> String {
         use std::fmt::Write;
         let mut out = String::new();
-        let per_row = |b: u64| b as f64 / self.rows.max(1) as f64;
         let _ = writeln!(
             out,
             "{} rows in {} generations, {:.1} MB on disk",
@@ -396,17 +395,11 @@ impl ReaderReport {
             self.bytes_read as f64 / 1e6,
             self.requests
         );
-        let r = &self.resident;
         let _ = writeln!(
             out,
-            "held: {:.1} B/row (keys {:.1}, text {:.1}, graph and codes {:.1}, vectors {:.1}, other {:.1}, whole {:.1})",
+            "held: {:.1} B/row ({})",
             self.resident_bytes_per_row,
-            per_row(r.keys),
-            per_row(r.text),
-            per_row(r.graph),
-            per_row(r.vectors),
-            per_row(r.other),
-            per_row(r.whole)
+            self.resident.per_row(self.rows)
         );
         let _ = writeln!(
             out,

@@ -124,6 +124,27 @@ pub struct Resident {
 }
 
 impl Resident {
+    /// The bytes of every kind together.
+    pub fn total(&self) -> u64 {
+        self.keys + self.text + self.graph + self.vectors + self.other + self.whole
+    }
+
+    /// Each kind's bytes per row over `rows` rows, as `keys 21.1, text 9.4, graph and codes
+    /// 167.6, vectors 0.0, other 5.2, whole 0.0` (what `lsmsearch stats` and `bench reader`
+    /// print).
+    pub fn per_row(&self, rows: u64) -> String {
+        let per_row = |b: u64| b as f64 / rows.max(1) as f64;
+        format!(
+            "keys {:.1}, text {:.1}, graph and codes {:.1}, vectors {:.1}, other {:.1}, whole {:.1}",
+            per_row(self.keys),
+            per_row(self.text),
+            per_row(self.graph),
+            per_row(self.vectors),
+            per_row(self.other),
+            per_row(self.whole)
+        )
+    }
+
     /// The sum of two.
     pub(crate) fn add(self, o: Resident) -> Resident {
         Resident {

@@ -1276,18 +1276,10 @@ fn lists_for_json(b: &RecordBatch) -> lsmsearch::Result<RecordBatch> {
 /// What a read-only handle holds in memory once open (the hot parts of its generations, by
 /// kind, and per row), and what its opening fetched through the block cache.
 fn print_held(s: &IndexStats, c: &lsmsearch::CacheStats) {
-    let r = &c.resident;
-    let held = r.keys + r.text + r.graph + r.vectors + r.other + r.whole;
+    let held = c.resident.total();
     // Over the rows of the generations held (a budget below the hot parts holds fewer than
     // the index has), every stored version and tombstone counted.
     let rows = c.rows;
-    let per_row = |b: u64| {
-        if rows == 0 {
-            0.0
-        } else {
-            b as f64 / rows as f64
-        }
-    };
     println!(
         "held in memory:      {} bytes in {} of {} generations (budget {}), {:.1} B per \
          stored row",
@@ -1295,18 +1287,9 @@ fn print_held(s: &IndexStats, c: &lsmsearch::CacheStats) {
         c.generations,
         s.generations.len(),
         c.budget,
-        per_row(held)
+        held as f64 / rows.max(1) as f64
     );
-    println!(
-        "  by kind, B/row:    keys {:.1}, text {:.1}, graph and codes {:.1}, vectors {:.1}, \
-         other {:.1}, whole generations {:.1}",
-        per_row(r.keys),
-        per_row(r.text),
-        per_row(r.graph),
-        per_row(r.vectors),
-        per_row(r.other),
-        per_row(r.whole)
-    );
+    println!("  by kind, B/row:    {}", c.resident.per_row(rows));
     println!(
         "block cache:         {} bytes in memory; {} blocks read: {} memory hits, {} disk hits, \
          {} fetched ({} bytes)",
