@@ -341,13 +341,20 @@ const BLOCK: usize = 512;
 const _: () = assert!(BLOCK * MAX_WEIGHT * 255 <= i32::MAX as usize);
 #[cfg(target_arch = "x86_64")]
 const _: () = assert!(LANE_PAIRS * 2 * MAX_WEIGHT * 255 <= i32::MAX as usize);
+/// Dimensions up to which every partial sum of a row's products fits an `i32`.
+#[cfg(target_arch = "x86_64")]
+const I32_DIM: usize = i32::MAX as usize / (MAX_WEIGHT * 255);
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(I32_DIM >= 128);
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{CodeQuery, LANE_PAIRS};
+    use super::{CodeQuery, I32_DIM, LANE_PAIRS};
     use std::arch::x86_64::{
-        __m128i, __m256i, _mm256_add_epi32, _mm256_cvtepu8_epi16, _mm256_loadu_si256,
-        _mm256_madd_epi16, _mm256_setzero_si256, _mm256_storeu_si256, _mm_loadu_si128,
+        __m128i, __m256i, _mm256_add_epi32, _mm256_castsi256_si128, _mm256_cvtepu8_epi16,
+        _mm256_extracti128_si256, _mm256_hadd_epi32, _mm256_loadu_si256, _mm256_madd_epi16,
+        _mm256_setzero_si256, _mm256_storeu_si256, _mm_add_epi32, _mm_loadu_si128,
+        _mm_storeu_si128,
     };
 
     /// [`super::idot`] sixteen dimensions at a time: the codes widened to 16 bits, multiplied by
@@ -385,13 +392,66 @@ mod avx2 {
         total + super::idot(&w[whole..len], &c[whole..len])
     }
 
-    /// `q·x` of each row of `codes` (`dim` a row, at least 1), appended to `out`.
+    /// `q·x` of each row of `codes` (`dim` a row, at least 1), appended to `out`. Up to
+    /// [`I32_DIM`] dimensions, four rows at a time: the weights are loaded once for the four,
+    /// each row's sum stays in `i32` lanes (it cannot overflow there), and the four rows'
+    /// lanes are summed together by horizontal adds, not stored and added one by one.
     #[target_feature(enable = "avx2")]
     pub(super) fn dots(q: &CodeQuery, codes: &[u8], dim: usize, out: &mut Vec<f32>) {
+        if dim > I32_DIM || q.weights.len() < dim {
+            out.extend(
+                codes
+                    .chunks_exact(dim)
+                    .map(|c| q.unscaled(idot(&q.weights, c))),
+            );
+            return;
+        }
+        let w = &q.weights[..dim];
+        let whole = dim / 16 * 16;
+        let mut fours = codes.chunks_exact(4 * dim);
+        for four in &mut fours {
+            let mut acc = [_mm256_setzero_si256(); 4];
+            let mut i = 0;
+            while i < whole {
+                // SAFETY: i + 16 <= whole <= dim: 16 weights, and 16 codes of each of the four
+                // rows (row j's at j * dim + i, within the 4 * dim of `four`), are in bounds;
+                // the loads are unaligned.
+                unsafe {
+                    let weights = _mm256_loadu_si256(w.as_ptr().add(i).cast::<__m256i>());
+                    for (j, acc) in acc.iter_mut().enumerate() {
+                        let codes =
+                            _mm_loadu_si128(four.as_ptr().add(j * dim + i).cast::<__m128i>());
+                        *acc = _mm256_add_epi32(
+                            *acc,
+                            _mm256_madd_epi16(_mm256_cvtepu8_epi16(codes), weights),
+                        );
+                    }
+                }
+                i += 16;
+            }
+            // [r0 r0 r1 r1 | r0 r0 r1 r1] and the same of rows 2 and 3, then each row's four
+            // partial sums in one lane of each half.
+            let pairs = _mm256_hadd_epi32(
+                _mm256_hadd_epi32(acc[0], acc[1]),
+                _mm256_hadd_epi32(acc[2], acc[3]),
+            );
+            let sums = _mm_add_epi32(
+                _mm256_castsi256_si128(pairs),
+                _mm256_extracti128_si256::<1>(pairs),
+            );
+            let mut lanes = [0i32; 4];
+            // SAFETY: `lanes` holds 16 bytes; the store is unaligned.
+            unsafe { _mm_storeu_si128(lanes.as_mut_ptr().cast::<__m128i>(), sums) };
+            for (j, lane) in lanes.iter().enumerate() {
+                let tail = super::idot(&w[whole..], &four[j * dim + whole..(j + 1) * dim]);
+                out.push(q.unscaled(i64::from(*lane) + tail));
+            }
+        }
         out.extend(
-            codes
+            fours
+                .remainder()
                 .chunks_exact(dim)
-                .map(|c| q.unscaled(idot(&q.weights, c))),
+                .map(|c| q.unscaled(idot(w, c))),
         );
     }
 }
@@ -427,6 +487,53 @@ mod tests {
                 if std::arch::is_x86_feature_detected!("avx2") {
                     // SAFETY: the CPU supports AVX2.
                     assert_eq!(unsafe { avx2::idot(&w, &c) }, want, "len {len}, AVX2");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn keys_of_many_rows_equal_each_rows_own_sum_at_every_dimension() {
+        let mut x = 0x51_7cc1_b727_220au64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        // Dimensions around the 16-wide steps and the largest whose sums stay in i32 lanes;
+        // row counts with and without a remainder past the rows taken four at a time.
+        for dim in [1usize, 15, 16, 17, 128, 129, 513, 514, 515, 1536] {
+            for rows in [1usize, 4, 7, 9] {
+                for extreme in [false, true] {
+                    let weights: Vec<i16> = (0..dim)
+                        .map(|_| match extreme {
+                            true => 16383,
+                            false => (next() % 32767) as i16 - 16383,
+                        })
+                        .collect();
+                    let codes: Vec<u8> = (0..rows * dim)
+                        .map(|_| if extreme { 255 } else { next() as u8 })
+                        .collect();
+                    let q = CodeQuery {
+                        weights,
+                        unscale: 1.0,
+                        offset: 0.0,
+                    };
+                    let c = Codes {
+                        dim,
+                        min: vec![0.0; dim],
+                        step: vec![1.0; dim],
+                        codes,
+                        sqnorms: Vec::new(),
+                        bias: 0.0,
+                    };
+                    let mut keys = Vec::new();
+                    c.keys(Metric::Dot, &q, 0..rows, &mut keys);
+                    let want: Vec<f32> = (0..rows)
+                        .map(|r| -q.unscaled(idot(&q.weights, &c.codes[r * dim..(r + 1) * dim])))
+                        .collect();
+                    assert_eq!(keys, want, "dim {dim}, rows {rows}, extreme {extreme}");
                 }
             }
         }
