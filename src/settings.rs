@@ -58,9 +58,9 @@ pub struct Settings {
     /// fewer candidate rows than this (a walk over a sparse filter can come back short; a
     /// scan of few rows is cheap). A version-3 generation of at most this many rows is opened
     /// from its whole object and keeps its f32 vectors in memory: a search scans their 8-bit
-    /// codes and ranks its best by them exactly from those vectors (three times `k`, at least
-    /// 30), and an `exact` one scans the vectors. Larger ones keep the codes and read vectors
-    /// by range. Default 2,048.
+    /// codes, proposes its best by them to the query's round (`vector_rerank`) and ranks
+    /// those chosen exactly from those vectors; an `exact` one scans the vectors. Larger ones
+    /// keep the codes and read vectors by range. Default 2,048.
     pub vector_exact_below: usize,
     /// The active memtable gets a vector graph, filled in the background, once it holds this
     /// many rows; below it (and for `dot`) memtables are scanned exactly. Default 2,048, near
@@ -69,9 +69,10 @@ pub struct Settings {
     /// graph costs background CPU: raise it (or set `usize::MAX`) for ingest-bound workloads.
     pub memtable_graph_above: usize,
     /// A walk over a generation whose vectors stay in its object (format version 3) ranks
-    /// its candidate list by 8-bit codes of the vectors; of the candidates of every such
-    /// generation together, this many of the best by their codes (at least `k`) are
-    /// re-ranked from their exact vectors, read by range in one round. More finds more of the
+    /// its candidate list by 8-bit codes of the vectors, and a scan of a small generation's
+    /// codes ranks its rows by them; of the candidates of every such generation together,
+    /// this many of the best by their codes (at least `k`) are re-ranked from their exact
+    /// vectors, read by range in one round (or from memory, for a small generation). More finds more of the
     /// true nearest rows at the cost of reading more vectors (512 bytes each at 128-d), whatever
     /// the number of generations. Default 100.
     pub vector_rerank: usize,

@@ -1,8 +1,9 @@
 //! One re-ranking round of a vector search over generations whose vectors stay in their
-//! objects: every such arm proposes the candidates its graph found (a walk's list, or the best
-//! by a scan of the codes, at most as many as the round re-ranks), keyed by the 8-bit codes,
-//! and the query reads the exact vectors of the best [`crate::Settings::vector_rerank`]
-//! candidates of all arms together, not that many per arm. The codes' keys estimate the same
+//! objects, and small generations that hold theirs and scan their codes: every such arm
+//! proposes the candidates its graph found (a walk's list, or the best by a scan of the codes,
+//! at most as many as the round re-ranks), keyed by the 8-bit codes, and the query reads (or,
+//! held, takes) the exact vectors of the best [`crate::Settings::vector_rerank`] candidates of
+//! all arms together, not that many per arm. The codes' keys estimate the same
 //! function of the query and a row in every generation (`-q·x` over unit rows for `cosine`,
 //! `|x|² - 2 q·x` for `l2`, `-q·x` for `dot`), so candidates of different generations compare.
 //!

@@ -234,8 +234,8 @@ pub(crate) fn plan_ranked(
                 format!("hnsw ef={ef} over {} rows + exact tail", g.indexed())
             }
             ArmGraph::Codes(_) => format!(
-                "scan of codes, best {} re-ranked",
-                held_rerank(arm_k, candidates)
+                "scan of codes, re-ranked in the round of {}",
+                round.budget()
             ),
             ArmGraph::None => "exact".to_string(),
         };
@@ -245,8 +245,12 @@ pub(crate) fn plan_ranked(
             source.rows(),
             window
         );
+        // A generation that holds its vectors and scans its codes proposes its best in the
+        // round too: ranking them costs no request, but 64 such generations ranking their
+        // best 300 each (k = 100) spent a third of a vector search's CPU on it.
         let reads_vectors = matches!(&source, Source::Generation(g) if g.vector_values().is_none());
-        let ticket = reads_vectors.then(|| round.ticket());
+        let in_round = reads_vectors || matches!(&graph, ArmGraph::Codes(_));
+        let ticket = in_round.then(|| round.ticket());
         let work = arm_work(ArmParts {
             source,
             eligible,
@@ -390,16 +394,6 @@ fn arm_work(p: ArmParts) -> ArmWork {
     })
 }
 
-/// How many of its best rows by their codes an arm over a generation that holds its vectors
-/// ranks exactly, for a top `k` among `candidates` rows: three times `k`, at least 30. Its
-/// own, not chosen with other arms' (as a round of reads by range chooses): a generation's
-/// codes' keys compare between generations only up to the rounding each one's ranges make,
-/// and ranking from vectors in memory costs no request. Over 64 generations of 1,562 rows
-/// (k = 10) that is 1,920 vectors ranked per query instead of 100,000.
-fn held_rerank(k: usize, candidates: usize) -> usize {
-    k.saturating_mul(3).max(30).min(candidates.max(k))
-}
-
 /// How many rows ahead [`Arm::rank_listed`] asks for a row's vector.
 const RANK_AHEAD: usize = 8;
 
@@ -534,8 +528,9 @@ enum Candidates {
 enum ArmGraph {
     Generation(Arc<VectorIndex>),
     Memtable(Arc<MemVectorIndex>),
-    /// No walk: a scan of the codes of a generation that holds its vectors, the best
-    /// [`held_rerank`] of them ranked exactly from those vectors ([`VectorIndex::scan_keyed`]).
+    /// No walk: a scan of the codes of a generation that holds its vectors
+    /// ([`VectorIndex::scan_keyed`]), its best proposed to the query's round and those chosen
+    /// ranked exactly from the vectors it holds.
     Codes(Arc<VectorIndex>),
     None,
 }
@@ -579,27 +574,16 @@ impl Arm<'_> {
                     self.rank(admitted())
                 }
             }
-            ArmGraph::Codes(g) => {
-                // Rows without a vector have codes too (zeros): never proposed.
-                let held = self.source.vector_columns(self.vidx);
-                let has = |r: usize| held.first().is_some_and(|a| a.is_valid(r));
-                let keep = held_rerank(k, candidates);
-                match g.scan_keyed(query, k, keep, &|r| has(r) && admit(r)) {
-                    Some(keyed) if keyed.len() >= k.min(candidates) => {
-                        let rows: Vec<usize> = keyed.into_iter().map(|(_, r)| r).collect();
-                        self.rank_listed(&rows)
-                    }
-                    _ => self.rank(admitted()),
-                }
-            }
-            ArmGraph::None => self.rank(admitted()),
+            // A scan of codes is proposed to the query's round (see `arm_work`).
+            ArmGraph::Codes(_) | ArmGraph::None => self.rank(admitted()),
         }
     }
 
-    /// The rows to rank exactly for an arm whose vectors are read by range (a generation's):
-    /// the candidates its graph over codes proposes with their keys, at most `keep` (a walk's
-    /// list, or the best by a scan of the codes; the query's round chooses among them), or
-    /// every admitted row without a graph over codes or when the candidates come back short.
+    /// The rows to rank exactly for an arm in the query's round (a generation's whose vectors
+    /// are read by range, or that scans its codes): the candidates its codes propose with
+    /// their keys, at most `keep` (a walk's list, or the best by a scan of the codes; the
+    /// round chooses among them), or every admitted row without a graph over codes or when
+    /// the candidates come back short.
     fn candidate_rows(
         &self,
         graph: &ArmGraph,
@@ -608,14 +592,20 @@ impl Arm<'_> {
         candidates: usize,
     ) -> Candidates {
         let admit = |r: usize| self.eligible.admits(r);
-        if let ArmGraph::Generation(g) = graph {
-            if let Some(keyed) = g.keyed_candidates(self.query, self.k, ef, keep, &admit) {
-                if keyed.len() >= self.k.min(candidates) {
-                    return Candidates::Keyed(keyed);
-                }
+        let keyed = match graph {
+            ArmGraph::Generation(g) => g.keyed_candidates(self.query, self.k, ef, keep, &admit),
+            ArmGraph::Codes(g) => {
+                // Rows without a vector have codes too (zeros): never proposed.
+                let held = self.source.vector_columns(self.vidx);
+                let has = |r: usize| held.first().is_some_and(|a| a.is_valid(r));
+                g.scan_keyed(self.query, self.k, keep, &|r| has(r) && admit(r))
             }
+            ArmGraph::Memtable(_) | ArmGraph::None => None,
+        };
+        match keyed {
+            Some(keyed) if keyed.len() >= self.k.min(candidates) => Candidates::Keyed(keyed),
+            _ => Candidates::All(self.eligible.rows().collect()),
         }
-        Candidates::All(self.eligible.rows().collect())
     }
 
     /// Exact distances to the given rows (admitted ones only); the top k, nearest first.
