@@ -353,13 +353,18 @@ fn arm_work(p: ArmParts) -> ArmWork {
             // re-ranked from vectors read by range after the arm, with every arm's reads,
             // once the round has chosen among every such arm's candidates.
             (Source::Generation(g), Some(ticket)) => {
+                let held = g.vector_values().is_some();
                 let rows = arm.candidate_rows(&p.graph, p.ef, p.keep, p.candidates);
                 let chosen: futures::future::BoxFuture<'static, Vec<usize>> = match rows {
                     Candidates::Keyed(keyed) => {
                         let mut chosen = ticket.propose(keyed);
                         // The round chose at this arm's arrival (it came last), and every
-                        // chosen vector is in memory: ranked here, with no step after the arm.
+                        // chosen vector is in memory: ranked here, with no step after the arm
+                        // (in place, from the vectors the generation holds).
                         if let Some(rows) = (&mut chosen).now_or_never() {
+                            if held {
+                                return arm.output(arm.rank_listed(&rows), p.src, &p.ranked);
+                            }
                             let ranked_now = g.vectors_in_memory(&rows).map(|v| {
                                 rank_read(g, &rows, v?, &p.query, p.metric, p.k, p.src, &p.ranked)
                             });
@@ -373,6 +378,9 @@ fn arm_work(p: ArmParts) -> ArmWork {
                     }
                     Candidates::All(rows) => {
                         ticket.abstain();
+                        if held {
+                            return arm.output(arm.rank(rows.into_iter()), p.src, &p.ranked);
+                        }
                         Box::pin(std::future::ready(rows))
                     }
                 };
