@@ -71,10 +71,10 @@ pub struct Settings {
     /// A walk over a generation whose vectors stay in its object (format version 3) ranks
     /// its candidate list by 8-bit codes of the vectors, and a scan of a small generation's
     /// codes ranks its rows by them; of the candidates of every such generation together,
-    /// this many of the best by their codes (at least `k`) are re-ranked from their exact
-    /// vectors, read by range in one round (or from memory, for a small generation). More finds more of the
-    /// true nearest rows at the cost of reading more vectors (512 bytes each at 128-d), whatever
-    /// the number of generations. Default 100.
+    /// this many of the best by their codes (at least offset + k) are re-ranked from their
+    /// exact vectors, read by range in one round (or from memory, for a small generation).
+    /// More finds more of the true nearest rows at the cost of reading more vectors (512
+    /// bytes each at 128-d), whatever the number of generations. Default 100.
     pub vector_rerank: usize,
     /// Budget, in bytes, of the memory a handle keeps of what queries read by range from
     /// generation objects: the memory tier of its block cache (the blocks of the rows

@@ -56,9 +56,10 @@ pub(crate) fn ranked_schema(output: &SchemaRef) -> SchemaRef {
 pub(crate) enum ArmRows {
     /// The arm's rows, complete.
     Done(RecordBatch),
-    /// Reads left to do (a generation's vectors, by range): run after the arm, off the query
-    /// threads and concurrently with every other arm's, so a cold query spends one round trip
-    /// on them whatever the number of generations.
+    /// Reads left to do (a generation's vectors, by range, or the choice of the query's
+    /// re-ranking round): run after the arm, off the query threads and concurrently with
+    /// every other arm's, so a cold query spends one round trip on them whatever the number
+    /// of generations.
     Later(futures::future::BoxFuture<'static, crate::Result<RecordBatch>>),
 }
 

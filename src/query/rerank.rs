@@ -2,20 +2,21 @@
 //! objects, and small generations that hold theirs and scan their codes: every such arm
 //! proposes the candidates its graph found (a walk's list, or the best by a scan of the codes,
 //! at most as many as the round re-ranks), keyed by the 8-bit codes, and the query reads (or,
-//! held, takes) the exact vectors of the best [`crate::Settings::vector_rerank`] candidates of
-//! all arms together, not that many per arm. The codes' keys estimate the same
-//! function of the query and a row in every generation (`-q·x` over unit rows for `cosine`,
-//! `|x|² - 2 q·x` for `l2`, `-q·x` for `dot`), so candidates of different generations compare.
+//! held, takes) the exact vectors of the best [`crate::Settings::vector_rerank`] (at least
+//! offset + k) candidates of all arms together, not that many per arm. The codes' keys
+//! estimate the same function of the query and a row in every generation (`-q·x` over unit
+//! rows for `cosine`, `|x|² - 2 q·x` for `l2`, `-q·x` for `dot`), so candidates of different
+//! generations compare.
 //!
 //! A cold query over 14 generations of a 2,000,000-row index read 1,400 vectors (1,567
 //! requests, 25.7 MB through 16 KiB blocks) with 100 per arm; with 100 over all arms it reads
 //! about a tenth of that, and the distances it returns stay exact.
 //!
 //! The round waits for every arm given a ticket before the plan sealed it: an arm that
-//! re-ranks every admitted row instead (no graph, a walk that came back short) abstains, and
-//! an arm that never proposes (its work failed or never ran) abstains when its [`Ticket`]
-//! drops with the plan. DataFusion's merge starts every arm of the plan it runs at once, so
-//! no arm waits for one that has not started.
+//! re-ranks every admitted row instead (no graph, a walk or a scan of codes that came back
+//! short) abstains, and an arm that never proposes (its work failed or never ran) abstains
+//! when its [`Ticket`] drops with the plan. DataFusion's merge starts every arm of the plan
+//! it runs at once, so no arm waits for one that has not started.
 
 use futures::future::BoxFuture;
 use std::sync::{Arc, Mutex};

@@ -204,7 +204,8 @@ pub(crate) fn plan_ranked(
     let query: Arc<Vec<f32>> = Arc::new(query.to_vec());
     let mut arms: Vec<ArmSpec> = Vec::with_capacity(sources.len());
     let all_sources = sources.clone();
-    // The arms whose vectors are read by range choose what they re-rank together.
+    // The arms whose vectors are read by range, and the small generations that scan their
+    // codes, choose what they re-rank together.
     let round = RerankRound::new(settings.vector_rerank.max(window));
     for (src, ((source, live), fm)) in sources.into_iter().zip(live).zip(filter_rows).enumerate() {
         let live_rows = live.count();
@@ -331,12 +332,14 @@ struct ArmParts {
     src: usize,
     /// The schema of the rows it returns ([`ranked_schema`]).
     ranked: SchemaRef,
-    /// The arm's place in the query's re-ranking round, when its vectors are read by range.
+    /// The arm's place in the query's re-ranking round, when its vectors are read by range
+    /// or it scans the codes of vectors it holds.
     ticket: Option<Ticket>,
 }
 
 /// The work of one arm: its top k from its graph (or a scan), ranked exactly, the rows of a
-/// generation whose vectors are in its object re-ranked from vectors read after the arm.
+/// generation whose vectors are in its object re-ranked from vectors read after the arm, and
+/// those of a generation that holds its vectors once the round has chosen them.
 fn arm_work(p: ArmParts) -> ArmWork {
     Arc::new(move |stop| {
         stop.check()?;
@@ -349,9 +352,9 @@ fn arm_work(p: ArmParts) -> ArmWork {
             k: p.k,
         };
         match (&p.source, &p.ticket) {
-            // Its vectors are in the object: what the walk (or the scan) proposes is
-            // re-ranked from vectors read by range after the arm, with every arm's reads,
-            // once the round has chosen among every such arm's candidates.
+            // What the walk (or the scan) proposes is re-ranked once the round has chosen
+            // among every such arm's candidates: from vectors read by range after the arm,
+            // with every arm's reads, when they are in the object.
             (Source::Generation(g), Some(ticket)) => {
                 let held = g.vector_values().is_some();
                 let rows = arm.candidate_rows(&p.graph, p.ef, p.keep, p.candidates);
@@ -410,9 +413,9 @@ const RANK_AHEAD: usize = 8;
 /// way while it ranks one: two chunks in memory at most).
 const RERANK_CHUNK_BYTES: usize = 8 << 20;
 
-/// The arm's rows of a generation whose vectors are read by range: `rows` (the candidates
-/// its arm proposes, all admitted) re-ranked from their exact vectors, the best `k` by
-/// distance then key.
+/// The arm's rows of a generation whose vectors are read by range (or held, when the round
+/// chose after the arm): `rows` (the candidates its arm proposes, all admitted) re-ranked
+/// from their exact vectors, the best `k` by distance then key.
 fn rerank_later(
     g: Arc<Generation>,
     rows: futures::future::BoxFuture<'static, Vec<usize>>,
@@ -524,7 +527,7 @@ fn rank_read(
     finish_hits(heap, g, src, ranked_schema)
 }
 
-/// What an arm whose vectors are read by range re-ranks.
+/// What an arm in the query's round re-ranks.
 enum Candidates {
     /// Its walk's candidates with their codes' keys, for the query's round to choose from.
     Keyed(Vec<(f32, usize)>),
