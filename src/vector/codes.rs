@@ -505,15 +505,16 @@ mod tests {
         // row counts with and without a remainder past the rows taken four at a time.
         for dim in [1usize, 15, 16, 17, 128, 129, 513, 514, 515, 1536] {
             for rows in [1usize, 4, 7, 9] {
-                for extreme in [false, true] {
+                // Random weights, then the largest codes times the largest weights of each sign.
+                for extreme in [0i16, 16383, -16383] {
                     let weights: Vec<i16> = (0..dim)
                         .map(|_| match extreme {
-                            true => 16383,
-                            false => (next() % 32767) as i16 - 16383,
+                            0 => (next() % 32767) as i16 - 16383,
+                            w => w,
                         })
                         .collect();
                     let codes: Vec<u8> = (0..rows * dim)
-                        .map(|_| if extreme { 255 } else { next() as u8 })
+                        .map(|_| if extreme != 0 { 255 } else { next() as u8 })
                         .collect();
                     let q = CodeQuery {
                         weights,
