@@ -229,17 +229,7 @@ pub(crate) fn plan_ranked(
             (Some(g), _) if !opts.exact && g.scans_codes() => ArmGraph::Codes(g.clone()),
             _ => ArmGraph::None,
         };
-        let mode = match &graph {
-            ArmGraph::Generation(_) => format!("hnsw ef={ef}"),
-            ArmGraph::Memtable(g) => {
-                format!("hnsw ef={ef} over {} rows + exact tail", g.indexed())
-            }
-            ArmGraph::Codes(_) => format!(
-                "scan of codes, re-ranked in the round of {}",
-                round.budget()
-            ),
-            ArmGraph::None => "exact".to_string(),
-        };
+        let mode = graph.describe(ef, round.budget());
         let description = format!(
             "source={}, rows={}, live={live_rows}, candidates={candidates}, metric={metric:?}, {mode}, k={}",
             source.name(),
@@ -544,6 +534,20 @@ enum ArmGraph {
     /// ranked exactly from the vectors it holds.
     Codes(Arc<VectorIndex>),
     None,
+}
+
+impl ArmGraph {
+    /// How the arm finds its rows, as its plan shows it (`ef`, the round's `budget`).
+    fn describe(&self, ef: usize, budget: usize) -> String {
+        match self {
+            ArmGraph::Generation(_) => format!("hnsw ef={ef}"),
+            ArmGraph::Memtable(g) => {
+                format!("hnsw ef={ef} over {} rows + exact tail", g.indexed())
+            }
+            ArmGraph::Codes(_) => format!("scan of codes, re-ranked in the round of {budget}"),
+            ArmGraph::None => "exact".to_string(),
+        }
+    }
 }
 
 /// One arm's search.
