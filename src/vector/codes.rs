@@ -460,15 +460,19 @@ mod avx2 {
 mod tests {
     use super::*;
 
-    #[test]
-    fn integer_sums_are_exact_on_every_path_at_their_extremes() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
+    /// A xorshift generator from `seed` (not 0).
+    fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+        move || {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
             x
-        };
+        }
+    }
+
+    #[test]
+    fn integer_sums_are_exact_on_every_path_at_their_extremes() {
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
         // Lengths around the 16-wide steps and past a lane's LANE_PAIRS steps.
         for len in [0usize, 1, 15, 16, 17, 128, 129, 4095, 4096, 4111, 9000] {
             for extreme in [false, true] {
@@ -494,13 +498,7 @@ mod tests {
 
     #[test]
     fn keys_of_many_rows_equal_each_rows_own_sum_at_every_dimension() {
-        let mut x = 0x51_7cc1_b727_220au64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = xorshift(0x51_7cc1_b727_220a);
         // Dimensions around the 16-wide steps and the largest whose sums stay in i32 lanes;
         // row counts with and without a remainder past the rows taken four at a time.
         for dim in [1usize, 15, 16, 17, 128, 129, 513, 514, 515, 1536] {
