@@ -610,9 +610,12 @@ impl Arm<'_> {
         let keyed = match graph {
             ArmGraph::Generation(g) => g.keyed_candidates(self.query, self.k, ef, keep, &admit),
             ArmGraph::Codes(g) => {
-                // Rows without a vector have codes too (zeros): never proposed.
+                // Rows without a vector have codes too (zeros): never proposed. The column's
+                // null bits are read directly (`Array::is_valid` is a dynamic call per row).
                 let held = self.source.vector_columns(self.vidx);
-                let has = |r: usize| held.first().is_some_and(|a| a.is_valid(r));
+                let column = held.first();
+                let nulls = column.and_then(|a| a.nulls());
+                let has = |r: usize| column.is_some() && nulls.is_none_or(|n| n.is_valid(r));
                 g.scan_keyed(self.query, self.k, keep, &|r| has(r) && admit(r))
             }
             ArmGraph::Memtable(_) | ArmGraph::None => None,
