@@ -377,6 +377,15 @@ impl From<tokio::task::JoinError> for Error {
     }
 }
 
+/// The text a panic carried (its `&str` or `String` payload), empty for any other payload.
+pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

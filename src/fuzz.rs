@@ -630,13 +630,7 @@ fn fuzz(target: &Target, execs: u64, seed: u64) -> std::result::Result<u64, Stri
         WATCHED.with(|w| w.set(false));
         let largest = LARGEST.with(Cell::get);
         let violation = match r {
-            Err(p) => Some(format!(
-                "panic: {}",
-                p.downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default()
-            )),
+            Err(p) => Some(format!("panic: {}", crate::error::panic_text(&*p))),
             Ok(Err(e)) => Some(e),
             Ok(Ok(())) if largest > ALLOCATION_BOUND => {
                 Some(format!("an allocation of {largest} bytes"))

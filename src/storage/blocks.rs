@@ -606,15 +606,10 @@ impl BlockCache {
                 match caller {
                     Some(caller) => caller.spawn(fetch).await.map_err(|e| match e.is_panic() {
                         // A fault of ours, which no retry mends.
-                        true => {
-                            let panic = e.into_panic();
-                            let what = panic
-                                .downcast_ref::<&str>()
-                                .map(|s| s.to_string())
-                                .or_else(|| panic.downcast_ref::<String>().cloned())
-                                .unwrap_or_default();
-                            Error::internal(format!("block {block}: its fetch panicked: {what}"))
-                        }
+                        true => Error::internal(format!(
+                            "block {block}: its fetch panicked: {}",
+                            crate::error::panic_text(&*e.into_panic())
+                        )),
                         // Cancelled: the runtime that opened the cache has shut down.
                         false => Error::io(format!("block {block}: its fetch did not finish: {e}")),
                     })?,
