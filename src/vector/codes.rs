@@ -539,14 +539,9 @@ mod tests {
     }
 
     fn vectors(rows: usize, dim: usize) -> Vec<f32> {
-        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = xorshift(0x2545_f491_4f6c_dd1d);
         (0..rows * dim)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x % 20_000) as f32 / 1000.0 - 10.0
-            })
+            .map(|_| (next() % 20_000) as f32 / 1000.0 - 10.0)
             .collect()
     }
 
