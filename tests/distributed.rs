@@ -227,6 +227,102 @@ async fn three_workers_in_this_process_search_as_one_process() {
     local.close().await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_searched_again_takes_one_round_until_its_statistics_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let (location, mut live) = build(dir.path()).await;
+    let addrs = workers_here(3).await;
+    let remote = DistributedIndex::open(&location, &addrs).await.unwrap();
+    let uncached = DistributedIndex::open(&location, &addrs)
+        .await
+        .unwrap()
+        .with_statistics_cache(0);
+    let root = Location::parse(&location).unwrap();
+    let opts = SearchOptions {
+        k: 6,
+        offset: 1,
+        explain: true,
+        ..SearchOptions::default()
+    };
+    let hybrid = HybridSearchOptions {
+        k: 5,
+        exact: true,
+        ..HybridSearchOptions::default()
+    };
+    let v = [1.0, 0.0, 0.5, 0.5];
+    // Rounds a search took, and its rows.
+    async fn counted<F: std::future::Future<Output = lsmsearch::Result<Vec<RecordBatch>>>>(
+        remote: &DistributedIndex,
+        search: F,
+    ) -> (u64, Option<RecordBatch>) {
+        let before = remote.rounds();
+        let rows = search.await.unwrap();
+        (remote.rounds() - before, one(&rows))
+    }
+    for step in 0..3 {
+        let local = ShardedIndex::open_read_only(root.clone(), settings())
+            .await
+            .unwrap();
+        let docs = live
+            .iter()
+            .map(|(k, r)| (k.clone(), vec![Some(r.body.clone())]))
+            .collect();
+        let reference = Reference::new(&["body"], &docs);
+        for q in ["shock layer", "+flow heat", "mach OR drag -plate"] {
+            let ctx = format!("step {step}: {q:?}");
+            let want = one(&local.search_fts(q, &opts).await.unwrap());
+            let all: Vec<(String, f32)> = reference.search(q, false).into_iter().skip(1).collect();
+            // First search of a query since its statistics changed: two rounds (with the
+            // statistics kept: scored and checked, then scored again).
+            let (rounds, got) = counted(&remote, remote.search_fts(q, &opts)).await;
+            assert_eq!(rounds, 2, "{ctx}");
+            assert_eq!(got, want, "{ctx}");
+            assert_same_ranking(&ranked(got.as_slice()), &all, 6, &ctx);
+            // Searched again: one round, the same rows.
+            let (rounds, got) = counted(&remote, remote.search_fts(q, &opts)).await;
+            assert_eq!(rounds, 1, "{ctx}: again");
+            assert_eq!(got, want, "{ctx}: again");
+            // Keeping no statistics: always two.
+            let (rounds, got) = counted(&uncached, uncached.search_fts(q, &opts)).await;
+            assert_eq!(rounds, 2, "{ctx}: uncached");
+            assert_eq!(got, want, "{ctx}: uncached");
+            // A hybrid search's text part keeps them too: one round a part.
+            let want = one(&local.search_hybrid(q, &v, &hybrid).await.unwrap());
+            let (_, got) = counted(&remote, remote.search_hybrid(q, &v, &hybrid)).await;
+            assert_eq!(got, want, "{ctx}: hybrid");
+            let (rounds, got) = counted(&remote, remote.search_hybrid(q, &v, &hybrid)).await;
+            assert_eq!(rounds, 2, "{ctx}: hybrid again");
+            assert_eq!(got, want, "{ctx}: hybrid again");
+        }
+        local.close().await.unwrap();
+        // New rows and deletes in every shard change every query's statistics.
+        let writer = ShardedIndex::open(root.clone(), settings()).await.unwrap();
+        let s = schema();
+        let fresh: Vec<Row> = (200 + step * 40..240 + step * 40)
+            .map(|i| row(i, step + 5))
+            .collect();
+        writer.append(&batch(&s, &fresh)).await.unwrap();
+        for r in fresh {
+            live.insert(r.id.clone(), r);
+        }
+        let gone: Vec<Key> = live
+            .keys()
+            .step_by(7)
+            .map(|k| Key::from(k.as_str()))
+            .collect();
+        writer.delete(&gone).await.unwrap();
+        for k in &gone {
+            if let Key::Str(k) = k {
+                live.remove(k);
+            }
+        }
+        if step == 1 {
+            writer.flush().await.unwrap();
+        }
+        writer.close().await.unwrap();
+    }
+}
+
 /// Worker processes, killed (and continued first, if stopped) when dropped: a failing test
 /// leaves none behind.
 struct Workers(Vec<(Child, String)>);

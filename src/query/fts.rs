@@ -185,6 +185,17 @@ impl FtsStatistics {
         self.tokens.get(column).copied().unwrap_or(0)
     }
 
+    /// About how many bytes these statistics take in memory.
+    pub(crate) fn size(&self) -> usize {
+        let tokens: usize = self.tokens.keys().map(|c| c.len() + 48).sum();
+        let terms: usize = self
+            .doc_freq
+            .iter()
+            .map(|(t, _)| t.serialized_value_bytes().len() + 48)
+            .sum();
+        std::mem::size_of::<FtsStatistics>() + tokens + terms
+    }
+
     /// Add `other`'s counts to these (shares of the same query over disjoint rows).
     pub fn add(&mut self, other: &FtsStatistics) {
         self.docs = self.docs.saturating_add(other.docs);

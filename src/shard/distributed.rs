@@ -22,7 +22,9 @@ use crate::query::{
 use crate::{
     Error, ErrorKind, IndexSchema, Location, PointInTime, ReadOnlyIndex, Result, Settings,
 };
-use arrow::array::{ArrayRef, RecordBatch, StringArray, UInt32Array, UInt64Array};
+use arrow::array::{
+    Array, ArrayRef, Float32Array, RecordBatch, StringArray, UInt32Array, UInt64Array,
+};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::DataFusionError;
@@ -148,6 +150,14 @@ enum Request {
         options: SearchOptions,
         statistics: FtsStatistics,
     },
+    /// The shard's best `options.k` rows of `query` scored with `statistics` (the sums an
+    /// earlier search found), and the shard's own statistics of `query`, by which the
+    /// coordinator checks those sums: one round where they still hold, instead of two.
+    FtsChecked {
+        query: String,
+        options: SearchOptions,
+        statistics: FtsStatistics,
+    },
     /// The shard's count of rows matching `query` (scored with `statistics` when given).
     Count {
         query: String,
@@ -171,10 +181,14 @@ enum Pin {
     Once,
 }
 
+/// The format of the [`ShardNode`]s this process sends: 2 (format 1 had no
+/// [`Request::FtsChecked`]).
+const NODE_FORMAT: u32 = 2;
+
 /// What a [`ShardExec`] carries to its worker (its codec's JSON).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct ShardNode {
-    /// The format of this message: 1.
+    /// The format of this message ([`NODE_FORMAT`]).
     version: u32,
     /// The sharded index's location, as a worker parses it.
     location: String,
@@ -208,18 +222,14 @@ impl ShardNode {
                 ])),
                 None,
             ),
-            Request::Fts { options, .. } => {
-                let columns =
-                    returned_columns(&self.schema, options.columns.as_deref(), SCORE_COLUMN)?;
-                let base = crate::query::output_schema(&self.schema, SCORE_COLUMN, &columns);
-                let schema = crate::query::annotate::annotated_schema(
-                    &self.schema,
-                    &base,
-                    options.highlight.as_ref(),
-                    options.explain,
-                )?;
-                (schema, Some((true, SCORE_COLUMN)))
-            }
+            Request::Fts { options, .. } => (
+                fts_output(&self.schema, options)?,
+                Some((true, SCORE_COLUMN)),
+            ),
+            Request::FtsChecked { options, .. } => (
+                checked_output(fts_output(&self.schema, options)?.as_ref()),
+                Some((true, SCORE_COLUMN)),
+            ),
             Request::Vector { options, .. } => {
                 let columns =
                     returned_columns(&self.schema, options.columns.as_deref(), DISTANCE_COLUMN)?;
@@ -238,6 +248,82 @@ impl ShardNode {
             ..self.clone()
         }
     }
+}
+
+/// The rows of a shard's full-text part: key, `_score`, the columns `options` names, and
+/// its highlights and explanations.
+fn fts_output(schema: &IndexSchema, options: &SearchOptions) -> Result<SchemaRef> {
+    let columns = returned_columns(schema, options.columns.as_deref(), SCORE_COLUMN)?;
+    let base = crate::query::output_schema(schema, SCORE_COLUMN, &columns);
+    crate::query::annotate::annotated_schema(
+        schema,
+        &base,
+        options.highlight.as_ref(),
+        options.explain,
+    )
+}
+
+/// The shard a row of a checked full-text part's statistics is of (null on a ranked row).
+const SHARD_COLUMN: &str = "_shard";
+
+/// A shard's statistics (JSON) on a checked full-text part's rows of statistics.
+const STATISTICS_COLUMN: &str = "_statistics";
+
+/// The rows of a checked full-text part ([`Request::FtsChecked`]): its ranked rows (`rows`,
+/// every column but `_score` nullable), then `_shard` and `_statistics`. A row of
+/// statistics has `_score` +∞, so that the merge above the tasks puts every shard's first,
+/// and nulls in the other columns.
+fn checked_output(rows: &Schema) -> SchemaRef {
+    let mut fields: Vec<Field> = rows
+        .fields()
+        .iter()
+        .map(|f| {
+            let nullable = f.is_nullable() || f.name() != SCORE_COLUMN;
+            f.as_ref().clone().with_nullable(nullable)
+        })
+        .collect();
+    fields.push(Field::new(SHARD_COLUMN, DataType::UInt32, true));
+    fields.push(Field::new(STATISTICS_COLUMN, DataType::Utf8, true));
+    Arc::new(Schema::new(fields))
+}
+
+/// A checked full-text part's one batch of `schema` ([`checked_output`]): a row of each of
+/// `shards`' statistics (`shares`), then the ranked `rows`.
+fn checked_rows(
+    schema: &SchemaRef,
+    shards: &[usize],
+    shares: &[FtsStatistics],
+    rows: &[RecordBatch],
+) -> Result<RecordBatch> {
+    let n = shards.len();
+    let json: Vec<String> = shares
+        .iter()
+        .map(|s| serde_json::to_string(s).map_err(|e| Error::internal(e.to_string())))
+        .collect::<Result<_>>()?;
+    let mut json = Some(json);
+    let columns: Vec<ArrayRef> = schema
+        .fields()
+        .iter()
+        .map(|f| match f.name().as_str() {
+            SCORE_COLUMN => Arc::new(Float32Array::from(vec![f32::INFINITY; n])) as ArrayRef,
+            SHARD_COLUMN => Arc::new(UInt32Array::from_iter_values(
+                shards.iter().map(|s| *s as u32),
+            )),
+            STATISTICS_COLUMN => Arc::new(StringArray::from(json.take().unwrap_or_default())),
+            _ => arrow::array::new_null_array(f.data_type(), n),
+        })
+        .collect();
+    let mut batches = vec![RecordBatch::try_new(schema.clone(), columns)?];
+    for b in rows {
+        let mut columns = b.columns().to_vec();
+        columns.push(arrow::array::new_null_array(
+            &DataType::UInt32,
+            b.num_rows(),
+        ));
+        columns.push(arrow::array::new_null_array(&DataType::Utf8, b.num_rows()));
+        batches.push(RecordBatch::try_new(schema.clone(), columns)?);
+    }
+    Ok(arrow::compute::concat_batches(schema, &batches)?)
 }
 
 /// A shard's part of a sharded search: the leaf of the plan a worker runs. One partition:
@@ -287,6 +373,9 @@ impl DisplayAs for ShardExec {
         let what = match &self.node.request {
             Request::Statistics { query, .. } => format!("statistics of {query:?}"),
             Request::Fts { query, options, .. } => format!("full text {query:?}, k={}", options.k),
+            Request::FtsChecked { query, options, .. } => {
+                format!("full text {query:?} (statistics checked), k={}", options.k)
+            }
             Request::Count { query, .. } => format!("count of {query:?}"),
             Request::Vector { options, .. } => format!("vector, k={}", options.k),
         };
@@ -348,9 +437,9 @@ impl ExecutionPlan for ShardExec {
 
 /// Run `node` on this worker: its shards' parts, as one batch of `schema`.
 async fn run(node: &ShardNode, schema: &SchemaRef) -> Result<RecordBatch> {
-    if node.version != 1 {
+    if !(1..=NODE_FORMAT).contains(&node.version) {
         return Err(Error::invalid(format!(
-            "a shard task of format {} (this worker reads format 1)",
+            "a shard task of format {} (this worker reads formats 1 to {NODE_FORMAT})",
             node.version
         )));
     }
@@ -410,6 +499,25 @@ async fn run(node: &ShardNode, schema: &SchemaRef) -> Result<RecordBatch> {
                 pits,
             };
             Parts::fts(&local, query, options, statistics).await?
+        }
+        // The rows scored with the sums given, and the statistics of the points in time
+        // they were read at.
+        Request::FtsChecked {
+            query,
+            options,
+            statistics,
+        } => {
+            let local = super::ShardedPointInTime {
+                schema: node.schema.clone(),
+                pits,
+            };
+            let shares = futures::future::try_join_all(
+                local.pits.iter().map(|p| p.fts_statistics(query, options)),
+            );
+            let (shares, rows) =
+                futures::future::try_join(shares, Parts::fts(&local, query, options, statistics))
+                    .await?;
+            vec![checked_rows(schema, &node.reads, &shares, &rows)?]
         }
         Request::Vector { query, options } => {
             let local = super::ShardedPointInTime {
@@ -743,6 +851,35 @@ pub struct DistributedIndex {
     /// The workers that write shards and serve their tasks.
     writers: HashMap<usize, Url>,
     ctx: SessionContext,
+    /// The full-text statistics searches found, summed over the shards, by query: a search
+    /// of a query found here scores with them at once and checks them in the same round.
+    statistics: Option<StatisticsCache>,
+    /// Rounds of tasks sent to workers.
+    rounds: std::sync::atomic::AtomicU64,
+}
+
+/// Full-text statistics summed over the shards, by [`statistics_key`], weighed in bytes.
+type StatisticsCache = moka::future::Cache<String, Arc<FtsStatistics>>;
+
+/// The bytes of statistics a [`DistributedIndex`] keeps by default.
+const DEFAULT_STATISTICS_CACHE: u64 = 4 << 20;
+
+/// A cache of at most `bytes` of statistics, none when `bytes` is 0.
+fn statistics_cache(bytes: u64) -> Option<StatisticsCache> {
+    (bytes > 0).then(|| {
+        moka::future::Cache::builder()
+            .max_capacity(bytes)
+            .weigher(|k: &String, v: &Arc<FtsStatistics>| {
+                u32::try_from(k.len() + v.size()).unwrap_or(u32::MAX)
+            })
+            .eviction_policy(moka::policy::EvictionPolicy::lru())
+            .build()
+    })
+}
+
+/// What the statistics of a full-text search depend on: its query and how its terms join.
+fn statistics_key(query: &str, options: &SearchOptions) -> String {
+    format!("{:?}\n{query}", options.conjunction)
 }
 
 impl std::fmt::Debug for DistributedIndex {
@@ -804,6 +941,8 @@ impl DistributedIndex {
             workers: urls,
             writers: HashMap::new(),
             ctx: SessionContext::from(state),
+            statistics: statistics_cache(DEFAULT_STATISTICS_CACHE),
+            rounds: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -834,6 +973,25 @@ impl DistributedIndex {
     pub fn with_task_timeout(mut self, timeout: Duration) -> DistributedIndex {
         self.task_timeout = timeout;
         self
+    }
+
+    /// Keep at most `bytes` of full-text statistics (default 4 MiB; 0 keeps none).
+    ///
+    /// A full-text search takes two rounds of tasks: the shards' statistics of its query, then
+    /// their rows scored with the sums. A search of a query whose sums are kept takes one: the
+    /// shards score with the sums kept and return their own statistics with their rows; when
+    /// those still sum to what was kept, the rows are the search's, and otherwise a second
+    /// round scores with the new sums, on the same points in time (a round more than keeping
+    /// none would have taken: none).
+    pub fn with_statistics_cache(mut self, bytes: u64) -> DistributedIndex {
+        self.statistics = statistics_cache(bytes);
+        self
+    }
+
+    /// The rounds of tasks this handle's searches sent to the workers so far (a round: every
+    /// shard's task of one phase), the rounds of failed attempts included.
+    pub fn rounds(&self) -> u64 {
+        self.rounds.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// A new attempt of a search over `route`: the token its points in time are pinned under.
@@ -1067,7 +1225,7 @@ impl Search<'_> {
             other => other,
         };
         ShardNode {
-            version: 1,
+            version: NODE_FORMAT,
             location: self.index.location.clone(),
             schema: self.index.layout.schema.clone(),
             shards: self.index.layout.shards,
@@ -1115,6 +1273,7 @@ impl Search<'_> {
         match request {
             Request::Statistics { options, .. }
             | Request::Fts { options, .. }
+            | Request::FtsChecked { options, .. }
             | Request::Count { options, .. } => {
                 crate::query::fts::check_min_score(options.min_score)
             }
@@ -1132,6 +1291,9 @@ impl Search<'_> {
     /// Run `node` over every shard through the workers.
     async fn run(&self, node: ShardNode, fetch: Option<usize>) -> Result<Vec<RecordBatch>> {
         self.check(&node.request)?;
+        self.index
+            .rounds
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // One copy of the session's state a round, not two (each clones its registries, as
         // the task context made from it does once more).
         let state = self.state();
@@ -1277,6 +1439,30 @@ impl Parts for Search<'_> {
         self.run(node, Some(options.k)).await
     }
 
+    /// The statistics kept for `query`, when any: the shards score with them and check them
+    /// in one round; otherwise, or when they no longer hold, the statistics found are kept
+    /// and the shards score with those in a second round (of the same points in time).
+    async fn ranked_fts(&self, query: &str, options: &SearchOptions) -> Result<Vec<RecordBatch>> {
+        let Some(cache) = &self.index.statistics else {
+            let statistics = self.statistics(query, options).await?;
+            return self.fts(query, options, &statistics).await;
+        };
+        let key = statistics_key(query, options);
+        let statistics = match cache.get(&key).await {
+            Some(kept) => {
+                let (rows, found) = self.fts_checked(query, options, &kept).await?;
+                if found == *kept {
+                    return Ok(rows);
+                }
+                found
+            }
+            None => self.statistics(query, options).await?,
+        };
+        let statistics = Arc::new(statistics);
+        cache.insert(key, statistics.clone()).await;
+        self.fts(query, options, &statistics).await
+    }
+
     async fn count(
         &self,
         query: &str,
@@ -1341,6 +1527,67 @@ impl Parts for Search<'_> {
 }
 
 impl Search<'_> {
+    /// Each shard's best `options.k` rows scored with `kept` (summed statistics an earlier
+    /// search found), merged, and the shards' statistics of the points in time they read,
+    /// summed: one round of tasks.
+    async fn fts_checked(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+        kept: &FtsStatistics,
+    ) -> Result<(Vec<RecordBatch>, FtsStatistics)> {
+        let shards = self.index.layout.shards as usize;
+        let pin = match self.taken() {
+            true => Pin::Find,
+            false => Pin::Take,
+        };
+        let node = self.node(
+            pin,
+            Request::FtsChecked {
+                query: query.to_string(),
+                options: options.clone(),
+                statistics: kept.clone(),
+            },
+        );
+        let ranked = fts_output(&self.index.layout.schema, options)?;
+        // Every shard's row of statistics comes first (`_score` +∞), then the best rows.
+        let batches = self
+            .run(node, Some(options.k.saturating_add(shards)))
+            .await?;
+        self.taken.store(true, std::sync::atomic::Ordering::Release);
+        let mut sum = FtsStatistics::default();
+        let mut seen = vec![false; shards];
+        let mut rows = Vec::with_capacity(batches.len());
+        for b in &batches {
+            let n = b.num_columns();
+            let (Some(shard), Some(json)) = (
+                b.column_by_name(SHARD_COLUMN)
+                    .and_then(|c| c.as_any().downcast_ref::<UInt32Array>()),
+                b.column_by_name(STATISTICS_COLUMN)
+                    .and_then(|c| c.as_any().downcast_ref::<StringArray>()),
+            ) else {
+                return Err(Error::internal(
+                    "a checked full-text part of an unexpected type",
+                ));
+            };
+            for i in (0..b.num_rows()).filter(|i| shard.is_valid(*i)) {
+                let share: FtsStatistics = serde_json::from_str(json.value(i))
+                    .map_err(|e| Error::internal(format!("shard statistics: {e}")))?;
+                sum.add(&share);
+                if let Some(s) = seen.get_mut(shard.value(i) as usize) {
+                    *s = true;
+                }
+            }
+            let kept = arrow::compute::filter_record_batch(b, &arrow::compute::is_null(shard)?)?;
+            if kept.num_rows() > 0 {
+                let columns = kept.columns()[..n.saturating_sub(2)].to_vec();
+                rows.push(RecordBatch::try_new(ranked.clone(), columns)?);
+            }
+        }
+        self.all_shards(&seen)?;
+        Ok((rows, sum))
+    }
+
     /// Whether another attempt may succeed where this one failed, and the workers it must
     /// leave out.
     fn retry(&self) -> Option<Vec<Url>> {

@@ -743,6 +743,14 @@ pub(crate) trait Parts: Send + Sync {
         statistics: &FtsStatistics,
     ) -> Result<Vec<RecordBatch>>;
 
+    /// Each shard's best `options.k` rows (`options.offset` is 0) scored with the shards'
+    /// statistics of `query` summed, merged by score then key: the statistics first, then the
+    /// rows scored with them. Both read the same point in time of each shard.
+    async fn ranked_fts(&self, query: &str, options: &SearchOptions) -> Result<Vec<RecordBatch>> {
+        let statistics = self.statistics(query, options).await?;
+        self.fts(query, options, &statistics).await
+    }
+
     /// The shards' counts, summed; scores (for `min_score`) with `statistics` when given.
     async fn count(
         &self,
@@ -825,14 +833,13 @@ pub(crate) async fn search_fts(
 ) -> Result<Vec<RecordBatch>> {
     within_deadline("full-text", options.timeout, async {
         let window = result_window(options.k, options.offset)?;
-        let stats = parts.statistics(query, options).await?;
         let each = SearchOptions {
             k: window,
             offset: 0,
             timeout: None,
             ..options.clone()
         };
-        let ranked = parts.fts(query, &each, &stats).await?;
+        let ranked = parts.ranked_fts(query, &each).await?;
         merge(vec![ranked], SCORE_COLUMN, true, options.offset, options.k)
     })
     .await
@@ -923,10 +930,7 @@ pub(crate) async fn search_hybrid(
             columns,
             ..VectorSearchOptions::default()
         };
-        let text = async {
-            let stats = parts.statistics(query, &text_opts).await?;
-            parts.fts(query, &text_opts, &stats).await
-        };
+        let text = parts.ranked_fts(query, &text_opts);
         let near = parts.vector(vector, &vector_opts);
         let (text, near) = futures::future::try_join(text, near).await?;
         fuse(schema, &text, &near, options)
