@@ -312,7 +312,7 @@ pub(crate) fn parse_query(
         return Err(Error::invalid("full-text query is empty"));
     }
     let index = ts.query_index();
-    let mut parser = QueryParser::for_index(&index, ts.fields().to_vec());
+    let mut parser = QueryParser::for_index(index, ts.fields().to_vec());
     if conjunction == Conjunction::And {
         parser.set_conjunction_by_default();
     }

@@ -15,8 +15,10 @@ use tantivy::TantivyDocument;
 #[derive(Debug, Clone)]
 pub(crate) struct TextSchema {
     pub(super) schema: Schema,
-    /// The text fields alone, for parsing queries.
-    pub(super) query_schema: Schema,
+    /// An empty in-memory index of the text fields alone, to parse queries with: a query can
+    /// name a text column, never the internal `_row` field. Made once: making one writes its
+    /// meta file, which cost every parse of a query its share.
+    query_index: tantivy::Index,
     /// One field per text column, in schema order.
     pub(super) fields: Vec<Field>,
     /// Column positions of the text columns in the user schema.
@@ -48,13 +50,13 @@ impl TextSchema {
         // the same ids): the internal `_row` field is no field of a query.
         let mut q = Schema::builder();
         text_fields(&mut q);
-        let query_schema = q.build();
+        let query_index = tantivy::Index::create_in_ram(q.build());
         let mut b = Schema::builder();
         let fields = text_fields(&mut b);
         let row = b.add_u64_field(ROW_FIELD, INDEXED | FAST);
         Some(Arc::new(TextSchema {
             schema: b.build(),
-            query_schema,
+            query_index,
             fields,
             columns: (1..=schema.text.len()).collect(),
             row,
@@ -88,8 +90,8 @@ impl TextSchema {
 
     /// An empty in-memory index of the text fields alone, to parse queries with: a query can
     /// name a text column, never the internal `_row` field.
-    pub(crate) fn query_index(&self) -> tantivy::Index {
-        tantivy::Index::create_in_ram(self.query_schema.clone())
+    pub(crate) fn query_index(&self) -> &tantivy::Index {
+        &self.query_index
     }
 
     /// Add the non-tombstone rows of `batch` (stored rows) as documents numbered from `first_row`,
