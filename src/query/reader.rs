@@ -86,7 +86,7 @@ impl Reader {
             user_schema: schema.arrow_schema(),
             stored_schema,
             text_schema,
-            pool: QueryPool::new(settings.query_threads, settings.query_piece_docs)?,
+            pool: QueryPool::shared(settings.query_threads, settings.query_piece_docs)?,
             schema,
             settings,
             generations,

@@ -5,7 +5,7 @@
 
 use crate::{Error, Result};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 /// A handle's query threads.
 pub(crate) struct QueryPool {
@@ -93,6 +93,29 @@ impl QueryPool {
         }))
     }
 
+    /// The pool of `threads` threads (0: one per core) and `piece_docs` that every handle of
+    /// this process opened with the same two settings shares, started by the first and
+    /// ended when the last is dropped. The shards of a sharded index, and the shards a worker
+    /// serves, then search on one set of threads, not one set each: a search of N shards
+    /// woke N pools' threads, which spin a while before they sleep and took the cores from
+    /// the threads with work.
+    pub(crate) fn shared(threads: usize, piece_docs: usize) -> Result<Arc<QueryPool>> {
+        type Pools = std::sync::Mutex<std::collections::HashMap<(usize, usize), Weak<QueryPool>>>;
+        static POOLS: std::sync::OnceLock<Pools> = std::sync::OnceLock::new();
+        let mut pools = POOLS
+            .get_or_init(Pools::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let key = (threads, piece_docs);
+        if let Some(pool) = pools.get(&key).and_then(Weak::upgrade) {
+            return Ok(pool);
+        }
+        let pool = QueryPool::new(threads, piece_docs)?;
+        pools.retain(|_, p| p.strong_count() > 0);
+        pools.insert(key, Arc::downgrade(&pool));
+        Ok(pool)
+    }
+
     /// Documents of a text segment one thread scores at least (0: a segment is one piece).
     pub(crate) fn piece_docs(&self) -> u32 {
         self.piece_docs
@@ -148,6 +171,26 @@ impl QueryPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn handles_with_the_same_settings_share_one_pool_while_one_holds_it() {
+        // Settings no other test of this binary uses: no other test holds these pools.
+        let a = QueryPool::shared(3, 7_001).unwrap();
+        let b = QueryPool::shared(3, 7_001).unwrap();
+        assert!(
+            Arc::ptr_eq(&a, &b),
+            "two handles' pools of the same settings"
+        );
+        assert_eq!(a.threads(), 3);
+        let other = QueryPool::shared(2, 7_001).unwrap();
+        assert!(!Arc::ptr_eq(&a, &other), "a pool of other settings");
+        assert_eq!(other.threads(), 2);
+        let weak = Arc::downgrade(&a);
+        drop((a, b));
+        assert!(weak.upgrade().is_none(), "a pool no handle holds was kept");
+        let again = QueryPool::shared(3, 7_001).unwrap();
+        assert_eq!(again.threads(), 3);
+    }
 
     #[tokio::test]
     async fn a_dropped_arm_never_runs_and_a_panic_is_an_error() {
