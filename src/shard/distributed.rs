@@ -921,6 +921,9 @@ impl DistributedIndex {
             .with_distributed_scale_up_leaf_node_handler(scale_up)
             // One task a shard, however many workers.
             .with_distributed_max_tasks_per_stage(task_count(layout.shards as usize))?
+            // Nothing reads the tasks' metrics: a worker would gather and send them after
+            // every task.
+            .with_distributed_metrics_collection(false)?
             .with_distributed_route_tasks_handler(move |ev: RouteTasksEvent| {
                 // Task i reads shard i and goes to the worker the search's route names for
                 // it: both phases of a search find a shard's point in time on the worker
