@@ -912,8 +912,11 @@ impl DistributedIndex {
             workers: urls.as_ref().clone(),
             writers: HashMap::new(),
         };
+        // A search's plan is built here, already physical and in the order it must run: its
+        // session needs the distributed planner, not SQL functions or optimizer rules, whose
+        // copies and passes were most of the cost of planning a round.
         let state = SessionStateBuilder::new()
-            .with_default_features()
+            .with_physical_optimizer_rules(Vec::new())
             .with_distributed_worker_resolver(Urls(urls.clone()))
             .with_distributed_planner()
             .with_distributed_user_codec(ShardCodec)
@@ -1241,7 +1244,8 @@ impl Search<'_> {
 
     /// `node` over every shard, merged by its order (keeping `fetch` rows) when it has one,
     /// made distributed by the session's planner (which plans from a logical plan: a scan of
-    /// a table whose plan this is), in `state` (the attempt's, [`Search::state`]).
+    /// a table whose plan this is, planned as it is: there is nothing to optimize), in
+    /// `state` (the attempt's, [`Search::state`]).
     async fn planned(
         &self,
         state: &datafusion::execution::SessionState,
@@ -1257,7 +1261,10 @@ impl Search<'_> {
         let source = datafusion::datasource::provider_as_source(Arc::new(Planned(plan)));
         let logical =
             datafusion::logical_expr::LogicalPlanBuilder::scan("shards", source, None)?.build()?;
-        Ok(state.create_physical_plan(&logical).await?)
+        Ok(state
+            .query_planner()
+            .create_physical_plan(&logical, state)
+            .await?)
     }
 
     /// The session state of this attempt: the index's, with its route.
