@@ -323,6 +323,44 @@ async fn a_query_searched_again_takes_one_round_until_its_statistics_change() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statistics_kept_before_a_shard_outgrew_them_are_found_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (location, _) = build(dir.path()).await;
+    let remote = DistributedIndex::open(&location, &workers_here(3).await)
+        .await
+        .unwrap();
+    let root = Location::parse(&location).unwrap();
+    let opts = SearchOptions::with_k(5);
+    // No row holds the term: the sums kept count none.
+    assert!(one(&remote.search_fts("zebra", &opts).await.unwrap()).is_none());
+    // Rows holding it, in one shard: that shard alone counts more than the sums kept.
+    let writer = ShardedIndex::open(root.clone(), settings()).await.unwrap();
+    let layout = remote.layout().clone();
+    let zebras: Vec<Row> = (900..960)
+        .map(|i| Row {
+            body: format!("zebra {}", WORDS[i % 8]),
+            ..row(i, 7)
+        })
+        .filter(|r| layout.shard_of(&Key::Str(r.id.clone())) == 0)
+        .take(3)
+        .collect();
+    writer.append(&batch(&schema(), &zebras)).await.unwrap();
+    writer.close().await.unwrap();
+    let local = ShardedIndex::open_read_only(root, settings())
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        let got = remote.search_fts("zebra", &opts).await.unwrap();
+        assert_eq!(ranked(&got).len(), 3);
+        assert_eq!(
+            one(&got),
+            one(&local.search_fts("zebra", &opts).await.unwrap())
+        );
+    }
+    local.close().await.unwrap();
+}
+
 /// Worker processes, killed (and continued first, if stopped) when dropped: a failing test
 /// leaves none behind.
 struct Workers(Vec<(Child, String)>);
