@@ -150,13 +150,14 @@ enum Request {
         options: SearchOptions,
         statistics: FtsStatistics,
     },
-    /// The shard's best `options.k` rows of `query` scored with `statistics` (the sums an
-    /// earlier search found), and the shard's own statistics of `query`, by which the
-    /// coordinator checks those sums: one round where they still hold, instead of two.
+    /// The shard's own statistics of `query`, and, when they are still `shares[shard]` (the
+    /// shares an earlier search found, whose sum is `statistics`), its best `options.k` rows
+    /// scored with `statistics`: one round where the shares still hold, instead of two.
     FtsChecked {
         query: String,
         options: SearchOptions,
         statistics: FtsStatistics,
+        shares: Vec<FtsStatistics>,
     },
     /// The shard's count of rows matching `query` (scored with `statistics` when given).
     Count {
@@ -500,24 +501,35 @@ async fn run(node: &ShardNode, schema: &SchemaRef) -> Result<RecordBatch> {
             };
             Parts::fts(&local, query, options, statistics).await?
         }
-        // The rows scored with the sums given, and the statistics of the points in time
-        // they were read at.
+        // The statistics of the points in time read and, when each is the share the sums
+        // given were made of, the rows scored with those sums. A shard whose share changed
+        // scores nothing: the sums no longer hold, and may count less than it does.
         Request::FtsChecked {
             query,
             options,
             statistics,
+            shares: kept,
         } => {
-            let local = super::ShardedPointInTime {
-                schema: node.schema.clone(),
-                pits,
+            let found = futures::future::try_join_all(
+                pits.iter().map(|p| p.fts_statistics(query, options)),
+            )
+            .await?;
+            let unchanged = node
+                .reads
+                .iter()
+                .zip(&found)
+                .all(|(shard, share)| kept.get(*shard) == Some(share));
+            let rows = match unchanged {
+                true => {
+                    let local = super::ShardedPointInTime {
+                        schema: node.schema.clone(),
+                        pits,
+                    };
+                    Parts::fts(&local, query, options, statistics).await?
+                }
+                false => Vec::new(),
             };
-            let shares = futures::future::try_join_all(
-                local.pits.iter().map(|p| p.fts_statistics(query, options)),
-            );
-            let (shares, rows) =
-                futures::future::try_join(shares, Parts::fts(&local, query, options, statistics))
-                    .await?;
-            vec![checked_rows(schema, &node.reads, &shares, &rows)?]
+            vec![checked_rows(schema, &node.reads, &found, &rows)?]
         }
         Request::Vector { query, options } => {
             let local = super::ShardedPointInTime {
@@ -851,15 +863,16 @@ pub struct DistributedIndex {
     /// The workers that write shards and serve their tasks.
     writers: HashMap<usize, Url>,
     ctx: SessionContext,
-    /// The full-text statistics searches found, summed over the shards, by query: a search
-    /// of a query found here scores with them at once and checks them in the same round.
+    /// The full-text statistics searches found of each shard, by query: a search of a query
+    /// found here scores with their sums at once where the shards' own still equal them.
     statistics: Option<StatisticsCache>,
     /// Rounds of tasks sent to workers.
     rounds: std::sync::atomic::AtomicU64,
 }
 
-/// Full-text statistics summed over the shards, by [`statistics_key`], weighed in bytes.
-type StatisticsCache = moka::future::Cache<String, Arc<FtsStatistics>>;
+/// Each shard's full-text statistics of a query (by shard), by [`statistics_key`], weighed
+/// in bytes.
+type StatisticsCache = moka::future::Cache<String, Arc<Vec<FtsStatistics>>>;
 
 /// The bytes of statistics a [`DistributedIndex`] keeps by default.
 const DEFAULT_STATISTICS_CACHE: u64 = 4 << 20;
@@ -869,12 +882,20 @@ fn statistics_cache(bytes: u64) -> Option<StatisticsCache> {
     (bytes > 0).then(|| {
         moka::future::Cache::builder()
             .max_capacity(bytes)
-            .weigher(|k: &String, v: &Arc<FtsStatistics>| {
-                u32::try_from(k.len() + v.size()).unwrap_or(u32::MAX)
+            .weigher(|k: &String, v: &Arc<Vec<FtsStatistics>>| {
+                let size: usize = v.iter().map(FtsStatistics::size).sum();
+                u32::try_from(k.len() + size).unwrap_or(u32::MAX)
             })
             .eviction_policy(moka::policy::EvictionPolicy::lru())
             .build()
     })
+}
+
+/// The sum of the shards' `shares`.
+fn sum(shares: &[FtsStatistics]) -> FtsStatistics {
+    let mut sum = FtsStatistics::default();
+    shares.iter().for_each(|s| sum.add(s));
+    sum
 }
 
 /// What the statistics of a full-text search depend on: its query and how its terms join.
@@ -1393,43 +1414,7 @@ impl Search<'_> {
 #[async_trait::async_trait]
 impl Parts for Search<'_> {
     async fn statistics(&self, query: &str, options: &SearchOptions) -> Result<FtsStatistics> {
-        let shards = self.index.layout.shards as usize;
-        // A second look at the statistics (a count with a floor, after the search) reads the
-        // same points in time, or fails.
-        let pin = match self.taken() {
-            true => Pin::Find,
-            false => Pin::Take,
-        };
-        let node = self.node(
-            pin,
-            Request::Statistics {
-                query: query.to_string(),
-                options: options.clone(),
-            },
-        );
-        // One row a shard: the merge's fetch keeps it above the tasks (a merge of one
-        // partition without a fetch is planned away, and the tasks with it).
-        let rows = self.run(node, Some(shards)).await?;
-        self.taken.store(true, std::sync::atomic::Ordering::Release);
-        let mut sum = FtsStatistics::default();
-        let mut seen = vec![false; self.index.layout.shards as usize];
-        for b in &rows {
-            let shards = b.column(0).as_any().downcast_ref::<UInt32Array>();
-            let json = b.column(1).as_any().downcast_ref::<StringArray>();
-            let (Some(shards), Some(json)) = (shards, json) else {
-                return Err(Error::internal("shard statistics of an unexpected type"));
-            };
-            for i in 0..b.num_rows() {
-                let share: FtsStatistics = serde_json::from_str(json.value(i))
-                    .map_err(|e| Error::internal(format!("shard statistics: {e}")))?;
-                sum.add(&share);
-                if let Some(s) = seen.get_mut(shards.value(i) as usize) {
-                    *s = true;
-                }
-            }
-        }
-        self.all_shards(&seen)?;
-        Ok(sum)
+        Ok(sum(&self.shares(query, options).await?))
     }
 
     async fn fts(
@@ -1458,18 +1443,19 @@ impl Parts for Search<'_> {
             return self.fts(query, options, &statistics).await;
         };
         let key = statistics_key(query, options);
-        let statistics = match cache.get(&key).await {
+        let shares = match cache.get(&key).await {
             Some(kept) => {
                 let (rows, found) = self.fts_checked(query, options, &kept).await?;
+                // Every shard scored with the kept sums: its share is the one they count.
                 if found == *kept {
                     return Ok(rows);
                 }
                 found
             }
-            None => self.statistics(query, options).await?,
+            None => self.shares(query, options).await?,
         };
-        let statistics = Arc::new(statistics);
-        cache.insert(key, statistics.clone()).await;
+        let statistics = sum(&shares);
+        cache.insert(key, Arc::new(shares)).await;
         self.fts(query, options, &statistics).await
     }
 
@@ -1537,15 +1523,57 @@ impl Parts for Search<'_> {
 }
 
 impl Search<'_> {
-    /// Each shard's best `options.k` rows scored with `kept` (summed statistics an earlier
-    /// search found), merged, and the shards' statistics of the points in time they read,
-    /// summed: one round of tasks.
+    /// Each shard's statistics of `query` (by shard): one round of tasks.
+    async fn shares(&self, query: &str, options: &SearchOptions) -> Result<Vec<FtsStatistics>> {
+        let shards = self.index.layout.shards as usize;
+
+        // A second look at the statistics (a count with a floor, after the search) reads the
+        // same points in time, or fails.
+        let pin = match self.taken() {
+            true => Pin::Find,
+            false => Pin::Take,
+        };
+        let node = self.node(
+            pin,
+            Request::Statistics {
+                query: query.to_string(),
+                options: options.clone(),
+            },
+        );
+        // One row a shard: the merge's fetch keeps it above the tasks (a merge of one
+        // partition without a fetch is planned away, and the tasks with it).
+        let rows = self.run(node, Some(shards)).await?;
+        self.taken.store(true, std::sync::atomic::Ordering::Release);
+        let mut found: Vec<Option<FtsStatistics>> = vec![None; shards];
+        for b in &rows {
+            let shards = b.column(0).as_any().downcast_ref::<UInt32Array>();
+            let json = b.column(1).as_any().downcast_ref::<StringArray>();
+            let (Some(shards), Some(json)) = (shards, json) else {
+                return Err(Error::internal("shard statistics of an unexpected type"));
+            };
+            for i in 0..b.num_rows() {
+                let share: FtsStatistics = serde_json::from_str(json.value(i))
+                    .map_err(|e| Error::internal(format!("shard statistics: {e}")))?;
+                if let Some(s) = found.get_mut(shards.value(i) as usize) {
+                    *s = Some(share);
+                }
+            }
+        }
+        let seen: Vec<bool> = found.iter().map(Option::is_some).collect();
+        self.all_shards(&seen)?;
+        Ok(found.into_iter().flatten().collect())
+    }
+
+    /// The shards' statistics of the points in time they read (by shard), and the best
+    /// `options.k` rows, merged, of the shards whose statistics are still their share of
+    /// `kept` (each shard's, an earlier search found), scored with the sums of `kept`: one
+    /// round of tasks.
     async fn fts_checked(
         &self,
         query: &str,
         options: &SearchOptions,
-        kept: &FtsStatistics,
-    ) -> Result<(Vec<RecordBatch>, FtsStatistics)> {
+        kept: &[FtsStatistics],
+    ) -> Result<(Vec<RecordBatch>, Vec<FtsStatistics>)> {
         let shards = self.index.layout.shards as usize;
         let pin = match self.taken() {
             true => Pin::Find,
@@ -1556,7 +1584,8 @@ impl Search<'_> {
             Request::FtsChecked {
                 query: query.to_string(),
                 options: options.clone(),
-                statistics: kept.clone(),
+                statistics: sum(kept),
+                shares: kept.to_vec(),
             },
         );
         let ranked = fts_output(&self.index.layout.schema, options)?;
@@ -1565,8 +1594,7 @@ impl Search<'_> {
             .run(node, Some(options.k.saturating_add(shards)))
             .await?;
         self.taken.store(true, std::sync::atomic::Ordering::Release);
-        let mut sum = FtsStatistics::default();
-        let mut seen = vec![false; shards];
+        let mut found: Vec<Option<FtsStatistics>> = vec![None; shards];
         let mut rows = Vec::with_capacity(batches.len());
         for b in &batches {
             let n = b.num_columns();
@@ -1583,19 +1611,20 @@ impl Search<'_> {
             for i in (0..b.num_rows()).filter(|i| shard.is_valid(*i)) {
                 let share: FtsStatistics = serde_json::from_str(json.value(i))
                     .map_err(|e| Error::internal(format!("shard statistics: {e}")))?;
-                sum.add(&share);
-                if let Some(s) = seen.get_mut(shard.value(i) as usize) {
-                    *s = true;
+                if let Some(s) = found.get_mut(shard.value(i) as usize) {
+                    *s = Some(share);
                 }
             }
-            let kept = arrow::compute::filter_record_batch(b, &arrow::compute::is_null(shard)?)?;
-            if kept.num_rows() > 0 {
-                let columns = kept.columns()[..n.saturating_sub(2)].to_vec();
+            let ranked_rows =
+                arrow::compute::filter_record_batch(b, &arrow::compute::is_null(shard)?)?;
+            if ranked_rows.num_rows() > 0 {
+                let columns = ranked_rows.columns()[..n.saturating_sub(2)].to_vec();
                 rows.push(RecordBatch::try_new(ranked.clone(), columns)?);
             }
         }
+        let seen: Vec<bool> = found.iter().map(Option::is_some).collect();
         self.all_shards(&seen)?;
-        Ok((rows, sum))
+        Ok((rows, found.into_iter().flatten().collect()))
     }
 
     /// Whether another attempt may succeed where this one failed, and the workers it must
