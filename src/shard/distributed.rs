@@ -182,8 +182,8 @@ enum Pin {
     Once,
 }
 
-/// The format of the [`ShardNode`]s this process sends: 2 (format 1 had no
-/// [`Request::FtsChecked`]).
+/// The newest format of the [`ShardNode`]s this process sends: 2, for a
+/// [`Request::FtsChecked`] (format 1 has none; every other request is sent as format 1).
 const NODE_FORMAT: u32 = 2;
 
 /// What a [`ShardExec`] carries to its worker (its codec's JSON).
@@ -1251,8 +1251,14 @@ impl Search<'_> {
             Pin::Take if self.single => Pin::Once,
             other => other,
         };
+        // Format 1 when format 1 says it all: a worker that reads only format 1 serves every
+        // task but a checked one.
+        let version = match request {
+            Request::FtsChecked { .. } => NODE_FORMAT,
+            _ => 1,
+        };
         ShardNode {
-            version: NODE_FORMAT,
+            version,
             location: self.index.location.clone(),
             schema: self.index.layout.schema.clone(),
             shards: self.index.layout.shards,
