@@ -342,8 +342,22 @@ impl ShardExec {
         // by shard. Either way the merge above the tasks keeps their order, and the planner
         // puts the tasks on workers below it.
         let ordering = match order {
+            // A checked part's rows of statistics have `_score` +∞ and no key: with keys
+            // ordered nulls first, they come before any row, even one scored +∞ (a huge
+            // boost), and the merge's fetch keeps every one.
             Some((descending, value)) => {
-                crate::query::exec::sort_ordering(&schema, descending, value)?
+                let ordering = crate::query::exec::sort_ordering(&schema, descending, value)?;
+                match node.request {
+                    Request::FtsChecked { .. } => {
+                        let mut exprs: Vec<_> = ordering.iter().cloned().collect();
+                        if let Some(key) = exprs.get_mut(1) {
+                            key.options.nulls_first = true;
+                        }
+                        datafusion::physical_expr::LexOrdering::new(exprs)
+                            .ok_or_else(|| Error::internal("an empty ordering"))?
+                    }
+                    _ => ordering,
+                }
             }
             None => datafusion::physical_expr::LexOrdering::new(vec![
                 datafusion::physical_expr::PhysicalSortExpr::new(
