@@ -176,9 +176,9 @@ pub struct Settings {
     pub compaction_grace_ms: u64,
     /// Threads of the query pool, which runs every search's arms (one per source) and its
     /// per-source planning: searches start no thread of their own, whatever the number of
-    /// generations. Every handle of a process with the same `query_threads` and
-    /// `query_piece_docs` shares one pool (the shards of a sharded index, a worker's shards).
-    /// 0 (the default): one per core.
+    /// generations. The shards of one sharded index opened in a process (by a
+    /// `ShardedIndex`, or by a worker serving them) with the same `query_threads` and
+    /// `query_piece_docs` share one pool. 0 (the default): one per core.
     pub query_threads: usize,
     /// Documents of a generation's text segment that one query thread scores at least: a
     /// full-text search scores a segment of twice as many or more in pieces of consecutive

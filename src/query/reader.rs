@@ -86,7 +86,11 @@ impl Reader {
             user_schema: schema.arrow_schema(),
             stored_schema,
             text_schema,
-            pool: QueryPool::shared(settings.query_threads, settings.query_piece_docs)?,
+            pool: QueryPool::shared(
+                settings.query_threads,
+                settings.query_piece_docs,
+                crate::read::pool::pool_group(&loc.display),
+            )?,
             schema,
             settings,
             generations,

@@ -7,6 +7,17 @@ use crate::{Error, Result};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
+/// The group of the handle at `location` whose query pool it shares
+/// ([`QueryPool::shared`]): a shard's (`<root>/shard-<i>`) is its sharded index's root, any
+/// other's its own location.
+pub(crate) fn pool_group(location: &str) -> &str {
+    let trimmed = location.trim_end_matches('/');
+    match trimmed.rsplit_once("/shard-") {
+        Some((root, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => root,
+        _ => location,
+    }
+}
+
 /// A handle's query threads.
 pub(crate) struct QueryPool {
     pool: rayon::ThreadPool,
@@ -93,20 +104,22 @@ impl QueryPool {
         }))
     }
 
-    /// The pool of `threads` threads (0: one per core) and `piece_docs` that every handle of
-    /// this process opened with the same two settings shares, started by the first and
-    /// ended when the last is dropped. The shards of a sharded index, and the shards a worker
-    /// serves, then search on one set of threads, not one set each: a search of N shards
-    /// woke N pools' threads, which spin a while before they sleep and took the cores from
-    /// the threads with work.
-    pub(crate) fn shared(threads: usize, piece_docs: usize) -> Result<Arc<QueryPool>> {
-        type Pools = std::sync::Mutex<std::collections::HashMap<(usize, usize), Weak<QueryPool>>>;
+    /// The pool of `threads` threads (0: one per core) and `piece_docs` that the handles of
+    /// this process in `group` (the shards of one sharded index: [`pool_group`]) opened with
+    /// the same two settings share, started by the first and ended when the last is dropped.
+    /// A search of N shards (in one process, or on a worker serving them) then runs on one
+    /// set of threads, not N: it woke N pools' threads, which spin a while before they sleep
+    /// and took the cores from the threads with work. Other indexes keep pools of their own,
+    /// so that one whose reads wait on a slow store holds up no other's searches.
+    pub(crate) fn shared(threads: usize, piece_docs: usize, group: &str) -> Result<Arc<QueryPool>> {
+        type Key = (usize, usize, String);
+        type Pools = std::sync::Mutex<std::collections::HashMap<Key, Weak<QueryPool>>>;
         static POOLS: std::sync::OnceLock<Pools> = std::sync::OnceLock::new();
         let mut pools = POOLS
             .get_or_init(Pools::default)
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let key = (threads, piece_docs);
+        let key = (threads, piece_docs, group.to_string());
         if let Some(pool) = pools.get(&key).and_then(Weak::upgrade) {
             return Ok(pool);
         }
@@ -173,22 +186,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn handles_with_the_same_settings_share_one_pool_while_one_holds_it() {
+    fn shards_of_one_index_share_one_pool_while_one_holds_it() {
         // Settings no other test of this binary uses: no other test holds these pools.
-        let a = QueryPool::shared(3, 7_001).unwrap();
-        let b = QueryPool::shared(3, 7_001).unwrap();
+        let group = |l| pool_group(l).to_string();
+        assert_eq!(group("s3://b/idx/shard-0"), "s3://b/idx");
+        assert_eq!(group("/data/idx/shard-12/"), "/data/idx");
+        assert_eq!(group("/data/idx"), "/data/idx");
+        assert_eq!(group("/data/shard-x"), "/data/shard-x");
+        assert_eq!(group("/data/idx/shard-"), "/data/idx/shard-");
+        let a = QueryPool::shared(3, 7_001, pool_group("/i/shard-0")).unwrap();
+        let b = QueryPool::shared(3, 7_001, pool_group("/i/shard-1")).unwrap();
         assert!(
             Arc::ptr_eq(&a, &b),
-            "two handles' pools of the same settings"
+            "two shards' pools of the same settings"
         );
         assert_eq!(a.threads(), 3);
-        let other = QueryPool::shared(2, 7_001).unwrap();
+        let other = QueryPool::shared(2, 7_001, "/i").unwrap();
         assert!(!Arc::ptr_eq(&a, &other), "a pool of other settings");
         assert_eq!(other.threads(), 2);
+        let apart = QueryPool::shared(3, 7_001, "/j").unwrap();
+        assert!(!Arc::ptr_eq(&a, &apart), "another index's pool");
         let weak = Arc::downgrade(&a);
         drop((a, b));
         assert!(weak.upgrade().is_none(), "a pool no handle holds was kept");
-        let again = QueryPool::shared(3, 7_001).unwrap();
+        let again = QueryPool::shared(3, 7_001, "/i").unwrap();
         assert_eq!(again.threads(), 3);
     }
 
