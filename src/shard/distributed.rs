@@ -905,6 +905,23 @@ fn statistics_cache(bytes: u64) -> Option<StatisticsCache> {
     })
 }
 
+/// The statistics (`json`) of each row naming a shard (`shards`; a null names none), into
+/// `found` by shard.
+fn read_shares(
+    shards: &UInt32Array,
+    json: &StringArray,
+    found: &mut [Option<FtsStatistics>],
+) -> Result<()> {
+    for i in (0..shards.len()).filter(|i| shards.is_valid(*i)) {
+        let share: FtsStatistics = serde_json::from_str(json.value(i))
+            .map_err(|e| Error::internal(format!("shard statistics: {e}")))?;
+        if let Some(s) = found.get_mut(shards.value(i) as usize) {
+            *s = Some(share);
+        }
+    }
+    Ok(())
+}
+
 /// The sum of the shards' `shares`.
 fn sum(shares: &[FtsStatistics]) -> FtsStatistics {
     let mut sum = FtsStatistics::default();
@@ -1486,9 +1503,9 @@ impl Parts for Search<'_> {
         statistics: Option<&FtsStatistics>,
     ) -> Result<u64> {
         let shards = self.index.layout.shards as usize;
-        let pin = match statistics.is_some() || self.taken() {
-            true => Pin::Find,
-            false => Pin::Take,
+        let pin = match statistics {
+            Some(_) => Pin::Find,
+            None => self.pin(),
         };
         let node = self.node(
             pin,
@@ -1525,10 +1542,7 @@ impl Parts for Search<'_> {
         query: &[f32],
         options: &VectorSearchOptions,
     ) -> Result<Vec<RecordBatch>> {
-        let pin = match self.taken() {
-            true => Pin::Find,
-            false => Pin::Take,
-        };
+        let pin = self.pin();
         let node = self.node(
             pin,
             Request::Vector {
@@ -1546,13 +1560,9 @@ impl Search<'_> {
     /// Each shard's statistics of `query` (by shard): one round of tasks.
     async fn shares(&self, query: &str, options: &SearchOptions) -> Result<Vec<FtsStatistics>> {
         let shards = self.index.layout.shards as usize;
-
         // A second look at the statistics (a count with a floor, after the search) reads the
         // same points in time, or fails.
-        let pin = match self.taken() {
-            true => Pin::Find,
-            false => Pin::Take,
-        };
+        let pin = self.pin();
         let node = self.node(
             pin,
             Request::Statistics {
@@ -1571,17 +1581,9 @@ impl Search<'_> {
             let (Some(shards), Some(json)) = (shards, json) else {
                 return Err(Error::internal("shard statistics of an unexpected type"));
             };
-            for i in 0..b.num_rows() {
-                let share: FtsStatistics = serde_json::from_str(json.value(i))
-                    .map_err(|e| Error::internal(format!("shard statistics: {e}")))?;
-                if let Some(s) = found.get_mut(shards.value(i) as usize) {
-                    *s = Some(share);
-                }
-            }
+            read_shares(shards, json, &mut found)?;
         }
-        let seen: Vec<bool> = found.iter().map(Option::is_some).collect();
-        self.all_shards(&seen)?;
-        Ok(found.into_iter().flatten().collect())
+        self.every_share(found)
     }
 
     /// The shards' statistics of the points in time they read (by shard), and the best
@@ -1595,10 +1597,7 @@ impl Search<'_> {
         kept: &[FtsStatistics],
     ) -> Result<(Vec<RecordBatch>, Vec<FtsStatistics>)> {
         let shards = self.index.layout.shards as usize;
-        let pin = match self.taken() {
-            true => Pin::Find,
-            false => Pin::Take,
-        };
+        let pin = self.pin();
         let node = self.node(
             pin,
             Request::FtsChecked {
@@ -1628,13 +1627,7 @@ impl Search<'_> {
                     "a checked full-text part of an unexpected type",
                 ));
             };
-            for i in (0..b.num_rows()).filter(|i| shard.is_valid(*i)) {
-                let share: FtsStatistics = serde_json::from_str(json.value(i))
-                    .map_err(|e| Error::internal(format!("shard statistics: {e}")))?;
-                if let Some(s) = found.get_mut(shard.value(i) as usize) {
-                    *s = Some(share);
-                }
-            }
+            read_shares(shard, json, &mut found)?;
             let ranked_rows =
                 arrow::compute::filter_record_batch(b, &arrow::compute::is_null(shard)?)?;
             if ranked_rows.num_rows() > 0 {
@@ -1642,9 +1635,7 @@ impl Search<'_> {
                 rows.push(RecordBatch::try_new(ranked.clone(), columns)?);
             }
         }
-        let seen: Vec<bool> = found.iter().map(Option::is_some).collect();
-        self.all_shards(&seen)?;
-        Ok((rows, found.into_iter().flatten().collect()))
+        Ok((rows, self.every_share(found)?))
     }
 
     /// Whether another attempt may succeed where this one failed, and the workers it must
@@ -1656,6 +1647,23 @@ impl Search<'_> {
     /// Whether a part of this search took its points in time.
     fn taken(&self) -> bool {
         self.taken.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// How a part of this search reads its points in time: taken by the first part, found
+    /// by later ones.
+    fn pin(&self) -> Pin {
+        match self.taken() {
+            true => Pin::Find,
+            false => Pin::Take,
+        }
+    }
+
+    /// Every shard's statistics (by shard), or an `Unavailable` error naming the shards no
+    /// task answered for.
+    fn every_share(&self, found: Vec<Option<FtsStatistics>>) -> Result<Vec<FtsStatistics>> {
+        let seen: Vec<bool> = found.iter().map(Option::is_some).collect();
+        self.all_shards(&seen)?;
+        Ok(found.into_iter().flatten().collect())
     }
 
     /// An `Unavailable` error naming the shards no task answered for (never a partial sum).
