@@ -196,6 +196,13 @@ impl FtsStatistics {
         std::mem::size_of::<FtsStatistics>() + tokens + terms
     }
 
+    /// The sum of `shares` (of the same query over disjoint rows).
+    pub(crate) fn sum(shares: &[FtsStatistics]) -> FtsStatistics {
+        let mut sum = FtsStatistics::default();
+        shares.iter().for_each(|s| sum.add(s));
+        sum
+    }
+
     /// Add `other`'s counts to these (shares of the same query over disjoint rows).
     pub fn add(&mut self, other: &FtsStatistics) {
         self.docs = self.docs.saturating_add(other.docs);

@@ -922,13 +922,6 @@ fn read_shares(
     Ok(())
 }
 
-/// The sum of the shards' `shares`.
-fn sum(shares: &[FtsStatistics]) -> FtsStatistics {
-    let mut sum = FtsStatistics::default();
-    shares.iter().for_each(|s| sum.add(s));
-    sum
-}
-
 /// What the statistics of a full-text search depend on: its query and how its terms join.
 fn statistics_key(query: &str, options: &SearchOptions) -> String {
     format!("{:?}\n{query}", options.conjunction)
@@ -1451,7 +1444,7 @@ impl Search<'_> {
 #[async_trait::async_trait]
 impl Parts for Search<'_> {
     async fn statistics(&self, query: &str, options: &SearchOptions) -> Result<FtsStatistics> {
-        Ok(sum(&self.shares(query, options).await?))
+        Ok(FtsStatistics::sum(&self.shares(query, options).await?))
     }
 
     async fn fts(
@@ -1491,7 +1484,7 @@ impl Parts for Search<'_> {
             }
             None => self.shares(query, options).await?,
         };
-        let statistics = sum(&shares);
+        let statistics = FtsStatistics::sum(&shares);
         cache.insert(key, Arc::new(shares)).await;
         self.fts(query, options, &statistics).await
     }
@@ -1603,7 +1596,7 @@ impl Search<'_> {
             Request::FtsChecked {
                 query: query.to_string(),
                 options: options.clone(),
-                statistics: sum(kept),
+                statistics: FtsStatistics::sum(kept),
                 shares: kept.to_vec(),
             },
         );

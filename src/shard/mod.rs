@@ -773,9 +773,7 @@ impl Parts for ShardedPointInTime {
     async fn statistics(&self, query: &str, options: &SearchOptions) -> Result<FtsStatistics> {
         let shares =
             try_join_all(self.pits.iter().map(|p| p.fts_statistics(query, options))).await?;
-        let mut sum = FtsStatistics::default();
-        shares.iter().for_each(|s| sum.add(s));
-        Ok(sum)
+        Ok(FtsStatistics::sum(&shares))
     }
 
     async fn fts(
