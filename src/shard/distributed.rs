@@ -151,12 +151,11 @@ enum Request {
         statistics: FtsStatistics,
     },
     /// The shard's own statistics of `query`, and, when they are still `shares[shard]` (the
-    /// shares an earlier search found, whose sum is `statistics`), its best `options.k` rows
-    /// scored with `statistics`: one round where the shares still hold, instead of two.
+    /// shares an earlier search found), its best `options.k` rows scored with their sum: one
+    /// round where the shares still hold, instead of two.
     FtsChecked {
         query: String,
         options: SearchOptions,
-        statistics: FtsStatistics,
         shares: Vec<FtsStatistics>,
     },
     /// The shard's count of rows matching `query` (scored with `statistics` when given).
@@ -521,7 +520,6 @@ async fn run(node: &ShardNode, schema: &SchemaRef) -> Result<RecordBatch> {
         Request::FtsChecked {
             query,
             options,
-            statistics,
             shares: kept,
         } => {
             let found = futures::future::try_join_all(
@@ -539,7 +537,7 @@ async fn run(node: &ShardNode, schema: &SchemaRef) -> Result<RecordBatch> {
                         schema: node.schema.clone(),
                         pits,
                     };
-                    Parts::fts(&local, query, options, statistics).await?
+                    Parts::fts(&local, query, options, &FtsStatistics::sum(kept)).await?
                 }
                 false => Vec::new(),
             };
@@ -1029,11 +1027,11 @@ impl DistributedIndex {
     /// Keep at most `bytes` of full-text statistics (default 4 MiB; 0 keeps none).
     ///
     /// A full-text search takes two rounds of tasks: the shards' statistics of its query, then
-    /// their rows scored with the sums. A search of a query whose sums are kept takes one: the
-    /// shards score with the sums kept and return their own statistics with their rows; when
-    /// those still sum to what was kept, the rows are the search's, and otherwise a second
-    /// round scores with the new sums, on the same points in time (a round more than keeping
-    /// none would have taken: none).
+    /// their rows scored with the sums. A search of a query whose shares are kept takes one:
+    /// each shard returns its own statistics and, when they are still its kept share, its
+    /// rows scored with the kept sums; when every shard's are, the rows are the search's, and
+    /// otherwise a second round scores with the new sums, on the same points in time (as
+    /// keeping none would have: two rounds).
     pub fn with_statistics_cache(mut self, bytes: u64) -> DistributedIndex {
         self.statistics = statistics_cache(bytes);
         self
@@ -1596,7 +1594,6 @@ impl Search<'_> {
             Request::FtsChecked {
                 query: query.to_string(),
                 options: options.clone(),
-                statistics: FtsStatistics::sum(kept),
                 shares: kept.to_vec(),
             },
         );
