@@ -2,9 +2,12 @@
 //! process and through worker processes (`lsmsearch worker`) over loopback: warm p50 of
 //! full-text and vector searches, queries/s with several clients, and peak RSS.
 //!
-//! The configurations take turns: the p50 searches run in rounds, each configuration a slice
-//! of them per round in a rotating order, so that a machine whose speed drifts over minutes
-//! (a virtual machine's does, by 10-20%) does not favour the one measured first.
+//! The configurations take turns: every query is searched by each configuration in turn, one
+//! right after another, the order rotating from query to query, so that a machine whose speed
+//! drifts over minutes (a virtual machine's does, by 10-20%) favours none of them. The
+//! overhead of a distributed configuration is the median over the queries of its latency
+//! less that of the same query over the same shards in this process, measured back to back:
+//! a paired figure, steadier than the difference of two p50s.
 
 use lsmsearch::bench::corpus::Corpus;
 use lsmsearch::shard::distributed::DistributedIndex;
@@ -47,6 +50,10 @@ pub(crate) struct ShardsOptions {
     /// Reuse the corpus and indexes a previous run left in OUT.
     #[arg(long)]
     reuse: bool,
+    /// Settings of the worker processes' shard handles, as JSON (`lsmsearch worker
+    /// --settings`), e.g. '{"query_threads":1}' for workers sharing few cores.
+    #[arg(long, default_value = "{}")]
+    worker_settings: String,
 }
 
 /// What one configuration measured.
@@ -56,6 +63,12 @@ pub(crate) struct Row {
     pub config: String,
     pub fts_p50_ms: f64,
     pub vector_p50_ms: f64,
+    /// Median over the queries of this configuration's full-text latency less the same
+    /// query's over the shards in this process (the distribution's overhead), ms; none for
+    /// the configurations in this process.
+    pub fts_overhead_ms: Option<f64>,
+    /// The same for vector searches.
+    pub vector_overhead_ms: Option<f64>,
     /// Searches per second with `clients` clients, full text and vector alternating.
     pub queries_per_s: f64,
     /// Peak RSS of this process (the coordinator, which also ran the in-process
@@ -83,9 +96,17 @@ impl ShardsReport {
             self.docs, self.ingest_rows_per_s.0, self.ingest_rows_per_s.1, self.shards
         );
         out += &format!(
-            "{:<26} {:>10} {:>12} {:>10} {:>14} {:>16}\n",
-            "", "fts p50 ms", "vector p50 ms", "queries/s", "coordinator MiB", "workers MiB"
+            "{:<26} {:>10} {:>13} {:>12} {:>15} {:>10} {:>15} {:>16}\n",
+            "",
+            "fts p50 ms",
+            "fts overhead",
+            "vector p50 ms",
+            "vector overhead",
+            "queries/s",
+            "coordinator MiB",
+            "workers MiB"
         );
+        let overhead = |o: Option<f64>| o.map(|o| format!("{o:+.3}")).unwrap_or_default();
         for r in &self.rows {
             let workers: Vec<String> = r
                 .worker_peak_mib
@@ -93,10 +114,12 @@ impl ShardsReport {
                 .map(|m| format!("{m:.0}"))
                 .collect();
             out += &format!(
-                "{:<26} {:>10.3} {:>12.3} {:>10.1} {:>14.0} {:>16}\n",
+                "{:<26} {:>10.3} {:>13} {:>12.3} {:>15} {:>10.1} {:>15.0} {:>16}\n",
                 r.config,
                 r.fts_p50_ms,
+                overhead(r.fts_overhead_ms),
                 r.vector_p50_ms,
+                overhead(r.vector_overhead_ms),
                 r.queries_per_s,
                 r.coordinator_peak_mib,
                 workers.join(",")
@@ -212,16 +235,27 @@ fn path(p: &Path) -> lsmsearch::Result<String> {
         .ok_or_else(|| Error::invalid(format!("{} is not UTF-8", p.display())))
 }
 
-/// Rounds of the p50 searches: each configuration searches a slice of its queries per round.
-const ROUNDS: usize = 6;
+/// The p50 of `v` (0 when empty).
+fn p50(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
 
-/// Warm p50 of each kind for every target, measured in turns (see the module documentation),
-/// then queries/s with `clients` clients, one target after another: a row each.
+/// What [`measure`] found of one target: p50 of each kind, the paired overhead of each kind
+/// over the target `PAIRED_WITH` (none for the targets in this process), and queries/s.
+type Measured = (f64, f64, Option<f64>, Option<f64>, f64);
+
+/// The target a distributed one is compared with query by query: the shards in this process.
+const PAIRED_WITH: usize = 1;
+
+/// Warm p50 of each kind for every target, every query searched by each target in turn (see
+/// the module documentation), then queries/s with `clients` clients, one target after
+/// another: a row each. Targets from `PAIRED_WITH + 1` on are distributed.
 async fn measure(
     targets: &[(String, Arc<Target>)],
     queries: &Arc<Vec<(String, Vec<f32>)>>,
     o: &ShardsOptions,
-) -> lsmsearch::Result<Vec<(f64, f64, f64)>> {
+) -> lsmsearch::Result<Vec<Measured>> {
     let n = o.queries.max(1);
     for (_, target) in targets {
         for q in queries.iter().take(n) {
@@ -229,31 +263,35 @@ async fn measure(
             target.search(false, q).await?;
         }
     }
-    let mut ms: Vec<[Vec<f64>; 2]> = vec![[Vec::new(), Vec::new()]; targets.len()];
-    let per_round = n.div_ceil(ROUNDS);
-    for round in 0..ROUNDS {
-        for turn in 0..targets.len() {
-            let t = (round + turn) % targets.len();
-            for (slot, fts) in [(0, true), (1, false)] {
-                for i in round * per_round..((round + 1) * per_round).min(n) {
-                    let started = Instant::now();
-                    targets[t]
-                        .1
-                        .search(fts, &queries[i % queries.len()])
-                        .await?;
-                    ms[t][slot].push(started.elapsed().as_secs_f64() * 1e3);
-                }
+    // ms[target][kind][query]
+    let mut ms: Vec<[Vec<f64>; 2]> = vec![[vec![0.0; n], vec![0.0; n]]; targets.len()];
+    for i in 0..n {
+        for (slot, fts) in [(0, true), (1, false)] {
+            for turn in 0..targets.len() {
+                let t = (i + turn) % targets.len();
+                let started = Instant::now();
+                targets[t]
+                    .1
+                    .search(fts, &queries[i % queries.len()])
+                    .await?;
+                ms[t][slot][i] = started.elapsed().as_secs_f64() * 1e3;
             }
         }
     }
-    let p50 = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(0.0)
-    };
     let mut out = Vec::with_capacity(targets.len());
     for (t, (_, target)) in targets.iter().enumerate() {
-        let (fts, vector) = (p50(&mut ms[t][0]), p50(&mut ms[t][1]));
-        out.push((fts, vector, throughput(target, queries, o).await?));
+        let overhead = |slot: usize| {
+            (t > PAIRED_WITH).then(|| {
+                let mut d: Vec<f64> = (0..n)
+                    .map(|i| ms[t][slot][i] - ms[PAIRED_WITH][slot][i])
+                    .collect();
+                p50(&mut d)
+            })
+        };
+        let (fts_overhead, vector_overhead) = (overhead(0), overhead(1));
+        let (fts, vector) = (p50(&mut ms[t][0].clone()), p50(&mut ms[t][1].clone()));
+        let qps = throughput(target, queries, o).await?;
+        out.push((fts, vector, fts_overhead, vector_overhead, qps));
     }
     Ok(out)
 }
@@ -287,10 +325,10 @@ async fn throughput(
 }
 
 /// A worker process over loopback, and its address.
-fn start_worker() -> lsmsearch::Result<(Child, String)> {
+fn start_worker(settings: &str) -> lsmsearch::Result<(Child, String)> {
     let exe = std::env::current_exe().map_err(|e| Error::invalid(format!("this program: {e}")))?;
     let mut child = Command::new(exe)
-        .args(["worker", "--listen", "127.0.0.1:0"])
+        .args(["worker", "--listen", "127.0.0.1:0", "--settings", settings])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -326,7 +364,7 @@ pub(crate) async fn run(o: &ShardsOptions, print: bool) -> lsmsearch::Result<Sha
     let most = o.workers.iter().copied().max().unwrap_or(0);
     let mut started: Vec<(Child, String)> = Vec::new();
     for _ in 0..most {
-        match start_worker() {
+        match start_worker(&o.worker_settings) {
             Ok(w) => started.push(w),
             Err(e) => {
                 for (mut c, _) in started {
@@ -392,7 +430,8 @@ pub(crate) async fn run(o: &ShardsOptions, print: bool) -> lsmsearch::Result<Sha
     let (targets, figures) = measured?;
     let coordinator = peak_mib("self");
     let mut rows = Vec::new();
-    for (t, ((config, target), (fts, vector, qps))) in targets.iter().zip(figures).enumerate() {
+    let figures = targets.iter().zip(figures).enumerate();
+    for (t, ((config, target), (fts, vector, fts_overhead, vector_overhead, qps))) in figures {
         let workers = match target.as_ref() {
             Target::Distributed(_) => worker_peaks[..o.workers[t - 2]].to_vec(),
             _ => Vec::new(),
@@ -401,6 +440,8 @@ pub(crate) async fn run(o: &ShardsOptions, print: bool) -> lsmsearch::Result<Sha
             config: config.clone(),
             fts_p50_ms: fts,
             vector_p50_ms: vector,
+            fts_overhead_ms: fts_overhead,
+            vector_overhead_ms: vector_overhead,
             queries_per_s: qps,
             coordinator_peak_mib: coordinator,
             worker_peak_mib: workers,
