@@ -34,7 +34,7 @@ use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
-use datafusion::prelude::SessionContext;
+use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_distributed::{
     DesiredTaskCountEvent, DesiredTaskCountEventResponse, DistributedExt, DistributedLeafExec,
     RouteTasksEvent, RouteTasksEventResponse, ScaleUpLeafNodeEvent, ScaleUpLeafNodeEventResponse,
@@ -74,12 +74,38 @@ struct Route {
 }
 
 impl Route {
-    /// The worker of shard `i`'s task (task `i` reads shard `i`).
+    /// The worker of shard `i`'s task.
     fn worker(&self, i: usize) -> &Url {
         match self.writers.get(&i) {
             Some(w) => w,
             None => &self.workers[i % self.workers.len()],
         }
+    }
+
+    /// The tasks of a round over shards `0..shards` on this route: each a worker and the
+    /// shards it reads. A worker's shards are one task: a task costs its streams and their
+    /// setup on the worker whatever it reads, and the shards of one task share its worker's
+    /// query threads as they would in one process. A round has at least two tasks (the
+    /// planner runs a stage of one task in the coordinator): when one worker serves every
+    /// shard, its shards are split between two tasks (the second reads nothing when there is
+    /// one shard).
+    fn tasks(&self, shards: usize) -> Vec<(Url, Vec<usize>)> {
+        let mut tasks: Vec<(Url, Vec<usize>)> = Vec::new();
+        for i in 0..shards {
+            let worker = self.worker(i);
+            match tasks.iter_mut().find(|(url, _)| url == worker) {
+                Some((_, reads)) => reads.push(i),
+                None => tasks.push((worker.clone(), vec![i])),
+            }
+        }
+        if tasks.len() < 2 {
+            let (url, reads) = tasks
+                .pop()
+                .unwrap_or_else(|| (self.worker(0).clone(), Vec::new()));
+            let half = |parity: usize| reads.iter().skip(parity).step_by(2).copied().collect();
+            tasks = vec![(url.clone(), half(0)), (url, half(1))];
+        }
+        tasks
     }
 
     /// The workers of this route that `text` (an error) names.
@@ -955,6 +981,7 @@ impl DistributedIndex {
             workers: urls.as_ref().clone(),
             writers: HashMap::new(),
         };
+        let shards = layout.shards as usize;
         // A search's plan is built here, already physical and in the order it must run: its
         // session needs the distributed planner, not SQL functions or optimizer rules, whose
         // copies and passes were most of the cost of planning a round.
@@ -963,23 +990,29 @@ impl DistributedIndex {
             .with_distributed_worker_resolver(Urls(urls.clone()))
             .with_distributed_planner()
             .with_distributed_user_codec(ShardCodec)
-            .with_distributed_desired_task_count_handler(desired_tasks)
-            .with_distributed_scale_up_leaf_node_handler(scale_up)
-            // One task a shard, however many workers.
-            .with_distributed_max_tasks_per_stage(task_count(layout.shards as usize))?
+            .with_distributed_desired_task_count_handler({
+                let all = all.clone();
+                move |ev: DesiredTaskCountEvent| desired_tasks(ev, &all)
+            })
+            .with_distributed_scale_up_leaf_node_handler({
+                let all = all.clone();
+                move |ev: ScaleUpLeafNodeEvent| scale_up(ev, &all)
+            })
+            // At most a task a shard (and two for one shard: see `Route::tasks`).
+            .with_distributed_max_tasks_per_stage((layout.shards as usize).max(2))?
             // Nothing reads the tasks' metrics: a worker would gather and send them after
             // every task.
             .with_distributed_metrics_collection(false)?
             .with_distributed_route_tasks_handler(move |ev: RouteTasksEvent| {
-                // Task i reads shard i and goes to the worker the search's route names for
-                // it: both phases of a search find a shard's point in time on the worker
-                // that took it.
-                let route = ev.task_ctx.session_config().get_extension::<Route>();
-                let route = route.as_deref().unwrap_or(&all);
+                // A task goes to the worker its shards are routed to: both phases of a
+                // search find a shard's point in time on the worker that took it.
+                let config = ev.task_ctx.session_config();
+                let tasks = match planned_tasks(config, &all, shards, ev.task_count) {
+                    Ok(t) => t,
+                    Err(e) => return Some(Err(e)),
+                };
                 Some(Ok(RouteTasksEventResponse::new(
-                    (0..ev.task_count)
-                        .map(|i| route.worker(i).clone())
-                        .collect(),
+                    tasks.into_iter().map(|(url, _)| url).collect(),
                 )))
             })
             .build();
@@ -1672,37 +1705,58 @@ impl Search<'_> {
     }
 }
 
-/// One task per shard, and at least two (see [`task_count`]).
+/// The route of the round planned in `config`: its attempt's ([`Search::state`]), else `all`.
+fn route_in(config: &SessionConfig, all: &Route) -> Arc<Route> {
+    config
+        .get_extension::<Route>()
+        .unwrap_or_else(|| Arc::new(all.clone()))
+}
+
+/// The tasks of a round over `shards` shards planned in `config` ([`Route::tasks`]), which
+/// the planner made `planned` of.
+fn planned_tasks(
+    config: &SessionConfig,
+    all: &Route,
+    shards: usize,
+    planned: usize,
+) -> datafusion::common::Result<Vec<(Url, Vec<usize>)>> {
+    let tasks = route_in(config, all).tasks(shards);
+    if tasks.len() != planned {
+        return Err(DataFusionError::Internal(format!(
+            "a round of {} tasks was planned as {planned}",
+            tasks.len()
+        )));
+    }
+    Ok(tasks)
+}
+
+/// A task a worker of the round's route ([`Route::tasks`]).
 fn desired_tasks(
     ev: DesiredTaskCountEvent,
+    all: &Route,
 ) -> Option<datafusion::common::Result<DesiredTaskCountEventResponse>> {
     let exec = ev.plan.downcast_ref::<ShardExec>()?;
-    Some(Ok(DesiredTaskCountEventResponse::desired(task_count(
-        exec.node.reads.len(),
-    ))))
+    let tasks = route_in(ev.session_config, all).tasks(exec.node.shards as usize);
+    Some(Ok(DesiredTaskCountEventResponse::desired(tasks.len())))
 }
 
-/// The tasks of a search over `shards` shards: one a shard, and at least two (the planner
-/// runs a stage of one task in the coordinator; the second task of a one-shard index reads
-/// nothing).
-fn task_count(shards: usize) -> usize {
-    shards.max(2)
-}
-
-/// Task `j` of `T` reads the shards `i` with `i mod T = j`.
+/// Task `j` reads the shards of the round's task `j` ([`Route::tasks`]).
 fn scale_up(
     ev: ScaleUpLeafNodeEvent,
+    all: &Route,
 ) -> Option<datafusion::common::Result<ScaleUpLeafNodeEventResponse>> {
     let exec = ev.plan.downcast_ref::<ShardExec>()?;
-    let tasks = ev.task_count.max(1);
-    let variants = (0..tasks).map(|j| {
-        let reads: Vec<usize> = exec
-            .node
-            .reads
-            .iter()
-            .copied()
-            .filter(|i| i % tasks == j)
-            .collect();
+    let tasks = planned_tasks(
+        ev.session_config,
+        all,
+        exec.node.shards as usize,
+        ev.task_count,
+    );
+    let tasks = match tasks {
+        Ok(t) => t,
+        Err(e) => return Some(Err(e)),
+    };
+    let variants = tasks.into_iter().map(|(_, reads)| {
         ShardExec::new(exec.node.reading(reads))
             .map(|e| Arc::new(e) as Arc<dyn ExecutionPlan>)
             .map_err(|e| DataFusionError::External(Box::new(e)))
@@ -1720,6 +1774,46 @@ fn scale_up(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_round_sends_a_task_a_worker_and_at_least_two() {
+        let url = |p: u16| Url::parse(&format!("http://127.0.0.1:{p}")).unwrap();
+        let route = |workers: &[u16], writers: &[(usize, u16)]| Route {
+            workers: workers.iter().map(|p| url(*p)).collect(),
+            writers: writers.iter().map(|(i, p)| (*i, url(*p))).collect(),
+        };
+        let tasks = |r: &Route, shards| -> Vec<(u16, Vec<usize>)> {
+            r.tasks(shards)
+                .into_iter()
+                .map(|(u, reads)| (u.port().unwrap(), reads))
+                .collect()
+        };
+        // One worker: its shards split between two tasks.
+        assert_eq!(
+            tasks(&route(&[1], &[]), 3),
+            vec![(1, vec![0, 2]), (1, vec![1])]
+        );
+        assert_eq!(tasks(&route(&[1], &[]), 1), vec![(1, vec![0]), (1, vec![])]);
+        // Workers take shards i mod W, a task each.
+        assert_eq!(
+            tasks(&route(&[1, 2], &[]), 5),
+            vec![(1, vec![0, 2, 4]), (2, vec![1, 3])]
+        );
+        assert_eq!(
+            tasks(&route(&[1, 2, 3], &[]), 3),
+            vec![(1, vec![0]), (2, vec![1]), (3, vec![2])]
+        );
+        // A shard's writer serves its shard, with any shard routed to the same worker.
+        assert_eq!(
+            tasks(&route(&[1, 2], &[(1, 9), (3, 1)]), 4),
+            vec![(1, vec![0, 2, 3]), (9, vec![1])]
+        );
+        // Every shard goes to a writer that serves them all: still two tasks.
+        assert_eq!(
+            tasks(&route(&[1], &[(0, 9), (1, 9)]), 2),
+            vec![(9, vec![0]), (9, vec![1])]
+        );
+    }
 
     #[tokio::test]
     async fn a_full_pin_cache_takes_the_newest_pin() {
