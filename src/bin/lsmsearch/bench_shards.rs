@@ -3,7 +3,7 @@
 //! full-text and vector searches, queries/s with several clients, and peak RSS.
 //!
 //! The configurations take turns: every query is searched by each configuration in turn, one
-//! right after another, the order rotating from query to query, so that a machine whose speed
+//! right after another, in an order drawn anew for each search, so that a machine whose speed
 //! drifts over minutes (a virtual machine's does, by 10-20%) favours none of them. The
 //! overhead of a distributed configuration is the median over the queries of its latency
 //! less that of the same query over the same shards in this process, measured back to back:
@@ -15,6 +15,8 @@ use lsmsearch::shard::ShardedIndex;
 use lsmsearch::{
     Error, Index, Location, ReadOnlyIndex, SearchOptions, Settings, VectorSearchOptions,
 };
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
 use serde::Serialize;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -265,10 +267,15 @@ async fn measure(
     }
     // ms[target][kind][query]
     let mut ms: Vec<[Vec<f64>; 2]> = vec![[vec![0.0; n], vec![0.0; n]]; targets.len()];
+    // A new order for every search: each target follows each other one as often (a fixed
+    // rotation would put the same target before it nearly every time, and what that one
+    // left behind, in the caches or still winding down, would weigh on it alone).
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
+    let mut order: Vec<usize> = (0..targets.len()).collect();
     for i in 0..n {
         for (slot, fts) in [(0, true), (1, false)] {
-            for turn in 0..targets.len() {
-                let t = (i + turn) % targets.len();
+            order.shuffle(&mut rng);
+            for &t in &order {
                 let started = Instant::now();
                 targets[t]
                     .1
