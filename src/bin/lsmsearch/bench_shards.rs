@@ -237,10 +237,14 @@ fn path(p: &Path) -> lsmsearch::Result<String> {
         .ok_or_else(|| Error::invalid(format!("{} is not UTF-8", p.display())))
 }
 
-/// The p50 of `v` (0 when empty).
+/// The median of `v` (0 when empty).
 fn p50(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 /// What [`measure`] found of one target: p50 of each kind, the paired overhead of each kind
