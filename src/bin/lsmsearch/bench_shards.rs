@@ -52,10 +52,11 @@ pub(crate) struct ShardsOptions {
     /// Reuse the corpus and indexes a previous run left in OUT.
     #[arg(long)]
     reuse: bool,
-    /// Settings of the worker processes' shard handles, as JSON (`lsmsearch worker
-    /// --settings`), e.g. '{"query_threads":1}' for workers sharing few cores.
-    #[arg(long, default_value = "{}")]
-    worker_settings: String,
+    /// Settings of the shards' handles, as JSON (`lsmsearch worker --settings`): of the
+    /// worker processes and of the shards searched in this process they are compared with
+    /// (whose cache budgets are per shard there too), e.g. '{"query_threads":1}'.
+    #[arg(long, value_parser = crate::settings_json, default_value = "{}")]
+    shard_settings: Settings,
 }
 
 /// What one configuration measured.
@@ -336,10 +337,12 @@ async fn throughput(
 }
 
 /// A worker process over loopback, and its address.
-fn start_worker(settings: &str) -> lsmsearch::Result<(Child, String)> {
+fn start_worker(settings: &Settings) -> lsmsearch::Result<(Child, String)> {
+    let settings = serde_json::to_string(settings)
+        .map_err(|e| Error::invalid(format!("the shards' settings: {e}")))?;
     let exe = std::env::current_exe().map_err(|e| Error::invalid(format!("this program: {e}")))?;
     let mut child = Command::new(exe)
-        .args(["worker", "--listen", "127.0.0.1:0", "--settings", settings])
+        .args(["worker", "--listen", "127.0.0.1:0", "--settings", &settings])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -375,7 +378,7 @@ pub(crate) async fn run(o: &ShardsOptions, print: bool) -> lsmsearch::Result<Sha
     let most = o.workers.iter().copied().max().unwrap_or(0);
     let mut started: Vec<(Child, String)> = Vec::new();
     for _ in 0..most {
-        match start_worker(&o.worker_settings) {
+        match start_worker(&o.shard_settings) {
             Ok(w) => started.push(w),
             Err(e) => {
                 for (mut c, _) in started {
@@ -388,10 +391,11 @@ pub(crate) async fn run(o: &ShardsOptions, print: bool) -> lsmsearch::Result<Sha
     }
     let addrs: Vec<String> = started.iter().map(|s| s.1.clone()).collect();
     let mut children: Vec<Child> = started.into_iter().map(|s| s.0).collect();
+    let shard = &o.shard_settings;
     let per_shard = Settings {
-        cache_bytes: Settings::default().cache_bytes * u64::from(o.shards),
-        hot_cache_bytes: Settings::default().hot_cache_bytes * u64::from(o.shards),
-        ..Settings::default()
+        cache_bytes: shard.cache_bytes * u64::from(o.shards),
+        hot_cache_bytes: shard.hot_cache_bytes * u64::from(o.shards),
+        ..shard.clone()
     };
     let measured = async {
         let mut targets = vec![
