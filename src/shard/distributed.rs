@@ -82,16 +82,16 @@ impl Route {
         }
     }
 
-    /// The tasks of a round over shards `0..shards` on this route: each a worker and the
+    /// The tasks of a round that reads shards `reads` on this route: each a worker and the
     /// shards it reads. A worker's shards are one task: a task costs its streams and their
     /// setup on the worker whatever it reads, and the shards of one task share its worker's
     /// query threads as they would in one process. A round has at least two tasks (the
     /// planner runs a stage of one task in the coordinator): when one worker serves every
     /// shard, its shards are split between two tasks (the second reads nothing when there is
     /// one shard).
-    fn tasks(&self, shards: usize) -> Vec<(Url, Vec<usize>)> {
+    fn tasks(&self, reads: &[usize]) -> Vec<(Url, Vec<usize>)> {
         let mut tasks: Vec<(Url, Vec<usize>)> = Vec::new();
-        for i in 0..shards {
+        for &i in reads {
             let worker = self.worker(i);
             match tasks.iter_mut().find(|(url, _)| url == worker) {
                 Some((_, reads)) => reads.push(i),
@@ -981,7 +981,7 @@ impl DistributedIndex {
             workers: urls.as_ref().clone(),
             writers: HashMap::new(),
         };
-        let shards = layout.shards as usize;
+        let every: Vec<usize> = (0..layout.shards as usize).collect();
         // A search's plan is built here, already physical and in the order it must run: its
         // session needs the distributed planner, not SQL functions or optimizer rules, whose
         // copies and passes were most of the cost of planning a round.
@@ -1007,7 +1007,8 @@ impl DistributedIndex {
                 // A task goes to the worker its shards are routed to: both phases of a
                 // search find a shard's point in time on the worker that took it.
                 let config = ev.task_ctx.session_config();
-                let tasks = match planned_tasks(config, &all, shards, ev.task_count) {
+                // A round reads every shard (`Search::node`).
+                let tasks = match planned_tasks(config, &all, &every, ev.task_count) {
                     Ok(t) => t,
                     Err(e) => return Some(Err(e)),
                 };
@@ -1712,15 +1713,15 @@ fn route_in(config: &SessionConfig, all: &Route) -> Arc<Route> {
         .unwrap_or_else(|| Arc::new(all.clone()))
 }
 
-/// The tasks of a round over `shards` shards planned in `config` ([`Route::tasks`]), which
-/// the planner made `planned` of.
+/// The tasks of a round that reads shards `reads`, planned in `config` ([`Route::tasks`]),
+/// which the planner made `planned` of.
 fn planned_tasks(
     config: &SessionConfig,
     all: &Route,
-    shards: usize,
+    reads: &[usize],
     planned: usize,
 ) -> datafusion::common::Result<Vec<(Url, Vec<usize>)>> {
-    let tasks = route_in(config, all).tasks(shards);
+    let tasks = route_in(config, all).tasks(reads);
     if tasks.len() != planned {
         return Err(DataFusionError::Internal(format!(
             "a round of {} tasks was planned as {planned}",
@@ -1736,7 +1737,7 @@ fn desired_tasks(
     all: &Route,
 ) -> Option<datafusion::common::Result<DesiredTaskCountEventResponse>> {
     let exec = ev.plan.downcast_ref::<ShardExec>()?;
-    let tasks = route_in(ev.session_config, all).tasks(exec.node.shards as usize);
+    let tasks = route_in(ev.session_config, all).tasks(&exec.node.reads);
     Some(Ok(DesiredTaskCountEventResponse::desired(tasks.len())))
 }
 
@@ -1746,12 +1747,7 @@ fn scale_up(
     all: &Route,
 ) -> Option<datafusion::common::Result<ScaleUpLeafNodeEventResponse>> {
     let exec = ev.plan.downcast_ref::<ShardExec>()?;
-    let tasks = planned_tasks(
-        ev.session_config,
-        all,
-        exec.node.shards as usize,
-        ev.task_count,
-    );
+    let tasks = planned_tasks(ev.session_config, all, &exec.node.reads, ev.task_count);
     let tasks = match tasks {
         Ok(t) => t,
         Err(e) => return Some(Err(e)),
@@ -1782,8 +1778,8 @@ mod tests {
             workers: workers.iter().map(|p| url(*p)).collect(),
             writers: writers.iter().map(|(i, p)| (*i, url(*p))).collect(),
         };
-        let tasks = |r: &Route, shards| -> Vec<(u16, Vec<usize>)> {
-            r.tasks(shards)
+        let tasks = |r: &Route, shards: usize| -> Vec<(u16, Vec<usize>)> {
+            r.tasks(&(0..shards).collect::<Vec<_>>())
                 .into_iter()
                 .map(|(u, reads)| (u.port().unwrap(), reads))
                 .collect()
@@ -1808,6 +1804,13 @@ mod tests {
             tasks(&route(&[1, 2], &[(1, 9), (3, 1)]), 4),
             vec![(1, vec![0, 2, 3]), (9, vec![1])]
         );
+        // A round that reads some shards sends tasks for those only.
+        let some: Vec<(u16, Vec<usize>)> = route(&[1, 2], &[])
+            .tasks(&[1, 2, 3])
+            .into_iter()
+            .map(|(u, reads)| (u.port().unwrap(), reads))
+            .collect();
+        assert_eq!(some, vec![(2, vec![1, 3]), (1, vec![2])]);
         // Every shard goes to a writer that serves them all: still two tasks.
         assert_eq!(
             tasks(&route(&[1], &[(0, 9), (1, 9)]), 2),
