@@ -437,7 +437,7 @@ async fn worker_processes_search_as_one_process_and_a_dead_one_is_a_clear_error(
     assert!(ok, "{err}");
     assert_eq!(with, without);
 
-    // The distributed plan: a stage of one task a shard.
+    // The distributed plan: a stage of one task a worker (here, a shard each).
     let out = Command::new(env!("CARGO_BIN_EXE_lsmsearch"))
         .args(["explain", &location, "--fts", "wing", "--workers", &joined])
         .output()

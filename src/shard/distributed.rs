@@ -1,14 +1,15 @@
 //! Sharded searches run by workers: each shard's part of a search is a leaf of a DataFusion
 //! plan ([`ShardExec`]) that datafusion-distributed ships to a worker over Arrow Flight, one
-//! task per shard, merged on the coordinator by a `SortPreservingMergeExec`.
+//! task per worker reading the shards routed to it (and two when one worker serves them all),
+//! merged on the coordinator by a `SortPreservingMergeExec`.
 //!
 //! A worker (`lsmsearch worker --listen HOST:PORT`, or [`serve`]) opens the shards a task
 //! names read-only (any worker can serve any shard: the data is in the object store),
 //! refreshes them, and keeps the point in time each search took of each shard for the
 //! search's second phase: full text asks every shard for its statistics first (a task that
 //! takes a point in time of each shard and pins it under the search's token), then for its
-//! rows scored with the sums (a task that must find those points in time). Shard `i`'s tasks
-//! go to the same worker in both phases (worker `i mod W`, or the process that writes the
+//! rows scored with the sums (a task that must find those points in time). Shard `i` is read
+//! on the same worker in both phases (worker `i mod W`, or the process that writes the
 //! shard and serves it with [`serve_writer`]); a second phase that finds no point in time
 //! (its worker restarted) fails with an `Unavailable` error naming the shard, never with
 //! rows of another snapshot. A search whose worker cannot be reached or dies runs again from
@@ -64,9 +65,9 @@ const PIN_MISSING: &str = "the point in time this search took of it is not on th
 /// The most points in time a worker keeps pinned at once (the least recently used go first).
 const MAX_PINNED: u64 = 4096;
 
-/// Where one attempt of a search sends each shard's task (a session extension the task
-/// router reads): to the worker that writes the shard when one serves it, else to worker
-/// `i mod W`. A search that retries leaves out the workers that failed it.
+/// Where one attempt of a search reads each shard (a session extension the planner's handlers
+/// read, [`Route::tasks`]): on the worker that writes the shard when one serves it, else on
+/// worker `i mod W`. A search that retries leaves out the workers that failed it.
 #[derive(Debug, Clone, PartialEq)]
 struct Route {
     workers: Vec<Url>,
@@ -879,8 +880,9 @@ fn shared_location(location: &str) -> Result<String> {
 struct Urls(Arc<Vec<Url>>);
 
 impl WorkerResolver for Urls {
-    /// The workers, the first twice when there is one: the planner keeps a stage of one
-    /// task in the coordinator, and every shard's part must run on a worker.
+    /// The workers, the first twice when there is one. The planner reads them only when no
+    /// task count or routing of ours is set (both are: [`Route::tasks`]), and would then keep
+    /// a stage of one task in the coordinator, where every shard's part must run on a worker.
     fn get_urls(&self) -> datafusion::common::Result<Vec<Url>> {
         let mut urls = self.0.as_ref().clone();
         if urls.len() == 1 {
@@ -1032,7 +1034,7 @@ impl DistributedIndex {
     /// Send the tasks of `shard` to the worker at `worker` (`HOST:PORT`): a process that
     /// writes the shard and serves its tasks ([`serve_writer`]), so that searches see its
     /// memtable rows at once. When that worker cannot be reached, the search runs again with
-    /// the shard's task on the other workers, which read the shard's WAL: rows appended with
+    /// the shard read by the other workers, which read the shard's WAL: rows appended with
     /// [`crate::Durability::Buffered`] and not yet in it are not found there.
     pub fn with_writer(mut self, shard: usize, worker: &str) -> Result<DistributedIndex> {
         if shard >= self.layout.shards as usize {
@@ -1071,8 +1073,8 @@ impl DistributedIndex {
         self
     }
 
-    /// The rounds of tasks this handle's searches sent to the workers so far (a round: every
-    /// shard's task of one phase), the rounds of failed attempts included.
+    /// The rounds of tasks this handle's searches sent to the workers so far (a round: the
+    /// tasks of one phase, which read every shard), the rounds of failed attempts included.
     pub fn rounds(&self) -> u64 {
         self.rounds.load(std::sync::atomic::Ordering::Relaxed)
     }
