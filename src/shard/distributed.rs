@@ -979,10 +979,6 @@ impl DistributedIndex {
         let layout = ShardLayout::read(&Location::parse(location)?).await?;
         let location = shared_location(location)?;
         let urls = Arc::new(urls);
-        let all = Route {
-            workers: urls.as_ref().clone(),
-            writers: HashMap::new(),
-        };
         let every: Vec<usize> = (0..layout.shards as usize).collect();
         // A search's plan is built here, already physical and in the order it must run: its
         // session needs the distributed planner, not SQL functions or optimizer rules, whose
@@ -992,14 +988,8 @@ impl DistributedIndex {
             .with_distributed_worker_resolver(Urls(urls.clone()))
             .with_distributed_planner()
             .with_distributed_user_codec(ShardCodec)
-            .with_distributed_desired_task_count_handler({
-                let all = all.clone();
-                move |ev: DesiredTaskCountEvent| desired_tasks(ev, &all)
-            })
-            .with_distributed_scale_up_leaf_node_handler({
-                let all = all.clone();
-                move |ev: ScaleUpLeafNodeEvent| scale_up(ev, &all)
-            })
+            .with_distributed_desired_task_count_handler(desired_tasks)
+            .with_distributed_scale_up_leaf_node_handler(scale_up)
             // At most a task a shard (and two for one shard: see `Route::tasks`).
             .with_distributed_max_tasks_per_stage((layout.shards as usize).max(2))?
             // Nothing reads the tasks' metrics: a worker would gather and send them after
@@ -1010,7 +1000,7 @@ impl DistributedIndex {
                 // search find a shard's point in time on the worker that took it.
                 let config = ev.task_ctx.session_config();
                 // A round reads every shard (`Search::node`).
-                let tasks = match planned_tasks(config, &all, &every, ev.task_count) {
+                let tasks = match planned_tasks(config, &every, ev.task_count) {
                     Ok(t) => t,
                     Err(e) => return Some(Err(e)),
                 };
@@ -1708,22 +1698,22 @@ impl Search<'_> {
     }
 }
 
-/// The route of the round planned in `config`: its attempt's ([`Search::state`]), else `all`.
-fn route_in(config: &SessionConfig, all: &Route) -> Arc<Route> {
-    config
-        .get_extension::<Route>()
-        .unwrap_or_else(|| Arc::new(all.clone()))
+/// The route of the round planned in `config`: its attempt's ([`Search::state`]). A round
+/// planned without one has no writers' routes to follow: an internal error.
+fn route_in(config: &SessionConfig) -> datafusion::common::Result<Arc<Route>> {
+    config.get_extension::<Route>().ok_or_else(|| {
+        DataFusionError::Internal("a sharded search's round was planned without its route".into())
+    })
 }
 
 /// The tasks of a round that reads shards `reads`, planned in `config` ([`Route::tasks`]),
 /// which the planner made `planned` of.
 fn planned_tasks(
     config: &SessionConfig,
-    all: &Route,
     reads: &[usize],
     planned: usize,
 ) -> datafusion::common::Result<Vec<(Url, Vec<usize>)>> {
-    let tasks = route_in(config, all).tasks(reads);
+    let tasks = route_in(config)?.tasks(reads);
     if tasks.len() != planned {
         return Err(DataFusionError::Internal(format!(
             "a round of {} tasks was planned as {planned}",
@@ -1736,20 +1726,21 @@ fn planned_tasks(
 /// A task a worker of the round's route ([`Route::tasks`]).
 fn desired_tasks(
     ev: DesiredTaskCountEvent,
-    all: &Route,
 ) -> Option<datafusion::common::Result<DesiredTaskCountEventResponse>> {
     let exec = ev.plan.downcast_ref::<ShardExec>()?;
-    let tasks = route_in(ev.session_config, all).tasks(&exec.node.reads);
-    Some(Ok(DesiredTaskCountEventResponse::desired(tasks.len())))
+    Some(
+        route_in(ev.session_config).map(|route| {
+            DesiredTaskCountEventResponse::desired(route.tasks(&exec.node.reads).len())
+        }),
+    )
 }
 
 /// Task `j` reads the shards of the round's task `j` ([`Route::tasks`]).
 fn scale_up(
     ev: ScaleUpLeafNodeEvent,
-    all: &Route,
 ) -> Option<datafusion::common::Result<ScaleUpLeafNodeEventResponse>> {
     let exec = ev.plan.downcast_ref::<ShardExec>()?;
-    let tasks = planned_tasks(ev.session_config, all, &exec.node.reads, ev.task_count);
+    let tasks = planned_tasks(ev.session_config, &exec.node.reads, ev.task_count);
     let tasks = match tasks {
         Ok(t) => t,
         Err(e) => return Some(Err(e)),
