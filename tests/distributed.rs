@@ -396,6 +396,27 @@ fn start_worker() -> (Child, String) {
     (child, addr)
 }
 
+#[test]
+fn a_worker_with_settings_out_of_range_says_so_and_never_listens() {
+    let out = Command::new(env!("CARGO_BIN_EXE_lsmsearch"))
+        .args([
+            "worker",
+            "--listen",
+            "127.0.0.1:0",
+            "--settings",
+            r#"{"hnsw_m": 1}"#,
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(!stdout.contains("listening"), "{stdout}");
+    assert!(stderr.contains("hnsw_m"), "{stderr}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_processes_search_as_one_process_and_a_dead_one_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
