@@ -271,7 +271,9 @@ impl Settings {
         (self.cache_bytes - postings - columns, postings, columns)
     }
 
-    pub(crate) fn validate(&self) -> crate::error::Result<()> {
+    /// Check every setting's range: an `Invalid` error names the first out of range. Opening
+    /// an index checks them; a program taking settings from its user can check them first.
+    pub fn validate(&self) -> crate::error::Result<()> {
         let check = |ok: bool, name: &str| {
             if ok {
                 Ok(())

@@ -983,6 +983,8 @@ async fn distributed_search(
 
 /// `lsmsearch worker`.
 async fn worker(listen: &str, settings: Settings, json: bool) -> lsmsearch::Result<()> {
+    // Before it says it listens: a worker that then exits would have misled its caller.
+    settings.validate()?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| Error::invalid(format!("cannot listen on {listen}: {e}")))?;
