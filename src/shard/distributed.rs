@@ -979,7 +979,6 @@ impl DistributedIndex {
         let layout = ShardLayout::read(&Location::parse(location)?).await?;
         let location = shared_location(location)?;
         let urls = Arc::new(urls);
-        let every: Vec<usize> = (0..layout.shards as usize).collect();
         // A search's plan is built here, already physical and in the order it must run: its
         // session needs the distributed planner, not SQL functions or optimizer rules, whose
         // copies and passes were most of the cost of planning a round.
@@ -999,8 +998,9 @@ impl DistributedIndex {
                 // A task goes to the worker its shards are routed to: both phases of a
                 // search find a shard's point in time on the worker that took it.
                 let config = ev.task_ctx.session_config();
-                // A round reads every shard (`Search::node`).
-                let tasks = match planned_tasks(config, &every, ev.task_count) {
+                let tasks = stage_reads(ev.plan)
+                    .and_then(|reads| planned_tasks(config, &reads, ev.task_count));
+                let tasks = match tasks {
                     Ok(t) => t,
                     Err(e) => return Some(Err(e)),
                 };
@@ -1721,6 +1721,27 @@ fn planned_tasks(
         )));
     }
     Ok(tasks)
+}
+
+/// The shards read by the round whose stage `plan` heads: those of its leaf, which
+/// [`scale_up`] split between the tasks the router then routes.
+fn stage_reads(plan: &Arc<dyn ExecutionPlan>) -> datafusion::common::Result<Vec<usize>> {
+    use datafusion::common::tree_node::TreeNode;
+    let mut reads = None;
+    plan.apply(|node| {
+        let exec = node
+            .downcast_ref::<DistributedLeafExec>()
+            .and_then(|leaf| leaf.original().downcast_ref::<ShardExec>());
+        match exec {
+            Some(exec) => {
+                reads = Some(exec.node.reads.clone());
+                Ok(TreeNodeRecursion::Stop)
+            }
+            None => Ok(TreeNodeRecursion::Continue),
+        }
+    })?;
+    reads
+        .ok_or_else(|| DataFusionError::Internal("a sharded search's stage reads no shards".into()))
 }
 
 /// A task a worker of the round's route ([`Route::tasks`]).
