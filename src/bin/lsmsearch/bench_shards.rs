@@ -367,6 +367,8 @@ pub(crate) async fn run(o: &ShardsOptions, print: bool) -> lsmsearch::Result<Sha
             "--docs, --dim and --workers need at least 1",
         ));
     }
+    // Before minutes of building: a worker given settings out of range would exit unheard.
+    o.shard_settings.validate()?;
     let ingest = build(o).await?;
     let queries = Arc::new(lsmsearch::bench::queries::read_queries(
         &o.out.join("corpus").join("queries.parquet"),
