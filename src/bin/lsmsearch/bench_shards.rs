@@ -369,6 +369,22 @@ pub(crate) async fn run(o: &ShardsOptions, print: bool) -> lsmsearch::Result<Sha
     }
     // Before minutes of building: a worker given settings out of range would exit unheard.
     o.shard_settings.validate()?;
+    // A sharded handle splits its budgets among its shards; a worker gives each shard it
+    // opens the whole: the same budgets per shard in this process as on a worker.
+    let shard = &o.shard_settings;
+    let times_shards = |bytes: u64, name: &str| {
+        bytes.checked_mul(u64::from(o.shards)).ok_or_else(|| {
+            Error::invalid(format!(
+                "--shard-settings: {name} times {} shards is too large",
+                o.shards
+            ))
+        })
+    };
+    let per_shard = Settings {
+        cache_bytes: times_shards(shard.cache_bytes, "cache_bytes")?,
+        hot_cache_bytes: times_shards(shard.hot_cache_bytes, "hot_cache_bytes")?,
+        ..shard.clone()
+    };
     let ingest = build(o).await?;
     let queries = Arc::new(lsmsearch::bench::queries::read_queries(
         &o.out.join("corpus").join("queries.parquet"),
@@ -393,12 +409,6 @@ pub(crate) async fn run(o: &ShardsOptions, print: bool) -> lsmsearch::Result<Sha
     }
     let addrs: Vec<String> = started.iter().map(|s| s.1.clone()).collect();
     let mut children: Vec<Child> = started.into_iter().map(|s| s.0).collect();
-    let shard = &o.shard_settings;
-    let per_shard = Settings {
-        cache_bytes: shard.cache_bytes * u64::from(o.shards),
-        hot_cache_bytes: shard.hot_cache_bytes * u64::from(o.shards),
-        ..shard.clone()
-    };
     let measured = async {
         let mut targets = vec![
             (
