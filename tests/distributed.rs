@@ -219,29 +219,26 @@ async fn three_workers_in_this_process_search_as_one_process() {
         assert!(plan.contains(&format!("shards=[{shard}] of 3")), "{plan}");
     }
 
-    // With two workers, one of them reads two shards in one task: the same results.
-    let two = DistributedIndex::open(&location, &addrs[..2])
-        .await
-        .unwrap();
-    same_results(&two, &local, &live).await;
-    let plan = two
-        .explain_fts("wing", &SearchOptions::with_k(5))
-        .await
-        .unwrap();
-    assert!(plan.contains("shards=[0, 2] of 3"), "{plan}");
-    assert!(plan.contains("shards=[1] of 3"), "{plan}");
-
-    // With one worker, its shards are split between two tasks: the same results.
-    let one = DistributedIndex::open(&location, &addrs[..1])
-        .await
-        .unwrap();
-    same_results(&one, &local, &live).await;
-    let plan = one
-        .explain_fts("wing", &SearchOptions::with_k(5))
-        .await
-        .unwrap();
-    assert!(plan.contains("shards=[0, 2] of 3"), "{plan}");
-    assert!(plan.contains("shards=[1] of 3"), "{plan}");
+    // With two workers, one of them reads two shards in one task; with one worker, its
+    // shards are split between two tasks: the same tasks, and the same results.
+    for workers in [2, 1] {
+        let fewer = DistributedIndex::open(&location, &addrs[..workers])
+            .await
+            .unwrap();
+        same_results(&fewer, &local, &live).await;
+        let plan = fewer
+            .explain_fts("wing", &SearchOptions::with_k(5))
+            .await
+            .unwrap();
+        assert!(
+            plan.contains("shards=[0, 2] of 3"),
+            "{workers} workers: {plan}"
+        );
+        assert!(
+            plan.contains("shards=[1] of 3"),
+            "{workers} workers: {plan}"
+        );
+    }
     local.close().await.unwrap();
 }
 
