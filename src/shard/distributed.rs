@@ -994,6 +994,9 @@ impl DistributedIndex {
             // Nothing reads the tasks' metrics: a worker would gather and send them after
             // every task.
             .with_distributed_metrics_collection(false)?
+            // A task answers with at most its top rows (or a row of statistics a shard):
+            // compressing them costs a worker more than the bytes it saves.
+            .with_distributed_compression(None)?
             .with_distributed_route_tasks_handler(move |ev: RouteTasksEvent| {
                 // A task goes to the worker its shards are routed to: both phases of a
                 // search find a shard's point in time on the worker that took it.
