@@ -125,6 +125,8 @@ pub(crate) struct BlockCache {
     /// tier's, or [`miss_spawner`]'s), and the object store is read on this one, where its
     /// client's connections live.
     fetch_on: Option<tokio::runtime::Handle>,
+    /// The directory of its disk tier, when it has one.
+    disk_dir: Option<PathBuf>,
 }
 
 /// The runtime a disk tier's tasks run on, shut down with every task on it when the last
@@ -350,7 +352,14 @@ impl BlockCache {
             counters: Arc::default(),
             _tier: tier,
             fetch_on,
+            disk_dir: config.disk_dir.clone().filter(|_| config.disk_bytes > 0),
         })
+    }
+
+    /// The directory of the disk tier, when there is one.
+    #[cfg(test)]
+    pub(crate) fn disk_dir(&self) -> Option<&std::path::Path> {
+        self.disk_dir.as_deref()
     }
 
     /// Bytes `range` of the immutable object at `path` in `store` (named `store_name`), which is
@@ -1125,6 +1134,31 @@ mod tests {
             Ok(Err(e)) => assert!(e.to_string().contains("o#"), "{e}"),
             Err(_) => panic!("the read did not end within 20 s"),
         }
+    }
+
+    /// Two caches open at once never share a disk directory: two disk tiers over the same
+    /// files write over each other's blocks. The second takes a sibling directory, and the
+    /// directory a dropped cache held is taken again once that cache has closed (a handle
+    /// opened again finds its blocks), with no wait when no cache of this process holds it.
+    #[tokio::test]
+    async fn two_open_caches_never_share_a_disk_directory() {
+        let root = tempfile::tempdir().unwrap();
+        let tier = root.path().join("tier");
+        let c = config(1 << 20, Some(&tier));
+        let a = BlockCache::open(&c).await.unwrap();
+        let b = BlockCache::open(&c).await.unwrap();
+        assert_eq!(a.disk_dir(), Some(tier.as_path()));
+        let other = b.disk_dir().unwrap().to_path_buf();
+        assert_ne!(other, tier);
+        assert_eq!(other.parent(), tier.parent());
+        drop(a);
+        let again = BlockCache::open(&c).await.unwrap();
+        assert_eq!(again.disk_dir(), Some(tier.as_path()));
+        // A third while both are open: another sibling.
+        let third = BlockCache::open(&c).await.unwrap();
+        let dirs = [tier.as_path(), other.as_path(), third.disk_dir().unwrap()];
+        assert!(dirs[2] != dirs[0] && dirs[2] != dirs[1], "{dirs:?}");
+        drop((b, again, third));
     }
 
     /// The least disk budget a handle may have (2 MiB: what `Settings::share` gives a shard
