@@ -91,8 +91,12 @@ pub struct Settings {
     /// (each is checked again when read). A sharded handle splits it evenly between its
     /// shards, each getting 2 MiB at least.
     pub cache_disk_bytes: u64,
-    /// Directory of the block cache's disk tier (created when missing). Two handles open at
-    /// the same time need two directories. Default none.
+    /// Directory of the block cache's disk tier (created when missing). A handle holds it
+    /// (a lock file in it) while it is open: a handle that finds it held by another open one,
+    /// of this process or another, uses the first free of `<dir>.1` to `<dir>.8` beside it,
+    /// with a budget of its own (none free: an error), and one opened again in the process
+    /// that dropped it waits for the dropped one's tier to close and finds its blocks.
+    /// Default none.
     pub cache_dir: Option<std::path::PathBuf>,
     /// Budget, in bytes, of a handle's cache of opened generations: what each keeps in memory
     /// (for a version-3 generation its hot part, its vectors and its text index; for an older

@@ -139,6 +139,128 @@ struct TierRuntime {
     /// The cache whose tier runs here: closed (what its memory holds written, its writes
     /// finished) before the runtime shuts down.
     cache: Option<HybridCache<u128, Block>>,
+    /// The tier's directory, held until the tier is closed and the runtime shut.
+    lock: Option<DirLock>,
+}
+
+/// The name of the file in a disk tier's directory whose lock ([`std::fs::File::try_lock`])
+/// an open cache holds.
+const LOCK_FILE: &str = "lsmsearch-cache.lock";
+/// Directories beside a disk tier's (`<dir>.1` to `<dir>.8`) that an open takes, in turn,
+/// when open caches hold it and the ones before.
+const DISK_SIBLINGS: usize = 8;
+/// How long an open waits for a cache of this process that holds its directory and is
+/// closing (its close is bounded by its runtime's shutdown, 30 s).
+const CLOSING_WAIT: std::time::Duration = std::time::Duration::from_secs(35);
+
+/// The directories whose caches this process dropped and is still closing.
+fn closing() -> std::sync::MutexGuard<'static, std::collections::HashSet<PathBuf>> {
+    static CLOSING: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<PathBuf>>> =
+        std::sync::OnceLock::new();
+    CLOSING
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+
+/// A disk tier's directory, held: two tiers over the same files would write over each other's
+/// blocks, in one process or in two (an advisory lock: every cache takes it).
+struct DirLock {
+    dir: PathBuf,
+    file: std::fs::File,
+    /// Whether the directory is in [`closing`], left when this lock is let go.
+    closing: bool,
+}
+
+impl DirLock {
+    /// `wanted`, or when open caches (of this process or another) hold it, the first sibling
+    /// none holds. A directory a cache of this process holds while it closes is waited for:
+    /// a handle dropped and opened again finds its blocks.
+    async fn take(wanted: &std::path::Path) -> Result<DirLock> {
+        let wanted = wanted.to_path_buf();
+        let take = move || DirLock::take_blocking(&wanted);
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => rt
+                .spawn_blocking(take)
+                .await
+                .map_err(|e| Error::internal(format!("locking the disk cache: {e}")))?,
+            Err(_) => take(),
+        }
+    }
+
+    fn take_blocking(wanted: &std::path::Path) -> Result<DirLock> {
+        for i in 0..=DISK_SIBLINGS {
+            let dir = match i {
+                0 => wanted.to_path_buf(),
+                i => {
+                    let mut name = wanted.as_os_str().to_owned();
+                    name.push(format!(".{i}"));
+                    PathBuf::from(name)
+                }
+            };
+            let fs_error = |e: std::io::Error| {
+                Error::invalid(format!("cannot use cache directory {}: {e}", dir.display()))
+            };
+            std::fs::create_dir_all(&dir).map_err(fs_error)?;
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(dir.join(LOCK_FILE))
+                .map_err(fs_error)?;
+            let deadline = std::time::Instant::now() + CLOSING_WAIT;
+            loop {
+                match file.try_lock() {
+                    Ok(()) => {
+                        return Ok(DirLock {
+                            dir,
+                            file,
+                            closing: false,
+                        })
+                    }
+                    Err(std::fs::TryLockError::WouldBlock) => {}
+                    Err(std::fs::TryLockError::Error(e)) => return Err(fs_error(e)),
+                }
+                if !closing().contains(&dir) {
+                    // Let go between the failed lock and this look: take it.
+                    if file.try_lock().is_ok() {
+                        return Ok(DirLock {
+                            dir,
+                            file,
+                            closing: false,
+                        });
+                    }
+                    break;
+                }
+                if std::time::Instant::now() >= deadline {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+        Err(Error::invalid(format!(
+            "the disk cache directory {} and its {DISK_SIBLINGS} siblings ({0}.1 to {0}.{DISK_SIBLINGS}) \
+             are all held by open handles: give each handle a cache_dir of its own",
+            wanted.display()
+        )))
+    }
+
+    /// Mark the directory as held by a cache this process is closing.
+    fn closing(&mut self) {
+        closing().insert(self.dir.clone());
+        self.closing = true;
+    }
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        // Let go of the lock first: an open that finds the directory no longer closing
+        // then finds it free.
+        let _ = self.file.unlock();
+        if self.closing {
+            closing().remove(&self.dir);
+        }
+    }
 }
 
 impl TierRuntime {
@@ -151,6 +273,7 @@ impl TierRuntime {
             .map(|rt| TierRuntime {
                 runtime: Some(rt),
                 cache: None,
+                lock: None,
             })
             .map_err(|e| Error::internal(format!("cannot start the disk cache's runtime: {e}")))
     }
@@ -222,6 +345,11 @@ impl Drop for TierRuntime {
     fn drop(&mut self) {
         let mut runtime = Shutting(self.runtime.take());
         let cache = self.cache.take();
+        // An open of the same directory in this process waits for this close to end.
+        let mut lock = self.lock.take();
+        if let Some(l) = lock.as_mut() {
+            l.closing();
+        }
         // On a thread of its own, which may block: the cache closed first (a handle dropped
         // without close writes its memory to disk as close does), then the runtime shut once
         // its blocking reads and writes are done. A write under way when a runtime shuts in
@@ -238,6 +366,7 @@ impl Drop for TierRuntime {
                 drop(cache);
             }
             rt.shutdown_timeout(std::time::Duration::from_secs(30));
+            drop(lock);
         };
         // Without a thread, the runtime is shut in the background as the closure drops.
         let _ = std::thread::Builder::new()
@@ -250,6 +379,7 @@ impl std::fmt::Debug for BlockCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BlockCache")
             .field("block", &self.block)
+            .field("disk_dir", &self.disk_dir)
             .field("stats", &self.stats())
             .finish_non_exhaustive()
     }
@@ -284,14 +414,19 @@ impl BlockCache {
             .with_weighter(|_: &u128, value: &Block| 16 + value.bytes.len())
             .storage();
         let mut tier = None;
+        let mut disk_dir = None;
         let builder = match &config.disk_dir {
-            Some(dir) if config.disk_bytes > 0 => {
-                std::fs::create_dir_all(dir).map_err(|e| {
-                    Error::invalid(format!(
-                        "cannot create cache directory {}: {e}",
+            Some(wanted) if config.disk_bytes > 0 => {
+                let lock = DirLock::take(wanted).await?;
+                let dir = &lock.dir.clone();
+                if dir != wanted {
+                    tracing::info!(
+                        "cache directory {} is held by another open handle: using {}",
+                        wanted.display(),
                         dir.display()
-                    ))
-                })?;
+                    );
+                }
+                disk_dir = Some(dir.clone());
                 let capacity = usize::try_from(config.disk_bytes).unwrap_or(usize::MAX);
                 let device = FsDeviceBuilder::new(dir)
                     .with_capacity(capacity)
@@ -318,7 +453,8 @@ impl BlockCache {
                 // their headers: foyer drops an entry that does not fit in what is left of the
                 // buffer it is written to instead of starting the next one.
                 let buffer = (4usize << 20).max(2 * block as usize + (64 << 10));
-                let runtime = TierRuntime::new()?;
+                let mut runtime = TierRuntime::new()?;
+                runtime.lock = Some(lock);
                 let spawner = runtime.handle().map(Spawner::from);
                 tier = Some(runtime);
                 let builder = match spawner {
@@ -352,7 +488,7 @@ impl BlockCache {
             counters: Arc::default(),
             _tier: tier,
             fetch_on,
-            disk_dir: config.disk_dir.clone().filter(|_| config.disk_bytes > 0),
+            disk_dir,
         })
     }
 
