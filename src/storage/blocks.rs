@@ -139,8 +139,9 @@ struct TierRuntime {
     /// The cache whose tier runs here: closed (what its memory holds written, its writes
     /// finished) before the runtime shuts down.
     cache: Option<HybridCache<u128, Block>>,
-    /// The tier's directory, held until the tier is closed and the runtime shut.
-    lock: Option<DirLock>,
+    /// The tier's directory, held until the tier is closed: by [`BlockCache::close`], or
+    /// when the runtime is shut after the last clone of the cache is dropped.
+    lock: std::sync::Mutex<Option<DirLock>>,
 }
 
 /// The name of the file in a disk tier's directory whose lock ([`std::fs::File::try_lock`])
@@ -273,7 +274,7 @@ impl TierRuntime {
             .map(|rt| TierRuntime {
                 runtime: Some(rt),
                 cache: None,
-                lock: None,
+                lock: std::sync::Mutex::new(None),
             })
             .map_err(|e| Error::internal(format!("cannot start the disk cache's runtime: {e}")))
     }
@@ -346,7 +347,11 @@ impl Drop for TierRuntime {
         let mut runtime = Shutting(self.runtime.take());
         let cache = self.cache.take();
         // An open of the same directory in this process waits for this close to end.
-        let mut lock = self.lock.take();
+        let mut lock = self
+            .lock
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         if let Some(l) = lock.as_mut() {
             l.closing();
         }
@@ -454,7 +459,7 @@ impl BlockCache {
                 // buffer it is written to instead of starting the next one.
                 let buffer = (4usize << 20).max(2 * block as usize + (64 << 10));
                 let mut runtime = TierRuntime::new()?;
-                runtime.lock = Some(lock);
+                runtime.lock = std::sync::Mutex::new(Some(lock));
                 let spawner = runtime.handle().map(Spawner::from);
                 tier = Some(runtime);
                 let builder = match spawner {
@@ -1290,6 +1295,12 @@ mod tests {
         drop(a);
         let again = BlockCache::open(&c).await.unwrap();
         assert_eq!(again.disk_dir(), Some(tier.as_path()));
+        // Closed, not dropped: the directory is free.
+        again.close().await.unwrap();
+        let after_close = BlockCache::open(&c).await.unwrap();
+        assert_eq!(after_close.disk_dir(), Some(tier.as_path()));
+        drop(again);
+        let again = after_close;
         // A third while both are open: another sibling.
         let third = BlockCache::open(&c).await.unwrap();
         let dirs = [tier.as_path(), other.as_path(), third.disk_dir().unwrap()];
