@@ -824,12 +824,19 @@ impl BlockCache {
         self.cache.memory().usage() as u64
     }
 
-    /// Write what the memory tier holds to disk (when there is a disk tier) and stop.
+    /// Write what the memory tier holds to disk (when there is a disk tier) and stop; the
+    /// disk tier's directory is then free for the next cache to open, even while clones of
+    /// this one are still held (a closed handle not yet dropped).
     pub(crate) async fn close(&self) -> Result<()> {
         self.cache
             .close()
             .await
-            .map_err(|e| Error::internal(format!("closing the block cache: {e}")))
+            .map_err(|e| Error::internal(format!("closing the block cache: {e}")))?;
+        if let Some(tier) = &self._tier {
+            let lock = tier.lock.lock().unwrap_or_else(|e| e.into_inner()).take();
+            drop(lock);
+        }
+        Ok(())
     }
 }
 
