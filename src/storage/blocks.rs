@@ -1315,6 +1315,23 @@ mod tests {
         drop((b, again, third));
     }
 
+    /// A sibling directory is beside the held one however its path is spelled (a trailing
+    /// slash, a `.`), never inside it.
+    #[tokio::test]
+    async fn a_sibling_disk_directory_is_beside_the_held_one() {
+        let root = tempfile::tempdir().unwrap();
+        let root = root.path().canonicalize().unwrap();
+        let tier = root.join("tier");
+        let a = BlockCache::open(&config(1 << 20, Some(&tier))).await.unwrap();
+        let slash = PathBuf::from(format!("{}/", tier.display()));
+        let b = BlockCache::open(&config(1 << 20, Some(&slash))).await.unwrap();
+        assert_eq!(b.disk_dir(), Some(root.join("tier.1").as_path()));
+        let dot = tier.join(".");
+        let c = BlockCache::open(&config(1 << 20, Some(&dot))).await.unwrap();
+        assert_eq!(c.disk_dir(), Some(root.join("tier.2").as_path()));
+        drop((a, b, c));
+    }
+
     /// The least disk budget a handle may have (2 MiB: what `Settings::share` gives a shard
     /// at least) holds blocks of the production size on disk, and a new process finds them.
     #[tokio::test]
