@@ -190,19 +190,31 @@ impl DirLock {
     }
 
     fn take_blocking(wanted: &std::path::Path) -> Result<DirLock> {
+        // Named as the file system names it, so that every spelling of one directory (a
+        // trailing slash, `.`, a relative path, a link) is one, and its siblings are beside
+        // it.
+        let named = |dir: &std::path::Path| {
+            std::fs::create_dir_all(dir)
+                .and_then(|_| dir.canonicalize())
+                .map_err(|e| {
+                    Error::invalid(format!("cannot use cache directory {}: {e}", dir.display()))
+                })
+        };
+        let first = named(wanted)?;
         for i in 0..=DISK_SIBLINGS {
-            let dir = match i {
-                0 => wanted.to_path_buf(),
-                i => {
-                    let mut name = wanted.as_os_str().to_owned();
+            let dir = match (i, first.file_name()) {
+                (0, _) => first.clone(),
+                (i, Some(name)) => {
+                    let mut name = name.to_owned();
                     name.push(format!(".{i}"));
-                    PathBuf::from(name)
+                    named(&first.with_file_name(name))?
                 }
+                // The root directory has no name to put a sibling beside.
+                (_, None) => break,
             };
             let fs_error = |e: std::io::Error| {
                 Error::invalid(format!("cannot use cache directory {}: {e}", dir.display()))
             };
-            std::fs::create_dir_all(&dir).map_err(fs_error)?;
             let file = std::fs::OpenOptions::new()
                 .create(true)
                 .truncate(false)
@@ -213,11 +225,18 @@ impl DirLock {
             loop {
                 match file.try_lock() {
                     Ok(()) => {
+                        if i > 0 {
+                            tracing::warn!(
+                                "cache directory {} is held by another handle: using {}",
+                                first.display(),
+                                dir.display()
+                            );
+                        }
                         return Ok(DirLock {
                             dir,
                             file,
                             closing: false,
-                        })
+                        });
                     }
                     Err(std::fs::TryLockError::WouldBlock) => {}
                     Err(std::fs::TryLockError::Error(e)) => return Err(fs_error(e)),
@@ -242,7 +261,7 @@ impl DirLock {
         Err(Error::invalid(format!(
             "the disk cache directory {} and its {DISK_SIBLINGS} siblings ({0}.1 to {0}.{DISK_SIBLINGS}) \
              are all held by open handles: give each handle a cache_dir of its own",
-            wanted.display()
+            first.display()
         )))
     }
 
@@ -424,13 +443,6 @@ impl BlockCache {
             Some(wanted) if config.disk_bytes > 0 => {
                 let lock = DirLock::take(wanted).await?;
                 let dir = &lock.dir.clone();
-                if dir != wanted {
-                    tracing::info!(
-                        "cache directory {} is held by another open handle: using {}",
-                        wanted.display(),
-                        dir.display()
-                    );
-                }
                 disk_dir = Some(dir.clone());
                 let capacity = usize::try_from(config.disk_bytes).unwrap_or(usize::MAX);
                 let device = FsDeviceBuilder::new(dir)
@@ -1322,12 +1334,18 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let root = root.path().canonicalize().unwrap();
         let tier = root.join("tier");
-        let a = BlockCache::open(&config(1 << 20, Some(&tier))).await.unwrap();
+        let a = BlockCache::open(&config(1 << 20, Some(&tier)))
+            .await
+            .unwrap();
         let slash = PathBuf::from(format!("{}/", tier.display()));
-        let b = BlockCache::open(&config(1 << 20, Some(&slash))).await.unwrap();
+        let b = BlockCache::open(&config(1 << 20, Some(&slash)))
+            .await
+            .unwrap();
         assert_eq!(b.disk_dir(), Some(root.join("tier.1").as_path()));
         let dot = tier.join(".");
-        let c = BlockCache::open(&config(1 << 20, Some(&dot))).await.unwrap();
+        let c = BlockCache::open(&config(1 << 20, Some(&dot)))
+            .await
+            .unwrap();
         assert_eq!(c.disk_dir(), Some(root.join("tier.2").as_path()));
         drop((a, b, c));
     }
