@@ -1241,11 +1241,14 @@ mod tests {
         let mut c = config(BLOCK, None);
         let e = BlockCache::open(&c).await.unwrap_err();
         assert!(e.to_string().contains("memory cache budget"), "{e}");
-        c = config(1 << 20, Some(dir.path()));
+        let unmade = dir.path().join("unmade");
+        c = config(1 << 20, Some(&unmade));
         c.disk_bytes = 1 << 20;
         let e = BlockCache::open(&c).await.unwrap_err();
         assert!(e.to_string().contains("disk cache budget"), "{e}");
         assert_eq!(e.kind(), crate::ErrorKind::Invalid);
+        // Refused before anything is made or held.
+        assert!(!unmade.exists(), "a refused open made its directory");
         // The largest block, with a memory budget of a few of them, and a disk tier.
         c = BlockCacheConfig {
             memory_bytes: 4 * (MAX_BLOCK_BYTES + 1024),
