@@ -441,14 +441,6 @@ impl BlockCache {
         let mut disk_dir = None;
         let builder = match &config.disk_dir {
             Some(wanted) if config.disk_bytes > 0 => {
-                let lock = DirLock::take(wanted).await?;
-                let dir = &lock.dir.clone();
-                disk_dir = Some(dir.clone());
-                let capacity = usize::try_from(config.disk_bytes).unwrap_or(usize::MAX);
-                let device = FsDeviceBuilder::new(dir)
-                    .with_capacity(capacity)
-                    .build()
-                    .map_err(|e| cache_error(dir, e))?;
                 // Disk blocks holding a cache block with its key and headers (foyer drops an
                 // entry bigger than a disk block less 4 KiB without a word), about a
                 // sixteenth of the budget so that eviction frees space in steps of a few
@@ -463,6 +455,14 @@ impl BlockCache {
                         2 * engine_block
                     )));
                 }
+                let lock = DirLock::take(wanted).await?;
+                let dir = &lock.dir.clone();
+                disk_dir = Some(dir.clone());
+                let capacity = usize::try_from(config.disk_bytes).unwrap_or(usize::MAX);
+                let device = FsDeviceBuilder::new(dir)
+                    .with_capacity(capacity)
+                    .build()
+                    .map_err(|e| cache_error(dir, e))?;
                 let engine_block = engine_block as usize;
                 // Its writes go through two buffers of 4 MiB each (foyer's default, 16 MiB
                 // each, is an eighth of a 256 MiB budget), and inserts beyond twice that queued
