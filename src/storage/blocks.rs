@@ -239,7 +239,20 @@ impl DirLock {
                         });
                     }
                     Err(std::fs::TryLockError::WouldBlock) => {}
-                    Err(std::fs::TryLockError::Error(e)) => return Err(fs_error(e)),
+                    // A file system without locks (some network and FUSE mounts): the
+                    // directory is used as before there were locks, one a handle.
+                    Err(std::fs::TryLockError::Error(e)) => {
+                        tracing::warn!(
+                            "cache directory {}: cannot lock it ({e}); using it unlocked: \
+                             give each open handle a cache_dir of its own",
+                            dir.display()
+                        );
+                        return Ok(DirLock {
+                            dir,
+                            file,
+                            closing: false,
+                        });
+                    }
                 }
                 if !closing().contains(&dir) {
                     // Let go between the failed lock and this look: take it.
