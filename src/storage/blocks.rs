@@ -154,10 +154,11 @@ const DISK_SIBLINGS: usize = 8;
 /// closing (its close is bounded by its runtime's shutdown, 30 s).
 const CLOSING_WAIT: std::time::Duration = std::time::Duration::from_secs(35);
 
-/// The directories whose caches this process dropped and is still closing.
-fn closing() -> std::sync::MutexGuard<'static, std::collections::HashSet<PathBuf>> {
-    static CLOSING: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<PathBuf>>> =
-        std::sync::OnceLock::new();
+/// The directories whose caches this process dropped and is still closing, with how many
+/// (a newer cache of a directory may close while an older one's lock is being let go).
+fn closing() -> std::sync::MutexGuard<'static, std::collections::HashMap<PathBuf, usize>> {
+    type Closing = std::sync::Mutex<std::collections::HashMap<PathBuf, usize>>;
+    static CLOSING: std::sync::OnceLock<Closing> = std::sync::OnceLock::new();
     CLOSING
         .get_or_init(Default::default)
         .lock()
@@ -254,7 +255,7 @@ impl DirLock {
                         });
                     }
                 }
-                if !closing().contains(&dir) {
+                if !closing().contains_key(&dir) {
                     // Let go between the failed lock and this look: take it.
                     if file.try_lock().is_ok() {
                         return Ok(DirLock {
@@ -280,7 +281,7 @@ impl DirLock {
 
     /// Mark the directory as held by a cache this process is closing.
     fn closing(&mut self) {
-        closing().insert(self.dir.clone());
+        *closing().entry(self.dir.clone()).or_default() += 1;
         self.closing = true;
     }
 }
@@ -291,7 +292,13 @@ impl Drop for DirLock {
         // then finds it free.
         let _ = self.file.unlock();
         if self.closing {
-            closing().remove(&self.dir);
+            let mut closing = closing();
+            if let Some(n) = closing.get_mut(&self.dir) {
+                *n -= 1;
+                if *n == 0 {
+                    closing.remove(&self.dir);
+                }
+            }
         }
     }
 }
