@@ -150,9 +150,12 @@ const LOCK_FILE: &str = "lsmsearch-cache.lock";
 /// Directories beside a disk tier's (`<dir>.1` to `<dir>.8`) that an open takes, in turn,
 /// when open caches hold it and the ones before.
 const DISK_SIBLINGS: usize = 8;
-/// How long an open waits for a cache of this process that holds its directory and is
-/// closing (its close is bounded by its runtime's shutdown, 30 s).
+/// How long an open waits, in all, for caches of this process that hold its directory and
+/// are closing; past it, it takes a sibling. A close writes what memory held (at most
+/// [`CLOSE_WRITES`]), then shuts its runtime (at most 30 s): usually a few milliseconds.
 const CLOSING_WAIT: std::time::Duration = std::time::Duration::from_secs(35);
+/// How long a dropped cache's close may write what its memory held to disk.
+const CLOSE_WRITES: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// The directories whose caches this process dropped and is still closing, with how many
 /// (a newer cache of a directory may close while an older one's lock is being let go).
@@ -202,6 +205,7 @@ impl DirLock {
                 })
         };
         let first = named(wanted)?;
+        let deadline = std::time::Instant::now() + CLOSING_WAIT;
         for i in 0..=DISK_SIBLINGS {
             let dir = match (i, first.file_name()) {
                 (0, _) => first.clone(),
@@ -222,7 +226,6 @@ impl DirLock {
                 .write(true)
                 .open(dir.join(LOCK_FILE))
                 .map_err(fs_error)?;
-            let deadline = std::time::Instant::now() + CLOSING_WAIT;
             loop {
                 match file.try_lock() {
                     Ok(()) => {
@@ -404,8 +407,12 @@ impl Drop for TierRuntime {
                 return;
             };
             if let Some(cache) = cache {
-                if let Err(e) = rt.block_on(cache.close()) {
-                    tracing::warn!("closing the disk cache: {e}");
+                match rt.block_on(tokio::time::timeout(CLOSE_WRITES, cache.close())) {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::warn!("closing the disk cache: {e}"),
+                    Err(_) => tracing::warn!(
+                        "closing the disk cache: its writes did not end within {CLOSE_WRITES:?}"
+                    ),
                 }
                 drop(cache);
             }
