@@ -92,11 +92,12 @@ pub struct Settings {
     /// shards, each getting 2 MiB at least.
     pub cache_disk_bytes: u64,
     /// Directory of the block cache's disk tier (created when missing). A handle holds it
-    /// (a lock file in it) while it is open: a handle that finds it held by another open one,
-    /// of this process or another, uses the first free of `<dir>.1` to `<dir>.8` beside it,
-    /// with a budget of its own (none free: an error), and one opened again in the process
-    /// that dropped it waits for the dropped one's tier to close and finds its blocks.
-    /// Default none.
+    /// (a lock file in it) until it is closed, or dropped and its tier closed: a handle that
+    /// finds it held by another, of this process or another, uses the first free of
+    /// `<dir>.1` to `<dir>.8` beside it, each with a budget of its own and kept on disk for
+    /// the next handle (none free: an error). A handle opened again in the process that
+    /// dropped one waits for the dropped one's tier to close (35 s at most) and finds its
+    /// blocks. Default none.
     pub cache_dir: Option<std::path::PathBuf>,
     /// Budget, in bytes, of a handle's cache of opened generations: what each keeps in memory
     /// (for a version-3 generation its hot part, its vectors and its text index; for an older
