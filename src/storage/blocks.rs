@@ -407,7 +407,10 @@ impl Drop for TierRuntime {
                 return;
             };
             if let Some(cache) = cache {
-                match rt.block_on(tokio::time::timeout(CLOSE_WRITES, cache.close())) {
+                // The timer is made inside the runtime: this thread has none of its own.
+                let closed =
+                    rt.block_on(async { tokio::time::timeout(CLOSE_WRITES, cache.close()).await });
+                match closed {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => tracing::warn!("closing the disk cache: {e}"),
                     Err(_) => tracing::warn!(
