@@ -95,9 +95,12 @@ pub struct Settings {
     /// (a lock file in it) until it is closed, or dropped and its tier closed: a handle that
     /// finds it held by another, of this process or another, uses the first free of
     /// `<dir>.1` to `<dir>.8` beside it, each with a budget of its own and kept on disk for
-    /// the next handle (none free: an error). A handle opened again in the process that
-    /// dropped one waits for the dropped one's tier to close (35 s at most) and finds its
-    /// blocks. Default none.
+    /// the next handle (none free: an error). Close a handle to hand its directory on: a
+    /// handle opened after another was closed finds its blocks. One dropped without a close
+    /// holds it until its last reader and task are gone and its tier has closed; an open in
+    /// the same process meanwhile waits for that close (35 s at most) once the tier is
+    /// closing, and takes a sibling while it is not yet. On a file system without locks the
+    /// directory is used unlocked (a warning says so). Default none.
     pub cache_dir: Option<std::path::PathBuf>,
     /// Budget, in bytes, of a handle's cache of opened generations: what each keeps in memory
     /// (for a version-3 generation its hot part, its vectors and its text index; for an older
