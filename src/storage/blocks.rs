@@ -152,7 +152,9 @@ const LOCK_FILE: &str = "lsmsearch-cache.lock";
 const DISK_SIBLINGS: usize = 8;
 /// How long an open waits, in all, for caches of this process that hold its directory and
 /// are closing; past it, it takes a sibling. A close writes what memory held (at most
-/// [`CLOSE_WRITES`]), then shuts its runtime (at most 30 s): usually a few milliseconds.
+/// [`CLOSE_WRITES`]), then shuts its runtime (at most 30 s): usually a few milliseconds, at
+/// worst 50 s, after which the directory is let go even if a write is still blocked (blocks
+/// read back are checked, so such a write costs a fetch, never a wrong byte).
 const CLOSING_WAIT: std::time::Duration = std::time::Duration::from_secs(35);
 /// How long a dropped cache's close may write what its memory held to disk.
 const CLOSE_WRITES: std::time::Duration = std::time::Duration::from_secs(20);
@@ -1336,7 +1338,8 @@ mod tests {
     #[tokio::test]
     async fn two_open_caches_never_share_a_disk_directory() {
         let root = tempfile::tempdir().unwrap();
-        let tier = root.path().join("tier");
+        // As the cache names it (the temporary directory may be behind a link).
+        let tier = root.path().canonicalize().unwrap().join("tier");
         let c = config(1 << 20, Some(&tier));
         let a = BlockCache::open(&c).await.unwrap();
         let b = BlockCache::open(&c).await.unwrap();
