@@ -1383,7 +1383,13 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(c.disk_dir(), Some(root.join("tier.2").as_path()));
-        drop((a, b, c));
+        // A sibling that cannot be a directory (a file of that name) is passed over.
+        std::fs::write(root.join("tier.3"), b"not a directory").unwrap();
+        let d = BlockCache::open(&config(1 << 20, Some(&tier)))
+            .await
+            .unwrap();
+        assert_eq!(d.disk_dir(), Some(root.join("tier.4").as_path()));
+        drop((a, b, c, d));
     }
 
     /// The least disk budget a handle may have (2 MiB: what `Settings::share` gives a shard
