@@ -214,7 +214,14 @@ impl DirLock {
                 (i, Some(name)) => {
                     let mut name = name.to_owned();
                     name.push(format!(".{i}"));
-                    named(&first.with_file_name(name))?
+                    // A sibling that cannot be used is passed over for the next.
+                    match named(&first.with_file_name(name)) {
+                        Ok(dir) => dir,
+                        Err(e) => {
+                            tracing::warn!("{e}");
+                            continue;
+                        }
+                    }
                 }
                 // The root directory has no name to put a sibling beside.
                 (_, None) => break,
@@ -222,12 +229,19 @@ impl DirLock {
             let fs_error = |e: std::io::Error| {
                 Error::invalid(format!("cannot use cache directory {}: {e}", dir.display()))
             };
-            let file = std::fs::OpenOptions::new()
+            let file = match std::fs::OpenOptions::new()
                 .create(true)
                 .truncate(false)
                 .write(true)
                 .open(dir.join(LOCK_FILE))
-                .map_err(fs_error)?;
+            {
+                Ok(file) => file,
+                Err(e) if i == 0 => return Err(fs_error(e)),
+                Err(e) => {
+                    tracing::warn!("{}", fs_error(e));
+                    continue;
+                }
+            };
             loop {
                 match file.try_lock() {
                     Ok(()) => {
@@ -279,7 +293,7 @@ impl DirLock {
         }
         Err(Error::invalid(format!(
             "the disk cache directory {} and its {DISK_SIBLINGS} siblings ({0}.1 to {0}.{DISK_SIBLINGS}) \
-             are all held by open handles: give each handle a cache_dir of its own",
+             are all held by open handles or cannot be used: give each handle a cache_dir of its own",
             first.display()
         )))
     }
