@@ -347,15 +347,36 @@ fn start_worker(settings: &Settings) -> lsmsearch::Result<(Child, String)> {
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| Error::invalid(format!("cannot start a worker: {e}")))?;
-    let mut line = String::new();
+    // Read on a thread of its own, for a minute at most: a worker that hangs before it says
+    // where it listens is an error, not a bench that never ends.
+    let (tx, rx) = std::sync::mpsc::channel();
     if let Some(out) = child.stdout.take() {
-        let _ = BufReader::new(out).read_line(&mut line);
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(out).read_line(&mut line);
+            let _ = tx.send(line);
+        });
     }
-    match line.trim().strip_prefix("listening on ") {
-        Some(addr) => Ok((child, addr.to_string())),
-        None => {
+    let line = rx.recv_timeout(std::time::Duration::from_secs(60));
+    match line
+        .as_deref()
+        .map(|l| l.trim().strip_prefix("listening on "))
+    {
+        Ok(Some(addr)) => Ok((child, addr.to_string())),
+        Ok(None) => {
             let _ = child.kill();
-            Err(Error::invalid(format!("a worker said {line:?}")))
+            let _ = child.wait();
+            Err(Error::invalid(format!(
+                "a worker said {:?}",
+                line.unwrap_or_default()
+            )))
+        }
+        Err(_) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(Error::invalid(
+                "a worker did not say where it listens within 60 s",
+            ))
         }
     }
 }
