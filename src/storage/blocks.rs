@@ -199,12 +199,13 @@ impl DirLock {
         // Named as the file system names it, so that every spelling of one directory (a
         // trailing slash, `.`, a relative path, a link) is one, and its siblings are beside
         // it.
+        let unusable = |dir: &std::path::Path, e: std::io::Error| {
+            Error::invalid(format!("cannot use cache directory {}: {e}", dir.display()))
+        };
         let named = |dir: &std::path::Path| {
             std::fs::create_dir_all(dir)
                 .and_then(|_| dir.canonicalize())
-                .map_err(|e| {
-                    Error::invalid(format!("cannot use cache directory {}: {e}", dir.display()))
-                })
+                .map_err(|e| unusable(dir, e))
         };
         let first = named(wanted)?;
         let deadline = std::time::Instant::now() + CLOSING_WAIT;
@@ -226,9 +227,6 @@ impl DirLock {
                 // The root directory has no name to put a sibling beside.
                 (_, None) => break,
             };
-            let fs_error = |e: std::io::Error| {
-                Error::invalid(format!("cannot use cache directory {}: {e}", dir.display()))
-            };
             let file = match std::fs::OpenOptions::new()
                 .create(true)
                 .truncate(false)
@@ -236,28 +234,15 @@ impl DirLock {
                 .open(dir.join(LOCK_FILE))
             {
                 Ok(file) => file,
-                Err(e) if i == 0 => return Err(fs_error(e)),
+                Err(e) if i == 0 => return Err(unusable(&dir, e)),
                 Err(e) => {
-                    tracing::warn!("{}", fs_error(e));
+                    tracing::warn!("{}", unusable(&dir, e));
                     continue;
                 }
             };
-            loop {
+            let taken = loop {
                 match file.try_lock() {
-                    Ok(()) => {
-                        if i > 0 {
-                            tracing::warn!(
-                                "cache directory {} is held by another handle: using {}",
-                                first.display(),
-                                dir.display()
-                            );
-                        }
-                        return Ok(DirLock {
-                            dir,
-                            file,
-                            closing: false,
-                        });
-                    }
+                    Ok(()) => break true,
                     Err(std::fs::TryLockError::WouldBlock) => {}
                     // A file system without locks (some network and FUSE mounts): the
                     // directory is used as before there were locks, one a handle.
@@ -267,28 +252,31 @@ impl DirLock {
                              give each open handle a cache_dir of its own",
                             dir.display()
                         );
-                        return Ok(DirLock {
-                            dir,
-                            file,
-                            closing: false,
-                        });
+                        break true;
                     }
                 }
                 if !closing().contains_key(&dir) {
                     // Let go between the failed lock and this look: take it.
-                    if file.try_lock().is_ok() {
-                        return Ok(DirLock {
-                            dir,
-                            file,
-                            closing: false,
-                        });
-                    }
-                    break;
+                    break file.try_lock().is_ok();
                 }
                 if std::time::Instant::now() >= deadline {
-                    break;
+                    break false;
                 }
                 std::thread::sleep(std::time::Duration::from_millis(5));
+            };
+            if taken {
+                if i > 0 {
+                    tracing::warn!(
+                        "cache directory {} is held by another handle: using {}",
+                        first.display(),
+                        dir.display()
+                    );
+                }
+                return Ok(DirLock {
+                    dir,
+                    file,
+                    closing: false,
+                });
             }
         }
         Err(Error::invalid(format!(
@@ -891,8 +879,7 @@ impl BlockCache {
             .await
             .map_err(|e| Error::internal(format!("closing the block cache: {e}")))?;
         if let Some(tier) = &self._tier {
-            let lock = tier.lock.lock().unwrap_or_else(|e| e.into_inner()).take();
-            drop(lock);
+            drop(tier.lock.lock().unwrap_or_else(|e| e.into_inner()).take());
         }
         Ok(())
     }
