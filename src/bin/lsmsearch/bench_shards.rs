@@ -357,28 +357,19 @@ fn start_worker(settings: &Settings) -> lsmsearch::Result<(Child, String)> {
             let _ = tx.send(line);
         });
     }
-    let line = rx.recv_timeout(std::time::Duration::from_secs(60));
-    match line
+    let said = rx.recv_timeout(std::time::Duration::from_secs(60));
+    if let Ok(Some(addr)) = said
         .as_deref()
         .map(|l| l.trim().strip_prefix("listening on "))
     {
-        Ok(Some(addr)) => Ok((child, addr.to_string())),
-        Ok(None) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            Err(Error::invalid(format!(
-                "a worker said {:?}",
-                line.unwrap_or_default()
-            )))
-        }
-        Err(_) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            Err(Error::invalid(
-                "a worker did not say where it listens within 60 s",
-            ))
-        }
+        return Ok((child, addr.to_string()));
     }
+    let _ = child.kill();
+    let _ = child.wait();
+    Err(Error::invalid(match said {
+        Ok(line) => format!("a worker said {line:?}"),
+        Err(_) => "a worker did not say where it listens within 60 s".to_string(),
+    }))
 }
 
 /// Run the benchmark.
