@@ -37,9 +37,8 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_distributed::{
-    DesiredTaskCountEvent, DesiredTaskCountEventResponse, DistributedExt, DistributedLeafExec,
-    RouteTasksEvent, RouteTasksEventResponse, ScaleUpLeafNodeEvent, ScaleUpLeafNodeEventResponse,
-    SessionStateBuilderExt, Worker, WorkerQueryContext, WorkerResolver,
+    DistributedExec, DistributedExt, DistributedLeafExec, NetworkBoundary, NetworkCoalesceExec,
+    RouteTasksEvent, RouteTasksEventResponse, Stage, Worker, WorkerQueryContext, WorkerResolver,
 };
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
 use futures::future::BoxFuture;
@@ -86,10 +85,7 @@ impl Route {
     /// The tasks of a round that reads shards `reads` on this route: each a worker and the
     /// shards it reads. A worker's shards are one task: a task costs its streams and their
     /// setup on the worker whatever it reads, and the shards of one task share its worker's
-    /// query threads as they would in one process. A round has at least two tasks (the
-    /// planner runs a stage of one task in the coordinator): when one worker serves every
-    /// shard, its shards are split between two tasks (the second reads nothing when there is
-    /// one shard).
+    /// query threads as they would in one process.
     fn tasks(&self, reads: &[usize]) -> Vec<(Url, Vec<usize>)> {
         let mut tasks: Vec<(Url, Vec<usize>)> = Vec::new();
         for &i in reads {
@@ -98,13 +94,6 @@ impl Route {
                 Some((_, reads)) => reads.push(i),
                 None => tasks.push((worker.clone(), vec![i])),
             }
-        }
-        if tasks.len() < 2 {
-            let (url, reads) = tasks
-                .pop()
-                .unwrap_or_else(|| (self.worker(0).clone(), Vec::new()));
-            let half = |parity: usize| reads.iter().skip(parity).step_by(2).copied().collect();
-            tasks = vec![(url.clone(), half(0)), (url, half(1))];
         }
         tasks
     }
@@ -880,15 +869,10 @@ fn shared_location(location: &str) -> Result<String> {
 struct Urls(Arc<Vec<Url>>);
 
 impl WorkerResolver for Urls {
-    /// The workers, the first twice when there is one. The planner reads them only when no
-    /// task count or routing of ours is set (both are: [`Route::tasks`]), and would then keep
-    /// a stage of one task in the coordinator, where every shard's part must run on a worker.
+    /// The workers. Read only by datafusion-distributed's own routing, which ours replaces
+    /// ([`Route::tasks`]).
     fn get_urls(&self) -> datafusion::common::Result<Vec<Url>> {
-        let mut urls = self.0.as_ref().clone();
-        if urls.len() == 1 {
-            urls.push(urls[0].clone());
-        }
-        Ok(urls)
+        Ok(self.0.as_ref().clone())
     }
 }
 
@@ -979,18 +963,13 @@ impl DistributedIndex {
         let layout = ShardLayout::read(&Location::parse(location)?).await?;
         let location = shared_location(location)?;
         let urls = Arc::new(urls);
-        // A search's plan is built here, already physical and in the order it must run: its
-        // session needs the distributed planner, not SQL functions or optimizer rules, whose
-        // copies and passes were most of the cost of planning a round.
+        // A search's plan is built distributed ([`Search::planned`]): its session needs the
+        // distributed configuration, codec and routing, not SQL functions, optimizer rules or
+        // the distributed planner, whose copies and passes were most of the cost of a round.
         let state = SessionStateBuilder::new()
             .with_physical_optimizer_rules(Vec::new())
             .with_distributed_worker_resolver(Urls(urls.clone()))
-            .with_distributed_planner()
             .with_distributed_user_codec(ShardCodec)
-            .with_distributed_desired_task_count_handler(desired_tasks)
-            .with_distributed_scale_up_leaf_node_handler(scale_up)
-            // At most a task a shard (and two for one shard: see `Route::tasks`).
-            .with_distributed_max_tasks_per_stage((layout.shards as usize).max(2))?
             // Nothing reads the tasks' metrics: a worker would gather and send them after
             // every task.
             .with_distributed_metrics_collection(false)?
@@ -1244,39 +1223,11 @@ impl DistributedIndex {
                 statistics: FtsStatistics::default(),
             },
         );
-        let plan = search
-            .planned(&search.state(), node, Some(options.k))
-            .await?;
+        let plan = search.planned(&search.state(), node, Some(options.k))?;
         Ok(datafusion_distributed::display_plan_ascii(
             plan.as_ref(),
             false,
         ))
-    }
-}
-
-/// A table whose scan is a physical plan made beforehand: how a plan built by hand reaches
-/// the session's query planner, which distributes it.
-#[derive(Debug)]
-struct Planned(Arc<dyn ExecutionPlan>);
-
-#[async_trait::async_trait]
-impl datafusion::datasource::TableProvider for Planned {
-    fn schema(&self) -> SchemaRef {
-        self.0.schema()
-    }
-
-    fn table_type(&self) -> datafusion::datasource::TableType {
-        datafusion::datasource::TableType::Temporary
-    }
-
-    async fn scan(
-        &self,
-        _state: &dyn datafusion::catalog::Session,
-        _projection: Option<&Vec<usize>>,
-        _filters: &[datafusion::logical_expr::Expr],
-        _limit: Option<usize>,
-    ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
-        Ok(self.0.clone())
     }
 }
 
@@ -1320,29 +1271,52 @@ impl Search<'_> {
         }
     }
 
-    /// `node` over every shard, merged by its order (keeping `fetch` rows) when it has one,
-    /// made distributed by the session's planner (which plans from a logical plan: a scan of
-    /// a table whose plan this is, planned as it is: there is nothing to optimize), in
-    /// `state` (the attempt's, [`Search::state`]).
-    async fn planned(
+    /// `node` over every shard as a distributed plan: a task a worker of the round's route
+    /// ([`Route::tasks`]), each reading its shards, under a merge by the node's order on the
+    /// coordinator (keeping `fetch` rows), in `state` (the attempt's, [`Search::state`]).
+    ///
+    /// Built here, not by datafusion-distributed's planner: the planner keeps a stage of one
+    /// task in the coordinator, where every shard's part must run on a worker, so a round
+    /// through one worker took two tasks, each with its streams and its session there.
+    fn planned(
         &self,
         state: &datafusion::execution::SessionState,
         node: ShardNode,
         fetch: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let leaf = Arc::new(ShardExec::new(node)?);
-        let ordering = leaf
+        let tasks = route_in(state.config())?.tasks(&node.reads);
+        if tasks.is_empty() {
+            return Err(Error::internal("a sharded search's round reads no shards"));
+        }
+        let variants = tasks
+            .into_iter()
+            .map(|(_, reads)| {
+                ShardExec::new(node.reading(reads)).map(|e| Arc::new(e) as Arc<dyn ExecutionPlan>)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let producers = variants.len();
+        let all = Arc::new(ShardExec::new(node)?);
+        let ordering = all
             .ordering()
             .ok_or_else(|| Error::internal("a shard node without an ordering"))?;
-        let plan: Arc<dyn ExecutionPlan> =
-            Arc::new(SortPreservingMergeExec::new(ordering, leaf).with_fetch(fetch));
-        let source = datafusion::datasource::provider_as_source(Arc::new(Planned(plan)));
-        let logical =
-            datafusion::logical_expr::LogicalPlanBuilder::scan("shards", source, None)?.build()?;
-        Ok(state
-            .query_planner()
-            .create_physical_plan(&logical, state)
-            .await?)
+        // Task `j` reads the shards of the round's task `j`, routed to its worker by the
+        // session's handler.
+        let leaf: Arc<dyn ExecutionPlan> = Arc::new(DistributedLeafExec::try_new(all, variants)?);
+        let boundary = NetworkCoalesceExec::try_new(Arc::clone(&leaf), producers, 1)?;
+        // The stage's identity on the workers, as the planner gives it: a query of its own,
+        // so that the tasks of searches run at once never meet.
+        let Stage::Local(mut stage) = boundary.input_stage().clone() else {
+            return Err(Error::internal(
+                "a new network boundary with a remote stage",
+            ));
+        };
+        stage.query_id = uuid::Uuid::new_v4();
+        stage.num = 1;
+        let boundary: Arc<dyn ExecutionPlan> = boundary.with_input_stage(Stage::Local(stage))?;
+        let merge = SortPreservingMergeExec::new(ordering, boundary).with_fetch(fetch);
+        Ok(Arc::new(
+            DistributedExec::new(Arc::new(merge)).with_metrics_collection(false),
+        ))
     }
 
     /// The session state of this attempt: the index's, with its route.
@@ -1385,7 +1359,7 @@ impl Search<'_> {
         // One copy of the session's state a round, not two (each clones its registries, as
         // the task context made from it does once more).
         let state = self.state();
-        let plan = self.planned(&state, node, fetch).await?;
+        let plan = self.planned(&state, node, fetch)?;
         let ctx = Arc::new(TaskContext::from(&state));
         let tasks = datafusion::physical_plan::collect(plan, ctx);
         match tokio::time::timeout(self.index.task_timeout, tasks).await {
@@ -1709,8 +1683,8 @@ fn route_in(config: &SessionConfig) -> datafusion::common::Result<Arc<Route>> {
     })
 }
 
-/// The tasks of a round that reads shards `reads`, planned in `config` ([`Route::tasks`]),
-/// which the planner made `planned` of.
+/// The tasks of a round that reads shards `reads`, planned in `config` ([`Route::tasks`],
+/// [`Search::planned`] made `planned` of them).
 fn planned_tasks(
     config: &SessionConfig,
     reads: &[usize],
@@ -1727,7 +1701,7 @@ fn planned_tasks(
 }
 
 /// The shards read by the round whose stage `plan` heads: those of its leaf, which
-/// [`scale_up`] split between the tasks the router then routes.
+/// [`Search::planned`] split between the tasks the router then routes.
 fn stage_reads(plan: &Arc<dyn ExecutionPlan>) -> datafusion::common::Result<Vec<usize>> {
     use datafusion::common::tree_node::TreeNode;
     let mut reads = None;
@@ -1747,49 +1721,12 @@ fn stage_reads(plan: &Arc<dyn ExecutionPlan>) -> datafusion::common::Result<Vec<
         .ok_or_else(|| DataFusionError::Internal("a sharded search's stage reads no shards".into()))
 }
 
-/// A task a worker of the round's route ([`Route::tasks`]).
-fn desired_tasks(
-    ev: DesiredTaskCountEvent,
-) -> Option<datafusion::common::Result<DesiredTaskCountEventResponse>> {
-    let exec = ev.plan.downcast_ref::<ShardExec>()?;
-    Some(
-        route_in(ev.session_config).map(|route| {
-            DesiredTaskCountEventResponse::desired(route.tasks(&exec.node.reads).len())
-        }),
-    )
-}
-
-/// Task `j` reads the shards of the round's task `j` ([`Route::tasks`]).
-fn scale_up(
-    ev: ScaleUpLeafNodeEvent,
-) -> Option<datafusion::common::Result<ScaleUpLeafNodeEventResponse>> {
-    let exec = ev.plan.downcast_ref::<ShardExec>()?;
-    let tasks = planned_tasks(ev.session_config, &exec.node.reads, ev.task_count);
-    let tasks = match tasks {
-        Ok(t) => t,
-        Err(e) => return Some(Err(e)),
-    };
-    let variants = tasks.into_iter().map(|(_, reads)| {
-        ShardExec::new(exec.node.reading(reads))
-            .map(|e| Arc::new(e) as Arc<dyn ExecutionPlan>)
-            .map_err(|e| DataFusionError::External(Box::new(e)))
-    });
-    let variants = match variants.collect::<datafusion::common::Result<Vec<_>>>() {
-        Ok(v) => v,
-        Err(e) => return Some(Err(e)),
-    };
-    Some(
-        DistributedLeafExec::try_new(Arc::clone(ev.plan), variants)
-            .map(|leaf| ScaleUpLeafNodeEventResponse::new(Arc::new(leaf))),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn a_round_sends_a_task_a_worker_and_at_least_two() {
+    fn a_round_sends_a_task_a_worker() {
         let url = |p: u16| Url::parse(&format!("http://127.0.0.1:{p}")).unwrap();
         let route = |workers: &[u16], writers: &[(usize, u16)]| Route {
             workers: workers.iter().map(|p| url(*p)).collect(),
@@ -1801,12 +1738,9 @@ mod tests {
                 .map(|(u, reads)| (u.port().unwrap(), reads))
                 .collect()
         };
-        // One worker: its shards split between two tasks.
-        assert_eq!(
-            tasks(&route(&[1], &[]), 3),
-            vec![(1, vec![0, 2]), (1, vec![1])]
-        );
-        assert_eq!(tasks(&route(&[1], &[]), 1), vec![(1, vec![0]), (1, vec![])]);
+        // One worker: its shards are one task.
+        assert_eq!(tasks(&route(&[1], &[]), 3), vec![(1, vec![0, 1, 2])]);
+        assert_eq!(tasks(&route(&[1], &[]), 1), vec![(1, vec![0])]);
         // Workers take shards i mod W, a task each.
         assert_eq!(
             tasks(&route(&[1, 2], &[]), 5),
@@ -1828,10 +1762,10 @@ mod tests {
             .map(|(u, reads)| (u.port().unwrap(), reads))
             .collect();
         assert_eq!(some, vec![(2, vec![1, 3]), (1, vec![2])]);
-        // Every shard goes to a writer that serves them all: still two tasks.
+        // Every shard goes to a writer that serves them all: one task.
         assert_eq!(
             tasks(&route(&[1], &[(0, 9), (1, 9)]), 2),
-            vec![(9, vec![0]), (9, vec![1])]
+            vec![(9, vec![0, 1])]
         );
     }
 
