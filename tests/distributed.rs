@@ -812,6 +812,59 @@ async fn workers_here(n: usize) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn searches_at_once_through_one_worker_never_meet() {
+    // Every round through one worker is one task on it, named by its search's own query: 24
+    // searches at once (full text in two phases, and vector) each get their own rows.
+    let dir = tempfile::tempdir().unwrap();
+    let (location, _) = build(dir.path()).await;
+    let local = ShardedIndex::open_read_only(Location::parse(&location).unwrap(), settings())
+        .await
+        .unwrap();
+    let remote = DistributedIndex::open(&location, &workers_here(1).await)
+        .await
+        .unwrap()
+        .with_statistics_cache(0);
+    let queries = [
+        "wing",
+        "shock layer",
+        "+flow heat",
+        "mach OR drag",
+        "plate",
+        "layer",
+    ];
+    let vectors = [
+        [1.0, 0.0, 0.5, 0.5],
+        [4.0, -3.0, 1.0, 0.5],
+        [0.0, 1.0, 0.0, -1.0],
+    ];
+    let mut want = Vec::new();
+    for i in 0..24 {
+        let opts = SearchOptions::with_k(3 + i % 5);
+        let vopts = VectorSearchOptions::with_k(3 + i % 4);
+        want.push(match i % 2 {
+            0 => one(&local.search_fts(queries[i % 6], &opts).await.unwrap()),
+            _ => one(&local.search_vector(&vectors[i % 3], &vopts).await.unwrap()),
+        });
+    }
+    let got = futures::future::join_all((0..24).map(|i| {
+        let remote = &remote;
+        async move {
+            let opts = SearchOptions::with_k(3 + i % 5);
+            let vopts = VectorSearchOptions::with_k(3 + i % 4);
+            match i % 2 {
+                0 => remote.search_fts(queries[i % 6], &opts).await,
+                _ => remote.search_vector(&vectors[i % 3], &vopts).await,
+            }
+        }
+    }))
+    .await;
+    for (i, (got, want)) in got.into_iter().zip(want).enumerate() {
+        assert_eq!(one(&got.unwrap()), want, "search {i}");
+    }
+    local.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_worker_that_cannot_be_reached_is_an_error_not_a_local_search() {
     let dir = tempfile::tempdir().unwrap();
     let (location, _) = build(dir.path()).await;
