@@ -217,6 +217,8 @@ async fn three_workers_in_this_process_search_as_one_process() {
     assert!(plan.contains("Stage"), "{plan}");
     for shard in 0..3 {
         assert!(plan.contains(&format!("shards=[{shard}] of 3")), "{plan}");
+        let task = format!("t{shard} on {}: shards [{shard}]", addrs[shard]);
+        assert!(plan.contains(&task), "{plan}");
     }
 
     // With two workers, one of them reads two shards in one task; with one worker, its
@@ -236,6 +238,12 @@ async fn three_workers_in_this_process_search_as_one_process() {
         assert!(plan.contains("Stage"), "{workers} workers: {plan}");
         for task in tasks {
             assert!(plan.contains(task), "{workers} workers: {plan}");
+        }
+        // A task a worker, each on its own.
+        let routed: Vec<&str> = plan.lines().filter(|l| l.starts_with("  t")).collect();
+        assert_eq!(routed.len(), workers, "{plan}");
+        for (w, line) in routed.iter().enumerate() {
+            assert!(line.contains(&format!("on {}:", addrs[w])), "{plan}");
         }
     }
     local.close().await.unwrap();
