@@ -1223,11 +1223,18 @@ impl DistributedIndex {
                 statistics: FtsStatistics::default(),
             },
         );
+        let tasks = search.route.tasks(&node.reads);
         let plan = search.planned(&search.state(), node, Some(options.k))?;
-        Ok(datafusion_distributed::display_plan_ascii(
-            plan.as_ref(),
-            false,
-        ))
+        let mut text = datafusion_distributed::display_plan_ascii(plan.as_ref(), false);
+        // The plan names its tasks, not where they go: the route does.
+        text.push_str("tasks of stage 1:\n");
+        for (j, (worker, reads)) in tasks.iter().enumerate() {
+            text.push_str(&format!(
+                "  t{j} on {}: shards {reads:?}\n",
+                address(worker)
+            ));
+        }
+        Ok(text)
     }
 }
 
