@@ -37,8 +37,9 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_distributed::{
-    DistributedExec, DistributedExt, DistributedLeafExec, NetworkBoundary, NetworkCoalesceExec,
-    RouteTasksEvent, RouteTasksEventResponse, Stage, Worker, WorkerQueryContext, WorkerResolver,
+    DistributedConfig, DistributedExec, DistributedExt, DistributedLeafExec, NetworkBoundary,
+    NetworkCoalesceExec, RouteTasksEvent, RouteTasksEventResponse, Stage, Worker,
+    WorkerQueryContext, WorkerResolver,
 };
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
 use futures::future::BoxFuture;
@@ -1321,8 +1322,9 @@ impl Search<'_> {
         stage.num = 1;
         let boundary: Arc<dyn ExecutionPlan> = boundary.with_input_stage(Stage::Local(stage))?;
         let merge = SortPreservingMergeExec::new(ordering, boundary).with_fetch(fetch);
+        let metrics = DistributedConfig::from_config_options(state.config().options())?;
         Ok(Arc::new(
-            DistributedExec::new(Arc::new(merge)).with_metrics_collection(false),
+            DistributedExec::new(Arc::new(merge)).with_metrics_collection(metrics.collect_metrics),
         ))
     }
 
