@@ -1,7 +1,7 @@
 //! Sharded searches run by workers: each shard's part of a search is a leaf of a DataFusion
 //! plan ([`ShardExec`]) that datafusion-distributed ships to a worker over Arrow Flight, one
-//! task per worker reading the shards routed to it (and two when one worker serves them all),
-//! merged on the coordinator by a `SortPreservingMergeExec`.
+//! task per worker reading the shards routed to it, merged on the coordinator by a
+//! `SortPreservingMergeExec` ([`Search::planned`] builds the plan in its distributed form).
 //!
 //! A worker (`lsmsearch worker --listen HOST:PORT`, or [`serve`]) opens the shards a task
 //! names read-only (any worker can serve any shard: the data is in the object store),
@@ -65,8 +65,8 @@ const PIN_MISSING: &str = "the point in time this search took of it is not on th
 /// The most points in time a worker keeps pinned at once (the least recently used go first).
 const MAX_PINNED: u64 = 4096;
 
-/// Where one attempt of a search reads each shard (a session extension the planner's handlers
-/// read, [`Route::tasks`]): on the worker that writes the shard when one serves it, else on
+/// Where one attempt of a search reads each shard (a session extension that
+/// [`Search::planned`] and the round's routing read, [`Route::tasks`]): on the worker that writes the shard when one serves it, else on
 /// worker `i mod W`. A search that retries leaves out the workers that failed it.
 #[derive(Debug, Clone, PartialEq)]
 struct Route {
@@ -355,8 +355,8 @@ impl ShardExec {
     fn new(node: ShardNode) -> Result<ShardExec> {
         let (schema, order) = node.output()?;
         // Ranked rows come by score (or distance) then key; a shard's statistics or count,
-        // by shard. Either way the merge above the tasks keeps their order, and the planner
-        // puts the tasks on workers below it.
+        // by shard. Either way the merge above the tasks keeps their order
+        // ([`Search::planned`] puts the tasks on workers below it).
         let ordering = match order {
             // A checked part's rows of statistics have `_score` +∞ and no key: with keys
             // ordered nulls first, they come before any row, even one scored +∞ (a huge
@@ -1518,8 +1518,7 @@ impl Parts for Search<'_> {
                 statistics: statistics.cloned(),
             },
         );
-        // One row a shard: the merge's fetch keeps it above the tasks (a merge of one
-        // partition without a fetch is planned away, and the tasks with it).
+        // One row a shard.
         let rows = self.run(node, Some(shards)).await?;
         let mut seen = vec![false; self.index.layout.shards as usize];
         let mut total = 0;
@@ -1573,8 +1572,7 @@ impl Search<'_> {
                 options: options.clone(),
             },
         );
-        // One row a shard: the merge's fetch keeps it above the tasks (a merge of one
-        // partition without a fetch is planned away, and the tasks with it).
+        // One row a shard.
         let rows = self.run(node, Some(shards)).await?;
         self.taken.store(true, std::sync::atomic::Ordering::Release);
         let mut found: Vec<Option<FtsStatistics>> = vec![None; shards];
