@@ -215,9 +215,9 @@ async fn three_workers_in_this_process_search_as_one_process() {
         .await
         .unwrap();
     assert!(plan.contains("Stage"), "{plan}");
-    for shard in 0..3 {
+    for (shard, addr) in addrs.iter().enumerate() {
         assert!(plan.contains(&format!("shards=[{shard}] of 3")), "{plan}");
-        let task = format!("t{shard} on {}: shards [{shard}]", addrs[shard]);
+        let task = format!("t{shard} on {addr}: shards [{shard}]");
         assert!(plan.contains(&task), "{plan}");
     }
 
