@@ -1,7 +1,8 @@
 //! Sharded searches run by workers: each shard's part of a search is a leaf of a DataFusion
 //! plan ([`ShardExec`]) that datafusion-distributed ships to a worker over Arrow Flight, one
 //! task per worker reading the shards routed to it, merged on the coordinator by a
-//! `SortPreservingMergeExec` ([`Search::planned`] builds the plan in its distributed form).
+//! `SortPreservingMergeExec` (the plan is built in its distributed form, not by the crate's
+//! planner).
 //!
 //! A worker (`lsmsearch worker --listen HOST:PORT`, or [`serve`]) opens the shards a task
 //! names read-only (any worker can serve any shard: the data is in the object store),
