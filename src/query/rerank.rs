@@ -19,6 +19,7 @@
 //! it runs at once, so no arm waits for one that has not started.
 
 use futures::future::BoxFuture;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 
@@ -45,8 +46,16 @@ struct State {
     waiting: usize,
     /// No more tickets are given: the round chooses once every arm has arrived.
     sealed: bool,
+    /// The candidates proposed that may still be chosen: at most twice the budget, the rest
+    /// dropped as they come ([`RerankRound::bar`]).
     proposed: Vec<Candidate>,
+    /// Whether candidates were dropped: the round then chooses up to its last, even when it
+    /// holds no more than its budget.
+    trimmed: bool,
 }
+
+/// [`RerankRound::bar`] before any candidate was dropped.
+const NO_BAR: u64 = u64::MAX;
 
 /// The candidates of one vector search's arms, chosen together.
 #[derive(Debug)]
@@ -54,6 +63,10 @@ pub(crate) struct RerankRound {
     budget: usize,
     state: Mutex<State>,
     choice: watch::Sender<Option<Choice>>,
+    /// The key of the budget-th best candidate proposed so far (its f32 bits), once there is
+    /// one: no candidate with a greater key can be chosen, since at least the budget already
+    /// order before it, so arms that scan after it need not propose one ([`NO_BAR`] before).
+    bar: AtomicU64,
 }
 
 impl RerankRound {
@@ -64,6 +77,7 @@ impl RerankRound {
             budget: budget.max(1),
             state: Mutex::new(State::default()),
             choice: watch::channel(None).0,
+            bar: AtomicU64::new(NO_BAR),
         })
     }
 
@@ -107,8 +121,27 @@ impl RerankRound {
                 .iter()
                 .map(|(key, row)| (*key, arm as u32, *row as u32)),
         );
+        // Twice the budget proposed: only the best budget can be chosen, and the last of
+        // them is the bar later arms scan below.
+        if s.proposed.len() >= self.budget.saturating_mul(2) {
+            let budget = self.budget;
+            let (_, last, _) = s.proposed.select_nth_unstable_by(budget - 1, order);
+            let bar = last.0;
+            s.proposed.truncate(budget);
+            s.trimmed = true;
+            self.bar.store(u64::from(bar.to_bits()), Ordering::Relaxed);
+        }
         s.waiting -= 1;
         self.choose_if_done(s);
+    }
+
+    /// The key no candidate proposed from now on can be chosen past (a greater key): none
+    /// until the round holds more candidates than it re-ranks.
+    pub(crate) fn bar(&self) -> Option<f32> {
+        match self.bar.load(Ordering::Relaxed) {
+            NO_BAR => None,
+            bits => u32::try_from(bits).ok().map(f32::from_bits),
+        }
     }
 
     /// Make the choice once the round is sealed and every arm has arrived.
@@ -117,7 +150,7 @@ impl RerankRound {
             return;
         }
         let mut all = std::mem::take(&mut s.proposed);
-        let choice = if all.len() <= self.budget {
+        let choice = if all.len() <= self.budget && !s.trimmed {
             Choice::All
         } else {
             let (_, last, _) = all.select_nth_unstable_by(self.budget - 1, order);
@@ -161,6 +194,11 @@ impl Ticket {
         self.round.arrive(self.arm, &keyed);
         let (round, arm) = (self.round.clone(), self.arm);
         Box::pin(async move { round.chosen(arm, keyed).await })
+    }
+
+    /// The round's bar ([`RerankRound::bar`]): a candidate with a greater key is never chosen.
+    pub(crate) fn bar(&self) -> Option<f32> {
+        self.round.bar()
     }
 
     /// Take no part in the round (the arm re-ranks rows of its own choosing, or failed).
@@ -212,6 +250,30 @@ mod tests {
         assert_eq!(t.propose(vec![(3.0, 1), (1.0, 2)]).await, vec![1, 2]);
         // Proposing again changes nothing.
         assert_eq!(t.propose(vec![(3.0, 1), (1.0, 2)]).await, vec![1, 2]);
+    }
+
+    #[tokio::test]
+    async fn a_bar_comes_at_twice_the_budget_and_changes_no_choice() {
+        let round = RerankRound::new(2);
+        let (a, b, c) = (round.ticket(), round.ticket(), round.ticket());
+        round.seal();
+        assert_eq!(a.bar(), None);
+        let pa = tokio::spawn(a.propose(vec![(0.4, 1), (0.9, 2), (0.3, 3)]));
+        assert_eq!(round.bar(), None, "three candidates, a budget of two");
+        let pb = tokio::spawn(b.propose(vec![(0.5, 4)]));
+        // Four proposed: the second best key is the bar. An arm that scanned below it
+        // proposes what ties it, which orders after the same key of an earlier arm.
+        assert_eq!(c.bar(), Some(0.4));
+        assert_eq!(c.propose(vec![(0.4, 0)]).await, Vec::<usize>::new());
+        assert_eq!(pa.await.unwrap(), vec![1, 3]);
+        assert_eq!(pb.await.unwrap(), Vec::<usize>::new());
+        // Candidates dropped: the round chooses up to its last, though it holds no more than
+        // its budget.
+        let round = RerankRound::new(2);
+        let a = round.ticket();
+        round.seal();
+        let keyed = vec![(0.5, 1), (0.1, 2), (0.7, 3), (0.2, 4)];
+        assert_eq!(a.propose(keyed).await, vec![2, 4]);
     }
 
     #[tokio::test]

@@ -347,7 +347,7 @@ fn arm_work(p: ArmParts) -> ArmWork {
             // with every arm's reads, when they are in the object.
             (Source::Generation(g), Some(ticket)) => {
                 let held = g.vector_values().is_some();
-                let rows = arm.candidate_rows(&p.graph, p.ef, p.keep, p.candidates);
+                let rows = arm.candidate_rows(&p.graph, p.ef, p.keep, p.candidates, ticket.bar());
                 let chosen: futures::future::BoxFuture<'static, Vec<usize>> = match rows {
                     Candidates::Keyed(keyed) => {
                         let mut chosen = ticket.propose(keyed);
@@ -598,17 +598,26 @@ impl Arm<'_> {
     /// are read by range, or that scans its codes): the candidates its codes propose with
     /// their keys, at most `keep` (a walk's list, or the best by a scan of the codes; the
     /// round chooses among them), or every admitted row without a graph over codes or when
-    /// the candidates come back short.
+    /// the candidates come back short. A scan given the round's `bar` proposes only the rows
+    /// not above it, however few (the round never chooses the others), when a scan without
+    /// it could not come back short: every row has a vector.
     fn candidate_rows(
         &self,
         graph: &ArmGraph,
         ef: usize,
         keep: usize,
         candidates: usize,
+        bar: Option<f32>,
     ) -> Candidates {
         let admit = |r: usize| self.eligible.admits(r);
+        let mut barred = false;
         let keyed = match graph {
-            ArmGraph::Generation(g) => g.keyed_candidates(self.query, self.k, ef, keep, &admit),
+            ArmGraph::Generation(g) => g
+                .keyed_candidates(self.query, self.k, ef, keep, bar, &admit)
+                .map(|(keyed, cut)| {
+                    barred = cut;
+                    keyed
+                }),
             ArmGraph::Codes(g) => {
                 // Rows without a vector have codes too (zeros): never proposed. The column's
                 // null bits are read directly (`Array::is_valid` is a dynamic call per row).
@@ -616,12 +625,20 @@ impl Arm<'_> {
                 let column = held.first();
                 let nulls = column.and_then(|a| a.nulls());
                 let has = |r: usize| column.is_some() && nulls.is_none_or(|n| n.is_valid(r));
-                g.scan_keyed(self.query, self.k, keep, &|r| has(r) && admit(r))
+                // With a vector in every row, a scan without the bar never comes back short:
+                // the bar changes what the arm proposes, never whether it proposes, whenever
+                // the round set it. Otherwise the arm scans without it.
+                let every = column.is_some_and(|c| c.null_count() == 0);
+                let bar = bar.filter(|_| every);
+                barred = bar.is_some();
+                g.scan_keyed(self.query, self.k, keep, bar, &|r| has(r) && admit(r))
             }
             ArmGraph::Memtable(_) | ArmGraph::None => None,
         };
         match keyed {
-            Some(keyed) if keyed.len() >= self.k.min(candidates) => Candidates::Keyed(keyed),
+            Some(keyed) if barred || keyed.len() >= self.k.min(candidates) => {
+                Candidates::Keyed(keyed)
+            }
             _ => Candidates::All(self.eligible.rows().collect()),
         }
     }

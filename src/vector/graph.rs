@@ -651,31 +651,42 @@ impl FlatGraph {
     /// rows (and at most [`SCAN_MAX_ROWS`]), the best `keep` of every node `admit` accepts,
     /// found by computing each one's key in row order (cheaper than a walk that would visit
     /// most of them, and exact over the codes; so a scanned graph may propose more than its
-    /// list's length, which is harmless: keys of every generation compare). `None` for a
-    /// graph walked over the vectors themselves.
+    /// list's length, which is harmless: keys of every generation compare). A scan given
+    /// `bar` (the query's round's: [`crate::query::rerank`]) keeps only the nodes whose key is
+    /// not above it when every row is a node, and says so. `None` for a graph walked over the
+    /// vectors themselves.
     pub(crate) fn code_candidates(
         &self,
         query: &[f32],
         k: usize,
         ef: usize,
         keep: usize,
+        bar: Option<f32>,
         admit: &dyn Fn(usize) -> bool,
-    ) -> Option<Vec<Scored>> {
+    ) -> Option<(Vec<Scored>, bool)> {
         let codes = self.codes.as_ref()?;
         let keep = keep.max(k);
         if self.adjacency.entry.is_none() || k == 0 || query.len() != self.dim {
-            return Some(Vec::new());
+            return Some((Vec::new(), false));
         }
         let scanned = ef
             .max(k)
             .saturating_mul(SCAN_ROWS_PER_EF)
             .min(SCAN_MAX_ROWS);
         if self.adjacency.rows as usize <= scanned {
-            return Some(self.scan_codes(codes, query, keep, admit));
+            let nodes = self.nodes.get_or_init(|| self.adjacency.nodes_bitmap());
+            // With every row a node, a scan without the bar never comes back short (it finds
+            // every admitted row up to `keep`): the bar changes what it proposes, never
+            // whether its caller falls back to ranking every row. Otherwise it is not used.
+            let every = nodes.iter().map(|w| w.count_ones() as usize).sum::<usize>()
+                == self.adjacency.rows as usize;
+            let bar = bar.filter(|_| every);
+            let list = self.scan_rows(codes, query, keep, bar, Some(nodes), admit);
+            return Some((list, bar.is_some()));
         }
         let mut list = self.search_keyed(query, k, ef, admit);
         list.truncate(keep);
-        Some(list)
+        Some((list, false))
     }
 
     /// The best `keep` (at least `k`) graph nodes `admit` accepts by the keys of `codes` (the
@@ -686,33 +697,23 @@ impl FlatGraph {
         query: &[f32],
         k: usize,
         keep: usize,
+        bar: Option<f32>,
         admit: &dyn Fn(usize) -> bool,
     ) -> Vec<Scored> {
         if k == 0 || query.len() != self.dim {
             return Vec::new();
         }
-        self.scan_rows(codes, query, keep.max(k), None, admit)
-    }
-
-    /// The best `n` graph nodes `admit` accepts by their codes' keys, nearest first.
-    fn scan_codes(
-        &self,
-        codes: &Codes,
-        query: &[f32],
-        n: usize,
-        admit: &dyn Fn(usize) -> bool,
-    ) -> Vec<Scored> {
-        let nodes = self.nodes.get_or_init(|| self.adjacency.nodes_bitmap());
-        self.scan_rows(codes, query, n, Some(nodes), admit)
+        self.scan_rows(codes, query, keep.max(k), bar, None, admit)
     }
 
     /// The best `n` rows `admit` accepts (and, given `nodes`, whose bits are set) by their
-    /// codes' keys, nearest first.
+    /// codes' keys, nearest first; given `outer_bar`, of those whose key is not above it.
     fn scan_rows(
         &self,
         codes: &Codes,
         query: &[f32],
         n: usize,
+        outer_bar: Option<f32>,
         nodes: Option<&[u64]>,
         admit: &dyn Fn(usize) -> bool,
     ) -> Vec<Scored> {
@@ -728,6 +729,9 @@ impl FlatGraph {
         // `n` costs a push and a pop per row that passes; this, amortised, one comparison.
         let full = n.saturating_mul(2);
         let mut found: Vec<Scored> = Vec::with_capacity(full.min(rows));
+        // A row whose key is above the caller's bar is not kept; one that ties it is (it
+        // may order before the bar's row).
+        let above = |key: f32| outer_bar.is_some_and(|b| key.total_cmp(&b).is_gt());
         let mut bar: Option<f32> = None;
         let mut keys = Vec::with_capacity(SCAN_CHUNK_ROWS.min(rows));
         let mut start = 0;
@@ -736,7 +740,7 @@ impl FlatGraph {
             keys.clear();
             codes.keys(self.metric, &cq, start..end, &mut keys);
             for (r, key) in (start..end).zip(keys.iter().copied()) {
-                if bar.is_some_and(|bar| key.total_cmp(&bar).is_ge()) {
+                if bar.is_some_and(|bar| key.total_cmp(&bar).is_ge()) || above(key) {
                     continue;
                 }
                 if !is_node(r) || !admit(r) {
@@ -955,41 +959,54 @@ mod tests {
                     .collect();
                 want.sort();
                 // A list of 100 over 2,500 rows: scanned, the best 30 by the codes' keys.
-                let scanned = g.code_candidates(q, 10, 100, 30, &admit).unwrap();
+                let (scanned, barred) = g.code_candidates(q, 10, 100, 30, None, &admit).unwrap();
                 assert_eq!(scanned, want[..30], "{metric:?}");
+                assert!(!barred);
+                // Some rows are not nodes (tombstones): a bar is not used, so the list is as
+                // long as without it.
+                let bar = Some(want[3].0);
+                let (same, barred) = g.code_candidates(q, 10, 100, 30, bar, &admit).unwrap();
+                assert_eq!((same, barred), (scanned.clone(), false), "{metric:?}");
                 assert!(
                     scanned.iter().all(|s| is_node(s.1 as usize)),
                     "{metric:?}: a tombstone proposed"
                 );
                 // Never fewer than k, whatever is kept.
                 assert_eq!(
-                    g.code_candidates(q, 10, 100, 3, &admit).unwrap(),
+                    g.code_candidates(q, 10, 100, 3, None, &admit).unwrap().0,
                     want[..10]
                 );
                 // A list of 15: walked (a walk of this band graph misses some of the best),
                 // its list cut to what is kept, nearest first.
-                let walked = g.code_candidates(q, 10, 15, 15, &admit).unwrap();
+                let walked = g.code_candidates(q, 10, 15, 15, None, &admit).unwrap().0;
                 assert_eq!(walked.len(), 15, "{metric:?}");
                 assert!(walked.windows(2).all(|w| w[0] < w[1]));
                 assert!(walked.iter().all(|s| want.contains(s)), "{metric:?}");
                 assert_ne!(walked, want[..15], "{metric:?}: walked, not scanned");
                 assert!(g
-                    .code_candidates(q, 10, 100, 30, &|_| false)
+                    .code_candidates(q, 10, 100, 30, None, &|_| false)
                     .unwrap()
+                    .0
                     .is_empty());
                 assert!(g
-                    .code_candidates(&q[1..], 10, 100, 30, &admit)
+                    .code_candidates(&q[1..], 10, 100, 30, None, &admit)
                     .unwrap()
+                    .0
                     .is_empty());
             }
             // The node without links of its own is found by its own vector.
             if metric != Metric::Dot {
-                let found = g.code_candidates(&own, 10, 100, 30, &admit).unwrap();
+                let found = g
+                    .code_candidates(&own, 10, 100, 30, None, &admit)
+                    .unwrap()
+                    .0;
                 assert_eq!(found[0].1, lonely, "{metric:?}");
             }
         }
         let plain = FlatGraph::new(adjacency, Metric::L2, dim, vectors.into()).unwrap();
-        assert!(plain.code_candidates(&own, 10, 100, 30, &admit).is_none());
+        assert!(plain
+            .code_candidates(&own, 10, 100, 30, None, &admit)
+            .is_none());
     }
 
     #[test]
@@ -1021,15 +1038,26 @@ mod tests {
                 .map(|r| Scored(codes.key(metric, &cq, r), r as u32))
                 .collect();
             want.sort();
-            assert_eq!(g.scan_keyed(&codes, &own, 10, 25, &admit), want[..25]);
+            assert_eq!(g.scan_keyed(&codes, &own, 10, 25, None, &admit), want[..25]);
             // Never fewer than k, whatever is kept.
-            assert_eq!(g.scan_keyed(&codes, &own, 10, 3, &admit), want[..10]);
+            assert_eq!(g.scan_keyed(&codes, &own, 10, 3, None, &admit), want[..10]);
+            // Given a bar, the rows not above it (ties kept), however few.
+            let bar = want[6].0;
+            let under: Vec<Scored> = want.iter().copied().filter(|s| s.0 <= bar).collect();
+            assert_eq!(g.scan_keyed(&codes, &own, 10, 25, Some(bar), &admit), under);
             if metric == Metric::L2 {
-                assert_eq!(g.scan_keyed(&codes, &own, 10, 25, &admit)[0].1, lonely);
+                assert_eq!(
+                    g.scan_keyed(&codes, &own, 10, 25, None, &admit)[0].1,
+                    lonely
+                );
             }
-            assert!(g.scan_keyed(&codes, &own, 0, 25, &admit).is_empty());
-            assert!(g.scan_keyed(&codes, &own[1..], 10, 25, &admit).is_empty());
-            assert!(g.scan_keyed(&codes, &own, 10, 25, &|_| false).is_empty());
+            assert!(g.scan_keyed(&codes, &own, 0, 25, None, &admit).is_empty());
+            assert!(g
+                .scan_keyed(&codes, &own[1..], 10, 25, None, &admit)
+                .is_empty());
+            assert!(g
+                .scan_keyed(&codes, &own, 10, 25, None, &|_| false)
+                .is_empty());
         }
     }
 
@@ -1062,7 +1090,7 @@ mod tests {
                 .collect();
             want.sort();
             for keep in [1, 7, 250, 300, 600, 2_000] {
-                let got = g.scan_keyed(&codes, q, 1, keep, &admit);
+                let got = g.scan_keyed(&codes, q, 1, keep, None, &admit);
                 assert_eq!(got, want[..keep.min(want.len())], "{metric:?}, keep {keep}");
             }
         }

@@ -130,18 +130,20 @@ impl VectorIndex {
     /// The best `keep` rows (at least `k`) that `admit` accepts by the keys of their codes
     /// (smaller is nearer; comparable between generations, as a walk over codes proposes
     /// them), nearest first, found by scanning every row's code: for the caller to re-rank
-    /// exactly. Every row is scanned, nodes of the graph or not: `admit` must refuse rows
-    /// without a vector (whose codes are zeros). `None` when the index keeps no codes to
-    /// scan.
+    /// exactly. Given `bar`, only rows whose key is not above it, however few (the query's
+    /// round never chooses the others). Every row is scanned, nodes of the graph or not:
+    /// `admit` must refuse rows without a vector (whose codes are zeros). `None` when the
+    /// index keeps no codes to scan.
     pub(crate) fn scan_keyed(
         &self,
         query: &[f32],
         k: usize,
         keep: usize,
+        bar: Option<f32>,
         admit: &dyn Fn(usize) -> bool,
     ) -> Option<Vec<(f32, usize)>> {
         let (graph, codes) = (self.graph.as_ref()?, self.scan.as_ref()?);
-        let list = graph.scan_keyed(codes, query, k, keep, admit);
+        let list = graph.scan_keyed(codes, query, k, keep, bar, admit);
         Some(list.into_iter().map(|s| (s.0, s.1 as usize)).collect())
     }
 
@@ -545,21 +547,26 @@ impl VectorIndex {
 
     /// The candidates of a graph over codes, at most `keep` (at least `k`), with each row's
     /// key by the codes (smaller is nearer; comparable between generations), nearest first
-    /// (see [`graph::FlatGraph::code_candidates`]); `None` for a graph walked over the
-    /// vectors themselves.
+    /// (see [`graph::FlatGraph::code_candidates`]), and whether `bar` cut them (a scan's, of
+    /// a graph whose every row is a node); `None` for a graph walked over the vectors
+    /// themselves.
     pub(crate) fn keyed_candidates(
         &self,
         query: &[f32],
         k: usize,
         ef: usize,
         keep: usize,
+        bar: Option<f32>,
         admit: &dyn Fn(usize) -> bool,
-    ) -> Option<Vec<(f32, usize)>> {
-        let list = self
+    ) -> Option<(Vec<(f32, usize)>, bool)> {
+        let (list, barred) = self
             .graph
             .as_ref()?
-            .code_candidates(query, k, ef, keep, admit)?;
-        Some(list.into_iter().map(|s| (s.0, s.1 as usize)).collect())
+            .code_candidates(query, k, ef, keep, bar, admit)?;
+        Some((
+            list.into_iter().map(|s| (s.0, s.1 as usize)).collect(),
+            barred,
+        ))
     }
 }
 
