@@ -400,8 +400,9 @@ pub(crate) struct FlatGraph {
     /// Format version 3: the walk vectors' 8-bit codes, which walks read instead (`vectors`,
     /// `norms` and `halves` are then empty, and the caller re-ranks what a walk finds).
     codes: Option<Codes>,
-    /// Which rows are nodes, found at the first scan (see [`Adjacency::nodes_bitmap`]).
-    nodes: std::sync::OnceLock<Vec<u64>>,
+    /// Which rows are nodes, found at the first scan (see [`Adjacency::nodes_bitmap`]), and
+    /// whether every row is one.
+    nodes: std::sync::OnceLock<(Vec<u64>, bool)>,
 }
 
 impl FlatGraph {
@@ -674,13 +675,16 @@ impl FlatGraph {
             .saturating_mul(SCAN_ROWS_PER_EF)
             .min(SCAN_MAX_ROWS);
         if self.adjacency.rows as usize <= scanned {
-            let nodes = self.nodes.get_or_init(|| self.adjacency.nodes_bitmap());
+            let (nodes, every) = self.nodes.get_or_init(|| {
+                let bits = self.adjacency.nodes_bitmap();
+                let set: usize = bits.iter().map(|w| w.count_ones() as usize).sum();
+                let every = set == self.adjacency.rows as usize;
+                (bits, every)
+            });
             // With every row a node, a scan without the bar never comes back short (it finds
             // every admitted row up to `keep`): the bar changes what it proposes, never
             // whether its caller falls back to ranking every row. Otherwise it is not used.
-            let every = nodes.iter().map(|w| w.count_ones() as usize).sum::<usize>()
-                == self.adjacency.rows as usize;
-            let bar = bar.filter(|_| every);
+            let bar = bar.filter(|_| *every);
             let list = self.scan_rows(codes, query, keep, bar, Some(nodes), admit);
             return Some((list, bar.is_some()));
         }
