@@ -63,9 +63,11 @@ pub(crate) struct RerankRound {
     budget: usize,
     state: Mutex<State>,
     choice: watch::Sender<Option<Choice>>,
-    /// The key of the budget-th best candidate proposed so far (its f32 bits), once there is
-    /// one: no candidate with a greater key can be chosen, since at least the budget already
-    /// order before it, so arms that scan after it need not propose one ([`NO_BAR`] before).
+    /// The key of the budget-th best candidate at the round's last trim (its f32 bits; the
+    /// round trims once twice its budget was proposed, and again each time it holds twice
+    /// its budget): no candidate with a greater key can be chosen, since at least the budget
+    /// already order before it, so arms that scan after it need not propose one ([`NO_BAR`]
+    /// before the first trim). Each trim's bar is at most the one before.
     bar: AtomicU64,
 }
 
@@ -136,7 +138,7 @@ impl RerankRound {
     }
 
     /// The key no candidate proposed from now on can be chosen past (a greater key): none
-    /// until the round holds more candidates than it re-ranks.
+    /// until twice the candidates the round re-ranks were proposed.
     pub(crate) fn bar(&self) -> Option<f32> {
         match self.bar.load(Ordering::Relaxed) {
             NO_BAR => None,

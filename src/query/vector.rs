@@ -600,7 +600,8 @@ impl Arm<'_> {
     /// round chooses among them), or every admitted row without a graph over codes or when
     /// the candidates come back short. A scan given the round's `bar` proposes only the rows
     /// not above it, however few (the round never chooses the others), when a scan without
-    /// it could not come back short: every row has a vector.
+    /// it could not come back short: every row has a vector (a small generation's scan of its
+    /// codes), or every row is a node of the graph (a graph scanned instead of walked).
     fn candidate_rows(
         &self,
         graph: &ArmGraph,

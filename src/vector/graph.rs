@@ -693,8 +693,9 @@ impl FlatGraph {
         Some((list, false))
     }
 
-    /// The best `keep` (at least `k`) graph nodes `admit` accepts by the keys of `codes` (the
-    /// codes of the rows of a graph walked over its f32 vectors), nearest first.
+    /// The best `keep` (at least `k`) rows `admit` accepts by the keys of `codes` (the codes
+    /// of the rows of a graph walked over its f32 vectors), nearest first; given `bar`, only
+    /// rows whose key is not above it, however few.
     pub(crate) fn scan_keyed(
         &self,
         codes: &Codes,
