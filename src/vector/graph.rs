@@ -1015,6 +1015,52 @@ mod tests {
     }
 
     #[test]
+    fn a_scan_of_a_graph_whose_every_row_is_a_node_keeps_rows_below_a_bar() {
+        let (rows, dim) = (1_500usize, 8);
+        let mut next = distance::tests::uniform(11);
+        let vectors: Vec<f32> = (0..rows * dim).map(|_| next()).collect();
+        let nodes = (0..rows as u32)
+            .map(|r| {
+                let near = [r.wrapping_sub(1), r + 1]
+                    .into_iter()
+                    .filter(|n| (*n as usize) < rows)
+                    .collect();
+                (r, vec![near])
+            })
+            .collect();
+        let adjacency = Adjacency::from_lists(rows, nodes, 0);
+        let admit = |r: usize| !r.is_multiple_of(4);
+        let q: Vec<f32> = (0..dim).map(|_| next()).collect();
+        for metric in [Metric::L2, Metric::Dot, Metric::Cosine] {
+            let codes = Codes::build(metric, dim, &vectors, &|_| true);
+            let g = FlatGraph::with_codes(adjacency.clone(), metric, dim, codes);
+            let codes = g.codes.as_ref().unwrap();
+            let cq = codes.query(&q);
+            let mut want: Vec<Scored> = (0..rows)
+                .filter(|r| admit(*r))
+                .map(|r| Scored(codes.key(metric, &cq, r), r as u32))
+                .collect();
+            want.sort();
+            // Scanned (a list of 100 over 1,500 rows): without a bar, the best 30.
+            let (list, barred) = g.code_candidates(&q, 10, 100, 30, None, &admit).unwrap();
+            assert_eq!((list, barred), (want[..30].to_vec(), false), "{metric:?}");
+            // With one, the rows not above it (ties kept), however few, and it says so.
+            for at in [0, 4, 60] {
+                let bar = want[at].0;
+                let under: Vec<Scored> = want.iter().copied().filter(|s| s.0 <= bar).collect();
+                let got = g.code_candidates(&q, 10, 100, 30, Some(bar), &admit);
+                let keep = under.len().min(30);
+                assert_eq!(got, Some((under[..keep].to_vec(), true)), "{metric:?} {at}");
+            }
+            // Walked (a list of 10): a walk takes no bar.
+            let (_, barred) = g
+                .code_candidates(&q, 10, 10, 30, Some(want[0].0), &admit)
+                .unwrap();
+            assert!(!barred, "{metric:?}");
+        }
+    }
+
+    #[test]
     fn a_scan_of_a_graph_over_vectors_reads_every_admitted_rows_codes() {
         // A graph over f32 vectors whose row 42 lost its links and was never named (no node):
         // a scan of its codes reads every row `admit` accepts, nodes or not.
