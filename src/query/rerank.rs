@@ -279,6 +279,67 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn arms_that_scan_below_the_bar_get_what_they_would_without_it() {
+        // Arms arrive in many orders, each proposing its list cut at the bar it finds, as a
+        // scan does; each gets what it would from a round that saw every list whole.
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for trial in 0..200 {
+            let budget = 1 + (next() % 6) as usize;
+            let arms = 2 + (next() % 6) as usize;
+            // Sorted lists of at most twice the budget, keys on a coarse grid (ties).
+            let lists: Vec<Vec<(f32, usize)>> = (0..arms)
+                .map(|_| {
+                    let n = (next() % (2 * budget as u64 + 1)) as usize;
+                    let mut l: Vec<(f32, usize)> =
+                        (0..n).map(|r| ((next() % 8) as f32 / 4.0, r)).collect();
+                    l.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                    l
+                })
+                .collect();
+            let whole = RerankRound::new(budget);
+            let whole_tickets: Vec<Ticket> = (0..arms).map(|_| whole.ticket()).collect();
+            whole.seal();
+            let cut = RerankRound::new(budget);
+            let cut_tickets: Vec<Ticket> = (0..arms).map(|_| cut.ticket()).collect();
+            cut.seal();
+            let mut order: Vec<usize> = (0..arms).collect();
+            for i in (1..arms).rev() {
+                order.swap(i, (next() % (i as u64 + 1)) as usize);
+            }
+            let mut want = vec![Vec::new(); arms];
+            let mut got = vec![Vec::new(); arms];
+            let mut waits = Vec::new();
+            for &a in &order {
+                let bar = cut_tickets[a].bar();
+                let below: Vec<(f32, usize)> = lists[a]
+                    .iter()
+                    .copied()
+                    .filter(|(key, _)| bar.is_none_or(|b| key.total_cmp(&b).is_le()))
+                    .collect();
+                waits.push((a, cut_tickets[a].propose(below)));
+            }
+            let whole_waits: Vec<_> = whole_tickets
+                .iter()
+                .enumerate()
+                .map(|(a, ticket)| ticket.propose(lists[a].clone()))
+                .collect();
+            for (a, wait) in whole_waits.into_iter().enumerate() {
+                want[a] = wait.await;
+            }
+            for (a, wait) in waits {
+                got[a] = wait.await;
+            }
+            assert_eq!(got, want, "trial {trial}: budget {budget}, order {order:?}");
+        }
+    }
+
+    #[tokio::test]
     async fn the_round_waits_for_its_seal() {
         let round = RerankRound::new(1);
         let a = round.ticket();
