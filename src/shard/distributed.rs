@@ -67,8 +67,9 @@ const PIN_MISSING: &str = "the point in time this search took of it is not on th
 const MAX_PINNED: u64 = 4096;
 
 /// Where one attempt of a search reads each shard (a session extension that
-/// [`Search::planned`] and the round's routing read, [`Route::tasks`]): on the worker that writes the shard when one serves it, else on
-/// worker `i mod W`. A search that retries leaves out the workers that failed it.
+/// [`Search::planned`] and the round's routing read, [`Route::tasks`]): on the worker that
+/// writes the shard when one serves it, else on worker `i mod W`. A search that retries
+/// leaves out the workers that failed it.
 #[derive(Debug, Clone, PartialEq)]
 struct Route {
     workers: Vec<Url>,
