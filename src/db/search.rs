@@ -68,9 +68,10 @@ pub trait Search: sealed::Sealed {
         options: &SearchOptions,
     ) -> impl Future<Output = Result<Vec<RecordBatch>>> + Send;
 
-    /// The physical plan of a vector search: one `VectorArmExec` leaf with a partition per
-    /// source (each arm's top k by exact distance among its live rows that pass the filter)
-    /// under a `SortPreservingMergeExec(fetch = offset + k)` ordered by `_distance` ascending then
+    /// The physical plan of a vector search: one `VectorArmExec` leaf with an arm per source
+    /// (each arm's top k by exact distance among its live rows that pass the filter), its
+    /// arms gathered in one partition unless the search is exact or deep (more than 1,000
+    /// rows), under a `SortPreservingMergeExec(fetch = offset + k)` ordered by `_distance` ascending then
     /// key, a `GlobalLimitExec` skipping `offset` rows (when there is one) and a `TakeExec`
     /// reading the columns asked for.
     fn plan_vector(

@@ -1,5 +1,6 @@
 //! The DataFusion leaf of a search: one output partition per arm, each yielding that arm's top k
-//! rows, already ordered, for a `SortPreservingMergeExec` to merge.
+//! rows, already ordered, for a `SortPreservingMergeExec` to merge, or ([`Spread::Gathered`])
+//! one partition yielding every arm's rows merged.
 //!
 //! One leaf with a partition per arm instead of a leaf per arm under a `UnionExec`: building a
 //! `UnionExec` folds its children's equivalence properties one by one, measured at about 22 µs
@@ -24,6 +25,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
+use futures::StreamExt;
 use std::fmt;
 use std::sync::Arc;
 
@@ -57,7 +59,8 @@ pub(crate) enum ArmRows {
     /// The arm's rows, complete.
     Done(RecordBatch),
     /// Reads left to do (a generation's vectors, by range, or the choice of the query's
-    /// re-ranking round): run after the arm, off the query threads and concurrently with
+    /// re-ranking round): run after the arm (after every arm, in a leaf that gathers its
+    /// arms), off the query threads and concurrently with
     /// every other arm's, so a cold query spends one round trip on them whatever the number
     /// of generations.
     Later(futures::future::BoxFuture<'static, crate::Result<RecordBatch>>),
@@ -514,38 +517,186 @@ pub(crate) struct ArmSpec {
     pub work: ArmWork,
 }
 
+/// How an [`ArmExec`] lays its arms out in partitions.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Spread {
+    /// A partition per arm, each a job of the pool: full-text arms, which split the scoring
+    /// of a large segment in pieces over the pool's threads.
+    PerArm,
+    /// One partition: one job of the pool runs every arm, spread over the pool's threads by
+    /// work stealing while the pool has threads to spare (in turn on one thread when it has
+    /// not), and the arms' rows merged in the plan's order, the first `fetch` of them. For
+    /// arms of little work each (vector arms: a walk or a scan of codes), whose partitions
+    /// cost more than their work: a job, a channel, a wake-up, a stream and a merge input
+    /// each (64 generations, `bench generations`: half the CPU of a vector search).
+    Gathered {
+        /// At most how many rows the partition yields (the search's `offset + k`).
+        fetch: usize,
+    },
+}
+
 /// A leaf with one partition per arm, each producing its arm's top k rows in the plan's sort
-/// order.
+/// order, or ([`Spread::Gathered`]) one partition producing every arm's.
 pub(crate) struct ArmExec {
     kind: &'static str,
     schema: SchemaRef,
+    ordering: LexOrdering,
     properties: Arc<PlanProperties>,
-    arms: Vec<ArmSpec>,
+    arms: Arc<[ArmSpec]>,
+    spread: Spread,
     /// Where the arms run (no thread per arm).
     pool: Arc<QueryPool>,
 }
 
 impl ArmExec {
+    /// A leaf named `kind` running `arms` on `pool`, laid out as `spread` says, each
+    /// partition's rows (`schema`) in `ordering`.
     pub(crate) fn new(
         kind: &'static str,
-        schema: SchemaRef,
-        ordering: LexOrdering,
+        (schema, ordering): (SchemaRef, LexOrdering),
         arms: Vec<ArmSpec>,
+        spread: Spread,
         pool: Arc<QueryPool>,
     ) -> Self {
-        let eq = EquivalenceProperties::new_with_orderings(schema.clone(), [ordering]);
+        let partitions = match spread {
+            Spread::PerArm => arms.len().max(1),
+            Spread::Gathered { .. } => 1,
+        };
+        let eq = EquivalenceProperties::new_with_orderings(schema.clone(), [ordering.clone()]);
         let properties = Arc::new(PlanProperties::new(
             eq,
-            Partitioning::UnknownPartitioning(arms.len().max(1)),
+            Partitioning::UnknownPartitioning(partitions),
             EmissionType::Final,
             Boundedness::Bounded,
         ));
         ArmExec {
             kind,
             schema,
+            ordering,
             properties,
-            arms,
+            arms: arms.into(),
+            spread,
             pool,
+        }
+    }
+
+    /// The one partition of a [`Spread::Gathered`] leaf: every arm run by one job of the
+    /// pool, what is left to do of each (reads, the re-ranking round) done concurrently, and
+    /// their rows merged, the first `fetch`.
+    fn gathered(&self, fetch: usize) -> SendableRecordBatchStream {
+        let (arms, pool, kind) = (self.arms.clone(), self.pool.clone(), self.kind);
+        let job = self.pool.clone().run(move |stop| {
+            let one = |arm: &ArmSpec| {
+                stop.check()?;
+                run_arm(kind, arm, stop)
+            };
+            // Spread over the pool's threads only while it has threads to spare: a thread
+            // waiting for its share may take another query's job meanwhile, and that query's
+            // whole job would then hold up this one.
+            if arms.len() > 1 && !pool.saturated() {
+                use rayon::prelude::*;
+                arms.par_iter().map(one).collect::<crate::Result<Vec<_>>>()
+            } else {
+                arms.iter().map(one).collect::<crate::Result<Vec<_>>>()
+            }
+        });
+        let (schema, ordering) = (self.schema.clone(), self.ordering.clone());
+        let fut = async move {
+            let rows = job.await?;
+            let n = rows.len().max(1);
+            let mut finished =
+                futures::stream::iter(rows.into_iter().map(ArmRows::finish)).buffer_unordered(n);
+            let mut merged = Merged::new(schema, ordering, fetch);
+            while let Some(batch) = finished.next().await {
+                merged.push(batch?)?;
+            }
+            merged.finish()
+        };
+        let fut = async move {
+            fut.await
+                .map_err(|e| DataFusionError::External(Box::new(e)))
+        };
+        Box::pin(RecordBatchStreamAdapter::new(
+            self.schema.clone(),
+            futures::stream::once(fut),
+        ))
+    }
+}
+
+/// Run one arm's work, logging it when slow.
+fn run_arm(
+    kind: &'static str,
+    arm: &ArmSpec,
+    stop: &crate::read::pool::Stop,
+) -> crate::Result<ArmRows> {
+    let t = std::time::Instant::now();
+    let out = (arm.work)(stop);
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    if ms >= SLOW_ARM_MS {
+        tracing::debug!(
+            target: "lsmsearch::slow",
+            "{kind} arm took {ms:.1} ms: {}",
+            arm.description
+        );
+    }
+    out
+}
+
+/// The rows of several arms, each in the plan's order, merged: the first `fetch` in that
+/// order. Arms' rows are sorted together once they are twice `fetch` (and more than a few
+/// thousand), so what it holds stays bounded by the rows of the arms not yet merged.
+struct Merged {
+    schema: SchemaRef,
+    ordering: LexOrdering,
+    fetch: usize,
+    batches: Vec<RecordBatch>,
+    rows: usize,
+}
+
+impl Merged {
+    /// Rows merged below this are merged once, at the end.
+    const AT_ONCE: usize = 8192;
+
+    fn new(schema: SchemaRef, ordering: LexOrdering, fetch: usize) -> Self {
+        Merged {
+            schema,
+            ordering,
+            fetch,
+            batches: Vec::new(),
+            rows: 0,
+        }
+    }
+
+    /// Add an arm's rows.
+    fn push(&mut self, batch: RecordBatch) -> crate::Result<()> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        self.rows += batch.num_rows();
+        self.batches.push(batch);
+        if self.rows > self.fetch.saturating_mul(2).max(Self::AT_ONCE) {
+            let first = self.sorted()?;
+            self.rows = first.num_rows();
+            self.batches = vec![first];
+        }
+        Ok(())
+    }
+
+    /// The rows held, sorted, the first `fetch`.
+    fn sorted(&self) -> crate::Result<RecordBatch> {
+        let all = arrow::compute::concat_batches(&self.schema, &self.batches)?;
+        Ok(datafusion::physical_plan::sorts::sort::sort_batch(
+            &all,
+            &self.ordering,
+            Some(self.fetch),
+        )?)
+    }
+
+    /// The first `fetch` rows of every arm's.
+    fn finish(self) -> crate::Result<RecordBatch> {
+        match self.batches.len() {
+            0 => Ok(RecordBatch::new_empty(self.schema)),
+            _ => self.sorted(),
         }
     }
 }
@@ -559,6 +710,9 @@ impl fmt::Debug for ArmExec {
 impl DisplayAs for ArmExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: arms={}", self.kind, self.arms.len())?;
+        if let Spread::Gathered { fetch } = self.spread {
+            write!(f, ", gathered in one partition, fetch={fetch}")?;
+        }
         for (i, arm) in self.arms.iter().enumerate() {
             write!(f, ", [arm {i}: {}]", arm.description)?;
         }
@@ -605,7 +759,16 @@ impl ExecutionPlan for ArmExec {
         partition: usize,
         _context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
-        let Some(arm) = self.arms.get(partition) else {
+        if let Spread::Gathered { fetch } = self.spread {
+            if partition != 0 {
+                return Err(DataFusionError::Internal(format!(
+                    "{} has one partition, asked for {partition}",
+                    self.kind
+                )));
+            }
+            return Ok(self.gathered(fetch));
+        }
+        if partition >= self.arms.len() {
             if self.arms.is_empty() && partition == 0 {
                 return Ok(Box::pin(RecordBatchStreamAdapter::new(
                     self.schema.clone(),
@@ -617,19 +780,12 @@ impl ExecutionPlan for ArmExec {
                 self.kind,
                 self.arms.len()
             )));
-        };
-        let work = arm.work.clone();
-        let (kind, description) = (self.kind, arm.description.clone());
+        }
+        let (arms, kind) = (self.arms.clone(), self.kind);
         // Queued on the pool now; a stream dropped before its arm starts skips the arm.
-        let arm = self.pool.run(move |stop| {
-            let t = std::time::Instant::now();
-            let out = work(stop);
-            let ms = t.elapsed().as_secs_f64() * 1e3;
-            if ms >= SLOW_ARM_MS {
-                tracing::debug!(target: "lsmsearch::slow", "{kind} arm took {ms:.1} ms: {description}");
-            }
-            out
-        });
+        let arm = self
+            .pool
+            .run(move |stop| run_arm(kind, &arms[partition], stop));
         let fut = async move {
             match arm.await {
                 Ok(rows) => rows.finish().await,
@@ -641,5 +797,183 @@ impl ExecutionPlan for ArmExec {
             self.schema.clone(),
             futures::stream::once(fut),
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Float32Array, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use rand::{Rng, SeedableRng};
+
+    /// The ranked schema of a vector search: key, distance, source, ordinal.
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Utf8, false),
+            Field::new("_distance", DataType::Float32, false),
+            Field::new(SOURCE_COLUMN, DataType::UInt32, false),
+            Field::new(ORD_COLUMN, DataType::UInt64, false),
+        ]))
+    }
+
+    /// `n` arms of random sizes (up to `most` rows each), each sorted by distance then key,
+    /// distances drawn from few values so that ties are broken by the key; every third arm's
+    /// rows come later (as a read would give them).
+    fn arms(seed: u64, n: usize, most: usize) -> Vec<ArmSpec> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        (0..n)
+            .map(|a| {
+                let rows = rng.random_range(0..=most);
+                let mut hits: Vec<(f32, String)> = (0..rows)
+                    .map(|r| {
+                        (
+                            rng.random_range(0..20) as f32 / 4.0,
+                            format!("k{a:03}-{r:05}"),
+                        )
+                    })
+                    .collect();
+                hits.sort_by(|x, y| x.0.total_cmp(&y.0).then_with(|| x.1.cmp(&y.1)));
+                let batch = RecordBatch::try_new(
+                    schema(),
+                    vec![
+                        Arc::new(StringArray::from_iter_values(hits.iter().map(|h| &h.1))),
+                        Arc::new(Float32Array::from_iter_values(hits.iter().map(|h| h.0))),
+                        Arc::new(UInt32Array::from(vec![a as u32; rows])),
+                        Arc::new(UInt64Array::from_iter_values(0..rows as u64)),
+                    ],
+                )
+                .unwrap();
+                let later = a % 3 == 0;
+                let work: ArmWork = Arc::new(move |_| {
+                    let b = batch.clone();
+                    Ok(match later {
+                        true => ArmRows::Later(Box::pin(async move { Ok(b) })),
+                        false => ArmRows::Done(b),
+                    })
+                });
+                ArmSpec {
+                    description: format!("arm {a}"),
+                    work,
+                }
+            })
+            .collect()
+    }
+
+    /// The rows a leaf of `arms` laid out as `spread` yields under a merge that keeps
+    /// `fetch`: (key, distance).
+    async fn search(arms: Vec<ArmSpec>, spread: Spread, fetch: usize) -> Vec<(String, f32)> {
+        let ordering = sort_ordering(&schema(), false, "_distance").unwrap();
+        let pool = QueryPool::new(2, 0).unwrap();
+        let leaf = Arc::new(ArmExec::new(
+            "VectorArmExec",
+            (schema(), ordering.clone()),
+            arms,
+            spread,
+            pool,
+        ));
+        let merged = Arc::new(
+            datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec::new(
+                ordering, leaf,
+            )
+            .with_fetch(Some(fetch)),
+        );
+        let ctx = datafusion::prelude::SessionContext::new();
+        let batches = datafusion::physical_plan::collect(merged, ctx.task_ctx())
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        for b in batches {
+            let keys = b.column(0).as_string::<i32>();
+            let d = b.column(1).as_primitive::<arrow::datatypes::Float32Type>();
+            for i in 0..b.num_rows() {
+                out.push((keys.value(i).to_string(), d.value(i)));
+            }
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn gathered_arms_yield_what_a_merge_of_a_partition_per_arm_does() {
+        // Few rows (merged once at the end) and many (merged as they come, past
+        // `Merged::AT_ONCE`), a small fetch and one larger than every row.
+        for (seed, n, most, fetch) in [
+            (1, 65, 100, 10),
+            (2, 65, 100, 100),
+            (3, 40, 900, 7),
+            (4, 40, 900, 3_000),
+            (5, 3, 5, 1_000),
+            (6, 1, 50, 20),
+            (7, 0, 0, 10),
+        ] {
+            let per_arm = search(arms(seed, n, most), Spread::PerArm, fetch).await;
+            let gathered = search(arms(seed, n, most), Spread::Gathered { fetch }, fetch).await;
+            assert_eq!(gathered, per_arm, "seed {seed}: {n} arms, fetch {fetch}");
+            assert_eq!(per_arm.is_empty(), n == 0, "seed {seed}");
+        }
+    }
+
+    #[tokio::test]
+    async fn gathered_arms_run_in_turn_on_a_busy_pool() {
+        // The pool's only thread is held, and a job queued behind the gathered one: when the
+        // thread is free, the gathered job finds the pool saturated (two jobs, one thread) and
+        // runs its arms in turn.
+        let pool = QueryPool::new(1, 0).unwrap();
+        let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+        let busy = pool.run(move |_| {
+            let _ = hold_rx.recv();
+            Ok(())
+        });
+        let ordering = sort_ordering(&schema(), false, "_distance").unwrap();
+        let leaf = Arc::new(ArmExec::new(
+            "VectorArmExec",
+            (schema(), ordering),
+            arms(11, 30, 60),
+            Spread::Gathered { fetch: 25 },
+            pool.clone(),
+        ));
+        let ctx = datafusion::prelude::SessionContext::new();
+        let gathered = tokio::spawn(datafusion::physical_plan::collect(leaf, ctx.task_ctx()));
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(
+            pool.saturated(),
+            "the gathered job is queued behind the held one"
+        );
+        let after = pool.run(|_| Ok(()));
+        hold_tx.send(()).unwrap();
+        busy.await.unwrap();
+        after.await.unwrap();
+        let batches = gathered.await.unwrap().unwrap();
+        let rows: Vec<(String, f32)> = batches
+            .iter()
+            .flat_map(|b| {
+                let keys = b.column(0).as_string::<i32>().clone();
+                let d = b
+                    .column(1)
+                    .as_primitive::<arrow::datatypes::Float32Type>()
+                    .clone();
+                (0..b.num_rows()).map(move |i| (keys.value(i).to_string(), d.value(i)))
+            })
+            .collect();
+        assert_eq!(rows, search(arms(11, 30, 60), Spread::PerArm, 25).await);
+    }
+
+    #[tokio::test]
+    async fn a_gathered_arm_that_fails_fails_the_search() {
+        let mut all = arms(9, 20, 30);
+        all[13].work = Arc::new(|_| Err(crate::Error::invalid("arm 13 failed")));
+        let ordering = sort_ordering(&schema(), false, "_distance").unwrap();
+        let leaf = ArmExec::new(
+            "VectorArmExec",
+            (schema(), ordering),
+            all,
+            Spread::Gathered { fetch: 10 },
+            QueryPool::new(2, 0).unwrap(),
+        );
+        let ctx = datafusion::prelude::SessionContext::new();
+        let e = datafusion::physical_plan::collect(Arc::new(leaf), ctx.task_ctx())
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("arm 13 failed"), "{e}");
     }
 }

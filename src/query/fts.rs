@@ -4,7 +4,7 @@
 
 use super::annotate::{AnnotationInputs, Annotations};
 use super::exec::{
-    ranked, ranked_schema, sort_ordering, ArmExec, ArmRows, ArmSpec, ArmWork, RankedPlan,
+    ranked, ranked_schema, sort_ordering, ArmExec, ArmRows, ArmSpec, ArmWork, RankedPlan, Spread,
 };
 use super::{Conjunction, SearchOptions, SCORE_COLUMN};
 use crate::key::Key;
@@ -614,9 +614,9 @@ fn ranked_plan(
     }
     let leaf = Arc::new(ArmExec::new(
         "FtsArmExec",
-        ranked,
-        ordering.clone(),
+        (ranked, ordering.clone()),
         arms,
+        Spread::PerArm,
         pool,
     ));
     let merged = Arc::new(SortPreservingMergeExec::new(ordering, leaf).with_fetch(Some(window)));

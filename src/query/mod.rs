@@ -1,6 +1,7 @@
 //! Search planning and execution over a snapshot ([`crate::read`]): global BM25 statistics,
 //! one arm per source with its live rows and filter applied inside, and the DataFusion plan
-//! (one leaf with a partition per arm → `SortPreservingMergeExec(fetch = k)`).
+//! (one leaf with a partition per arm, or its arms gathered in one partition for a vector
+//! search → `SortPreservingMergeExec(fetch = k)`).
 
 pub(crate) mod annotate;
 pub(crate) mod exec;

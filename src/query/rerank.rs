@@ -16,7 +16,8 @@
 //! re-ranks every admitted row instead (no graph, a walk or a scan of codes that came back
 //! short) abstains, and an arm that never proposes (its work failed or never ran) abstains
 //! when its [`Ticket`] drops with the plan. DataFusion's merge starts every arm of the plan
-//! it runs at once, so no arm waits for one that has not started.
+//! it runs at once, and a leaf that gathers its arms runs every one of them before it waits
+//! for what any has left to do, so no arm waits for one that has not started.
 
 use futures::future::BoxFuture;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -2,7 +2,7 @@
 //! applied before each arm's top k, arms merged by `_distance` ascending then key.
 
 use super::exec::{
-    ranked, ranked_schema, sort_ordering, ArmExec, ArmRows, ArmSpec, ArmWork, RankedPlan,
+    ranked, ranked_schema, sort_ordering, ArmExec, ArmRows, ArmSpec, ArmWork, RankedPlan, Spread,
 };
 use super::rerank::{RerankRound, Ticket};
 use super::DISTANCE_COLUMN;
@@ -144,6 +144,10 @@ impl Ord for Hit {
     }
 }
 
+/// The most rows (`offset + k`) a vector search whose arms are gathered in one partition
+/// returns ([`Spread::Gathered`]): its arms' rows are merged by sorting them together.
+const GATHER_MAX_ROWS: usize = 1_000;
+
 /// Build the physical plan of a vector search over a snapshot.
 pub(crate) fn plan(
     schema: &IndexSchema,
@@ -260,11 +264,18 @@ pub(crate) fn plan_ranked(
         arms.push(ArmSpec { description, work });
     }
     round.seal();
+    // Arms of little work each are gathered in one partition. An exact search's arms scan
+    // every admitted vector, and a deep page's return thousands of rows each, which a
+    // sort-preserving merge merges as it streams: they keep a partition each.
+    let spread = match opts.exact || window > GATHER_MAX_ROWS {
+        true => Spread::PerArm,
+        false => Spread::Gathered { fetch: window },
+    };
     let leaf = Arc::new(ArmExec::new(
         "VectorArmExec",
-        ranked_schema,
-        ordering.clone(),
+        (ranked_schema, ordering.clone()),
         arms,
+        spread,
         pool,
     ));
     let merged = Arc::new(SortPreservingMergeExec::new(ordering, leaf).with_fetch(Some(window)));
