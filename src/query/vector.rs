@@ -376,6 +376,8 @@ fn arm_work(p: ArmParts) -> ArmWork {
                                 return Ok(ArmRows::Done(batch?));
                             }
                             Box::pin(std::future::ready(rows))
+                        } else if held {
+                            return Ok(rank_held_later(&p, chosen));
                         } else {
                             chosen
                         }
@@ -406,6 +408,30 @@ fn arm_work(p: ArmParts) -> ArmWork {
     })
 }
 
+/// The arm's rows of a generation that holds its vectors, once the query's round has chosen
+/// them (`chosen`): ranked in place, from the vectors it holds and the norms its graph keeps,
+/// as [`Arm::rank_listed`] ranks them when the round chose at the arm's arrival, not from a
+/// copy of them ([`rerank_later`]: a tenth of a vector search's CPU at 64 generations).
+fn rank_held_later(
+    p: &ArmParts,
+    chosen: futures::future::BoxFuture<'static, Vec<usize>>,
+) -> ArmRows {
+    let (source, eligible, query) = (p.source.clone(), p.eligible.clone(), p.query.clone());
+    let (vidx, metric, k, src, ranked) = (p.vidx, p.metric, p.k, p.src, p.ranked.clone());
+    ArmRows::Later(Box::pin(async move {
+        let rows = chosen.await;
+        let arm = Arm {
+            source: &source,
+            eligible: &eligible,
+            vidx,
+            metric,
+            query: &query,
+            k,
+        };
+        arm.ranked_batch(arm.rank_listed(&rows), src, &ranked)
+    }))
+}
+
 /// How many rows ahead [`Arm::rank_listed`] asks for a row's vector.
 const RANK_AHEAD: usize = 8;
 
@@ -414,9 +440,9 @@ const RANK_AHEAD: usize = 8;
 /// way while it ranks one: two chunks in memory at most).
 const RERANK_CHUNK_BYTES: usize = 8 << 20;
 
-/// The arm's rows of a generation whose vectors are read by range (or held, when the round
-/// chose after the arm): `rows` (the candidates its arm proposes, all admitted) re-ranked
-/// from their exact vectors, the best `k` by distance then key.
+/// The arm's rows of a generation whose vectors are read by range: `rows` (the candidates its
+/// arm proposes, all admitted) re-ranked from their exact vectors, the best `k` by distance
+/// then key.
 fn rerank_later(
     g: Arc<Generation>,
     rows: futures::future::BoxFuture<'static, Vec<usize>>,
@@ -757,17 +783,25 @@ impl Arm<'_> {
     }
 
     fn output(&self, hits: Vec<Hit>, src: usize, ranked_schema: &SchemaRef) -> Result<ArmRows> {
+        Ok(ArmRows::Done(self.ranked_batch(
+            hits,
+            src,
+            ranked_schema,
+        )?))
+    }
+
+    /// `hits` as the arm's ranked batch ([`ranked`]).
+    fn ranked_batch(
+        &self,
+        hits: Vec<Hit>,
+        src: usize,
+        ranked_schema: &SchemaRef,
+    ) -> Result<arrow::array::RecordBatch> {
         let ords: Vec<usize> = hits.iter().map(|h| h.ord).collect();
         let distances: ArrayRef = Arc::new(Float32Array::from_iter_values(
             hits.iter().map(|h| h.distance),
         ));
-        Ok(ArmRows::Done(ranked(
-            self.source,
-            src,
-            &ords,
-            distances,
-            ranked_schema,
-        )?))
+        ranked(self.source, src, &ords, distances, ranked_schema)
     }
 }
 
