@@ -148,6 +148,17 @@ impl Ord for Hit {
 /// returns ([`Spread::Gathered`]): its arms' rows are merged by sorting them together.
 const GATHER_MAX_ROWS: usize = 1_000;
 
+/// How a vector search of `window` rows (`offset + k`) lays out its arms: arms of little work
+/// each are gathered in one partition. An exact search's arms scan every admitted vector, and
+/// a deep page's return thousands of rows each, which a sort-preserving merge merges as it
+/// streams: they keep a partition each.
+fn spread(exact: bool, window: usize) -> Spread {
+    match exact || window > GATHER_MAX_ROWS {
+        true => Spread::PerArm,
+        false => Spread::Gathered { fetch: window },
+    }
+}
+
 /// Build the physical plan of a vector search over a snapshot.
 pub(crate) fn plan(
     schema: &IndexSchema,
@@ -264,18 +275,11 @@ pub(crate) fn plan_ranked(
         arms.push(ArmSpec { description, work });
     }
     round.seal();
-    // Arms of little work each are gathered in one partition. An exact search's arms scan
-    // every admitted vector, and a deep page's return thousands of rows each, which a
-    // sort-preserving merge merges as it streams: they keep a partition each.
-    let spread = match opts.exact || window > GATHER_MAX_ROWS {
-        true => Spread::PerArm,
-        false => Spread::Gathered { fetch: window },
-    };
     let leaf = Arc::new(ArmExec::new(
         "VectorArmExec",
         (ranked_schema, ordering.clone()),
         arms,
-        spread,
+        spread(opts.exact, window),
         pool,
     ));
     let merged = Arc::new(SortPreservingMergeExec::new(ordering, leaf).with_fetch(Some(window)));
