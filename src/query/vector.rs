@@ -432,7 +432,7 @@ fn rank_held_later(
             query: &query,
             k,
         };
-        arm.ranked_batch(arm.rank_listed(&rows), src, &ranked)
+        hits_batch(&source, &arm.rank_listed(&rows), src, &ranked)
     }))
 }
 
@@ -527,18 +527,27 @@ fn finish_hits(
     src: usize,
     ranked_schema: &SchemaRef,
 ) -> Result<arrow::array::RecordBatch> {
-    let hits = heap.into_sorted_vec();
+    hits_batch(
+        &Source::Generation(g.clone()),
+        &heap.into_sorted_vec(),
+        src,
+        ranked_schema,
+    )
+}
+
+/// `hits` of `source` (number `src` of the snapshot), in their order, as an arm's ranked
+/// batch ([`ranked`]).
+fn hits_batch(
+    source: &Source,
+    hits: &[Hit],
+    src: usize,
+    ranked_schema: &SchemaRef,
+) -> Result<arrow::array::RecordBatch> {
     let ords: Vec<usize> = hits.iter().map(|h| h.ord).collect();
     let distances: ArrayRef = Arc::new(Float32Array::from_iter_values(
         hits.iter().map(|h| h.distance),
     ));
-    ranked(
-        &Source::Generation(g.clone()),
-        src,
-        &ords,
-        distances,
-        ranked_schema,
-    )
+    ranked(source, src, &ords, distances, ranked_schema)
 }
 
 /// The arm's ranked batch of `rows` of `g`, whose vectors `vectors` holds (in their order).
@@ -787,25 +796,12 @@ impl Arm<'_> {
     }
 
     fn output(&self, hits: Vec<Hit>, src: usize, ranked_schema: &SchemaRef) -> Result<ArmRows> {
-        Ok(ArmRows::Done(self.ranked_batch(
-            hits,
+        Ok(ArmRows::Done(hits_batch(
+            self.source,
+            &hits,
             src,
             ranked_schema,
         )?))
-    }
-
-    /// `hits` as the arm's ranked batch ([`ranked`]).
-    fn ranked_batch(
-        &self,
-        hits: Vec<Hit>,
-        src: usize,
-        ranked_schema: &SchemaRef,
-    ) -> Result<arrow::array::RecordBatch> {
-        let ords: Vec<usize> = hits.iter().map(|h| h.ord).collect();
-        let distances: ArrayRef = Arc::new(Float32Array::from_iter_values(
-            hits.iter().map(|h| h.distance),
-        ));
-        ranked(self.source, src, &ords, distances, ranked_schema)
     }
 }
 
