@@ -882,6 +882,11 @@ mod tests {
         let batches = datafusion::physical_plan::collect(merged, ctx.task_ctx())
             .await
             .unwrap();
+        rows_of(&batches)
+    }
+
+    /// The (key, distance) of every row of `batches`, in order.
+    fn rows_of(batches: &[RecordBatch]) -> Vec<(String, f32)> {
         let mut out = Vec::new();
         for b in batches {
             let keys = b.column(0).as_string::<i32>();
@@ -943,18 +948,7 @@ mod tests {
         hold_tx.send(()).unwrap();
         busy.await.unwrap();
         after.await.unwrap();
-        let batches = gathered.await.unwrap().unwrap();
-        let rows: Vec<(String, f32)> = batches
-            .iter()
-            .flat_map(|b| {
-                let keys = b.column(0).as_string::<i32>().clone();
-                let d = b
-                    .column(1)
-                    .as_primitive::<arrow::datatypes::Float32Type>()
-                    .clone();
-                (0..b.num_rows()).map(move |i| (keys.value(i).to_string(), d.value(i)))
-            })
-            .collect();
+        let rows = rows_of(&gathered.await.unwrap().unwrap());
         assert_eq!(rows, search(arms(11, 30, 60), Spread::PerArm, 25).await);
     }
 
