@@ -612,10 +612,7 @@ impl ArmExec {
             }
             merged.finish()
         };
-        let fut = async move {
-            fut.await
-                .map_err(|e| DataFusionError::External(Box::new(e)))
-        };
+        let fut = futures::TryFutureExt::map_err(fut, |e| DataFusionError::External(Box::new(e)));
         Box::pin(RecordBatchStreamAdapter::new(
             self.schema.clone(),
             futures::stream::once(fut),
