@@ -71,9 +71,9 @@ pub trait Search: sealed::Sealed {
     /// The physical plan of a vector search: one `VectorArmExec` leaf with an arm per source
     /// (each arm's top k by exact distance among its live rows that pass the filter), its
     /// arms gathered in one partition unless the search is exact or deep (more than 1,000
-    /// rows), under a `SortPreservingMergeExec(fetch = offset + k)` ordered by `_distance` ascending then
-    /// key, a `GlobalLimitExec` skipping `offset` rows (when there is one) and a `TakeExec`
-    /// reading the columns asked for.
+    /// rows), under a `SortPreservingMergeExec(fetch = offset + k)` ordered by `_distance`
+    /// ascending then key, a `GlobalLimitExec` skipping `offset` rows (when there is one) and
+    /// a `TakeExec` reading the columns asked for.
     fn plan_vector(
         &self,
         query: &[f32],

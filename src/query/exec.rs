@@ -60,9 +60,8 @@ pub(crate) enum ArmRows {
     Done(RecordBatch),
     /// Reads left to do (a generation's vectors, by range, or the choice of the query's
     /// re-ranking round): run after the arm (after every arm, in a leaf that gathers its
-    /// arms), off the query threads and concurrently with
-    /// every other arm's, so a cold query spends one round trip on them whatever the number
-    /// of generations.
+    /// arms), off the query threads and concurrently with every other arm's, so a cold query
+    /// spends one round trip on them whatever the number of generations.
     Later(futures::future::BoxFuture<'static, crate::Result<RecordBatch>>),
 }
 
