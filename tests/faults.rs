@@ -845,3 +845,68 @@ async fn a_failed_read_of_postings_fails_the_search_and_a_retry_succeeds() {
         assert_eq!(hits.iter().map(|b| b.num_rows()).sum::<usize>(), 5, "{q}");
     }
 }
+
+#[tokio::test]
+async fn a_close_that_cuts_a_compactions_clean_up_still_prunes_old_manifests() {
+    // The background compactor publishes its manifest, then prunes older versions. A close()
+    // that stops it in between (here: the prune's deletes held) must not leave the version
+    // before it behind: a retention of 0 keeps the newest version only.
+    let (store, loc) = faulty();
+    let s = schema();
+    let settings = Settings {
+        memtable_max_rows: 1_000_000,
+        manifest_retention: 0,
+        ..Settings::default()
+    };
+    let index = Index::create(loc.clone(), s.clone(), settings.clone())
+        .await
+        .unwrap();
+    let flush = |g: usize| {
+        let index = &index;
+        let s = s.clone();
+        async move {
+            index
+                .append(&batch(&s, &rows(&format!("g{g}-"), 5)))
+                .await
+                .unwrap();
+            index.flush().await.unwrap();
+        }
+    };
+    for g in 0..3 {
+        flush(g).await;
+    }
+    let gate = Arc::new(Semaphore::new(0));
+    store.on("delete", "manifest/", Action::Hold(gate.clone()));
+    // The fourth flush: the compactor merges the four generations.
+    flush(3).await;
+    let merged = async {
+        while index.stats().generations.len() != 1 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), merged)
+        .await
+        .expect("the compactor merges the four generations");
+    // close() stops the compactor at once, then waits for the flusher, whose prune is held
+    // too: let the deletes through once close() has begun.
+    let release = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        gate.add_permits(1_000);
+    };
+    let (closed, ()) = tokio::join!(index.close(), release);
+    closed.unwrap();
+    store.clear();
+    use futures::TryStreamExt;
+    use object_store::ObjectStore;
+    let versions: Vec<_> = store
+        .list(Some(&object_store::path::Path::from("idx/manifest")))
+        .try_collect::<Vec<_>>()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.location.to_string())
+        .collect();
+    assert_eq!(versions.len(), 1, "{versions:?}");
+    let reopened = Index::open(loc, settings).await.unwrap();
+    assert_eq!(live(&reopened).await.len(), 20);
+}

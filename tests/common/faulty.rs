@@ -41,7 +41,7 @@ struct Rule {
 #[derive(Debug)]
 pub struct FaultyStore {
     inner: Arc<dyn ObjectStore>,
-    rules: Mutex<Vec<Rule>>,
+    rules: Arc<Mutex<Vec<Rule>>>,
     puts: Mutex<Vec<String>>,
     landed: Mutex<Vec<String>>,
     /// Seconds subtracted from the `last_modified` of objects whose path contains the string
@@ -59,14 +59,15 @@ impl FaultyStore {
     pub fn new(inner: Arc<dyn ObjectStore>) -> Arc<Self> {
         Arc::new(FaultyStore {
             inner,
-            rules: Mutex::new(Vec::new()),
+            rules: Arc::new(Mutex::new(Vec::new())),
             puts: Mutex::new(Vec::new()),
             landed: Mutex::new(Vec::new()),
             skews: Mutex::new(Vec::new()),
         })
     }
 
-    /// Apply `action` to every `op` ("put" or "get") on a path containing `path_contains`.
+    /// Apply `action` to every `op` ("put", "get" or "delete") on a path containing
+    /// `path_contains`.
     pub fn on(&self, op: &'static str, path_contains: &str, action: Action) {
         self.rules.lock().unwrap().push(Rule {
             op,
@@ -120,43 +121,52 @@ impl FaultyStore {
     }
 
     async fn check(&self, op: &str, location: &Path) -> object_store::Result<()> {
-        let action = {
-            let mut rules = self.rules.lock().unwrap();
-            let at = rules
-                .iter()
-                .position(|r| r.op == op && location.as_ref().contains(&r.path_contains));
-            match at.map(|i| (i, rules[i].action.clone())) {
-                Some((
-                    i,
-                    a @ (Action::HoldOnce(_)
-                    | Action::SucceedThenFailOnce
-                    | Action::LandThenHoldOnce(_)
-                    | Action::LandThenHoldThenFailOnce(_)),
-                )) => {
-                    rules.remove(i);
-                    Some(a)
-                }
-                other => other.map(|(_, a)| a),
+        check_rules(&self.rules, op, location).await
+    }
+}
+
+/// What the first of `rules` matching `op` on `location` does to the request.
+async fn check_rules(
+    rules: &Mutex<Vec<Rule>>,
+    op: &str,
+    location: &Path,
+) -> object_store::Result<()> {
+    let action = {
+        let mut rules = rules.lock().unwrap();
+        let at = rules
+            .iter()
+            .position(|r| r.op == op && location.as_ref().contains(&r.path_contains));
+        match at.map(|i| (i, rules[i].action.clone())) {
+            Some((
+                i,
+                a @ (Action::HoldOnce(_)
+                | Action::SucceedThenFailOnce
+                | Action::LandThenHoldOnce(_)
+                | Action::LandThenHoldThenFailOnce(_)),
+            )) => {
+                rules.remove(i);
+                Some(a)
             }
-        };
-        match action {
-            None
-            | Some(Action::IgnoreCreate)
-            | Some(Action::LandThenHoldOnce(_))
-            | Some(Action::LandThenHoldThenFailOnce(_)) => Ok(()),
-            Some(Action::Fail) => Err(object_store::Error::Generic {
-                store: "FaultyStore",
-                source: format!("injected failure of {op} {location}").into(),
-            }),
-            Some(Action::Hold(s)) | Some(Action::HoldOnce(s)) => {
-                s.acquire().await.unwrap().forget();
-                Ok(())
-            }
-            Some(Action::SucceedThenFailOnce) => Err(object_store::Error::NotImplemented {
-                operation: "SucceedThenFailOnce".into(),
-                implementer: "FaultyStore".into(),
-            }),
+            other => other.map(|(_, a)| a),
         }
+    };
+    match action {
+        None
+        | Some(Action::IgnoreCreate)
+        | Some(Action::LandThenHoldOnce(_))
+        | Some(Action::LandThenHoldThenFailOnce(_)) => Ok(()),
+        Some(Action::Fail) => Err(object_store::Error::Generic {
+            store: "FaultyStore",
+            source: format!("injected failure of {op} {location}").into(),
+        }),
+        Some(Action::Hold(s)) | Some(Action::HoldOnce(s)) => {
+            s.acquire().await.unwrap().forget();
+            Ok(())
+        }
+        Some(Action::SucceedThenFailOnce) => Err(object_store::Error::NotImplemented {
+            operation: "SucceedThenFailOnce".into(),
+            implementer: "FaultyStore".into(),
+        }),
     }
 }
 
@@ -265,7 +275,19 @@ impl ObjectStore for FaultyStore {
         &self,
         locations: BoxStream<'static, object_store::Result<Path>>,
     ) -> BoxStream<'static, object_store::Result<Path>> {
-        self.inner.delete_stream(locations)
+        use futures::StreamExt;
+        let rules = self.rules.clone();
+        let checked = locations
+            .then(move |p| {
+                let rules = rules.clone();
+                async move {
+                    let p = p?;
+                    check_rules(&rules, "delete", &p).await?;
+                    Ok(p)
+                }
+            })
+            .boxed();
+        self.inner.delete_stream(checked)
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
