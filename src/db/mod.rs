@@ -159,7 +159,8 @@ pub struct Index {
     /// The leak collection started at open (`gc::leaks`).
     collector: tokio::task::JoinHandle<()>,
     /// The background compactor (`compaction::schedule`): stopped, not awaited, by `close()`; a
-    /// compaction cut off publishes nothing or a complete manifest version.
+    /// compaction cut off publishes nothing or a complete manifest version, which `close()`
+    /// then cleans up after.
     compactor: tokio::task::JoinHandle<()>,
     /// The reading ahead of superseded rows ([`read_ahead`]): stopped, not awaited.
     read_ahead: tokio::task::JoinHandle<()>,
@@ -516,6 +517,13 @@ impl Index {
         let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
         for t in tasks {
             t.await?;
+        }
+        // The compactor was stopped, maybe between publishing its manifest and cleaning up
+        // after it: clean up after the installed manifest (unless a newer writer took over).
+        let installed = self.inner.read_state().manifest.clone();
+        let cleaned = self.inner.publisher.cleaned_up.load(Ordering::SeqCst);
+        if installed.version > cleaned && !self.inner.fenced.load(Ordering::SeqCst) {
+            crate::writer::publish::clean_up_manifests(&self.inner, &installed).await;
         }
         self.inner.reader.generations.close().await?;
         last_write

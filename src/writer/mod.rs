@@ -116,6 +116,10 @@ pub(crate) struct Publisher {
     unsure: Mutex<Option<Unsure>>,
     /// The id the next generation (flushed or merged) gets.
     pub next_generation_id: AtomicU64,
+    /// The newest manifest version whose clean-up (LATEST moved, old versions pruned) ran to
+    /// its end, or the version opened: `close()` cleans up after a newer one, whose clean-up
+    /// it may have cut off.
+    pub cleaned_up: AtomicU64,
 }
 
 impl Publisher {
@@ -194,6 +198,7 @@ impl Writer {
         // point, always a rows object): this writer's first flush deletes it.
         let kept_wal = manifest.wal_replay_from.checked_sub(1).filter(|id| *id > 0);
         let next_generation_id = manifest.next_generation_id;
+        let opened_version = manifest.version;
         Writer {
             loc,
             paths,
@@ -224,6 +229,7 @@ impl Writer {
                 lock: tokio::sync::Mutex::new(()),
                 unsure: Mutex::new(None),
                 next_generation_id: AtomicU64::new(next_generation_id),
+                cleaned_up: AtomicU64::new(opened_version),
             },
             compaction: Compaction::default(),
             read_ahead: Notify::new(),

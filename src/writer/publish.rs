@@ -161,4 +161,7 @@ pub(crate) async fn clean_up_manifests(w: &Writer, m: &Manifest) {
             )
             .await;
     }
+    w.publisher
+        .cleaned_up
+        .fetch_max(version, std::sync::atomic::Ordering::SeqCst);
 }
