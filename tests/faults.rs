@@ -910,3 +910,75 @@ async fn a_close_that_cuts_a_compactions_clean_up_still_prunes_old_manifests() {
     let reopened = Index::open(loc, settings).await.unwrap();
     assert_eq!(live(&reopened).await.len(), 20);
 }
+
+#[tokio::test]
+async fn a_close_that_cuts_a_compaction_after_its_manifest_landed_settles_it() {
+    // The compactor's manifest PUT lands, but its answer is held: the compactor has neither
+    // installed that version nor cleaned up after it when close() stops it. close() settles
+    // the version (as the next publish would) and cleans up after it: a retention of 0
+    // keeps one version, the compaction's, and nothing is lost.
+    let (store, loc) = faulty();
+    let s = schema();
+    let settings = Settings {
+        memtable_max_rows: 1_000_000,
+        manifest_retention: 0,
+        ..Settings::default()
+    };
+    let index = Index::create(loc.clone(), s.clone(), settings.clone())
+        .await
+        .unwrap();
+    // Version 1 is the index's creation, 2 its writer's, 3 to 6 the four flushes, 7 the
+    // compaction's.
+    let gate = Arc::new(Semaphore::new(0));
+    store.on(
+        "put",
+        "manifest/00000000000000000007.manifest",
+        Action::LandThenHoldOnce(gate.clone()),
+    );
+    for g in 0..4 {
+        index
+            .append(&batch(&s, &rows(&format!("g{g}-"), 5)))
+            .await
+            .unwrap();
+        index.flush().await.unwrap();
+    }
+    let landed = async {
+        while manifest_versions(&store).await.last().map(String::as_str)
+            != Some("idx/manifest/00000000000000000007.manifest")
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), landed)
+        .await
+        .expect("the compactor's manifest lands");
+    assert_eq!(index.stats().generations.len(), 4, "not installed yet");
+    index.close().await.unwrap();
+    store.clear();
+    gate.add_permits(1);
+    let versions = manifest_versions(&store).await;
+    assert_eq!(
+        versions,
+        vec!["idx/manifest/00000000000000000007.manifest".to_string()]
+    );
+    let reopened = Index::open(loc, settings).await.unwrap();
+    assert_eq!(reopened.stats().generations.len(), 1);
+    assert_eq!(live(&reopened).await.len(), 20);
+}
+
+/// The manifest versions in the store, oldest first.
+async fn manifest_versions(store: &FaultyStore) -> Vec<String> {
+    use futures::TryStreamExt;
+    use object_store::ObjectStore;
+    let mut versions: Vec<String> = store
+        .list(Some(&object_store::path::Path::from("idx/manifest")))
+        .try_collect::<Vec<_>>()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.location.to_string())
+        .filter(|p| p.ends_with(".manifest"))
+        .collect();
+    versions.sort();
+    versions
+}
