@@ -160,7 +160,7 @@ pub struct Index {
     collector: tokio::task::JoinHandle<()>,
     /// The background compactor (`compaction::schedule`): stopped, not awaited, by `close()`; a
     /// compaction cut off publishes nothing or a complete manifest version, which `close()`
-    /// then cleans up after.
+    /// then settles and cleans up after (`writer::publish::finish_cut_off`).
     compactor: tokio::task::JoinHandle<()>,
     /// The reading ahead of superseded rows ([`read_ahead`]): stopped, not awaited.
     read_ahead: tokio::task::JoinHandle<()>,
@@ -518,13 +518,8 @@ impl Index {
         for t in tasks {
             t.await?;
         }
-        // The compactor was stopped, maybe between publishing its manifest and cleaning up
-        // after it: clean up after the installed manifest (unless a newer writer took over).
-        let installed = self.inner.read_state().manifest.clone();
-        let cleaned = self.inner.publisher.cleaned_up.load(Ordering::SeqCst);
-        if installed.version > cleaned && !self.inner.fenced.load(Ordering::SeqCst) {
-            crate::writer::publish::clean_up_manifests(&self.inner, &installed).await;
-        }
+        // The compactor was stopped, maybe in the midst of publishing.
+        crate::writer::publish::finish_cut_off(&self.inner).await;
         self.inner.reader.generations.close().await?;
         last_write
     }

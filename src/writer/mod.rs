@@ -116,9 +116,9 @@ pub(crate) struct Publisher {
     unsure: Mutex<Option<Unsure>>,
     /// The id the next generation (flushed or merged) gets.
     pub next_generation_id: AtomicU64,
-    /// The newest manifest version whose clean-up (LATEST moved, old versions pruned) ran to
-    /// its end, or the version opened: `close()` cleans up after a newer one, whose clean-up
-    /// it may have cut off.
+    /// The newest manifest version whose clean-up (LATEST moved, old versions pruned; best
+    /// effort, so one that failed counts too) was not cut off, or the version opened:
+    /// `close()` cleans up after a newer one ([`publish::finish_cut_off`]).
     pub cleaned_up: AtomicU64,
 }
 

@@ -11,6 +11,7 @@ use super::Writer;
 use crate::format::manifest::Manifest;
 use crate::manifest::WriteOutcome;
 use crate::{Error, Result};
+use std::sync::atomic::Ordering;
 
 /// Fail as fenced when a manifest version newer than `version` (one this writer created)
 /// exists. A newer writer claims a version when it opens and may prune the older ones; a
@@ -147,6 +148,30 @@ async fn taken_by(w: &Writer, m: &Manifest) -> Result<Taker> {
     })
 }
 
+/// At `close()`, once the compactor was stopped (maybe in the midst of publishing) and the
+/// flusher has finished: what the next publish would do, best effort. A compaction's manifest
+/// whose PUT may have landed is settled ([`settle`]), and the installed version is cleaned up
+/// after ([`clean_up_manifests`]) when its clean-up did not run to its end. Nothing when a
+/// newer writer took over.
+pub(crate) async fn finish_cut_off(w: &Writer) {
+    if w.fenced.load(Ordering::SeqCst) {
+        return;
+    }
+    let _publish = w.publisher.lock.lock().await;
+    if let Err(e) = settle(w).await {
+        tracing::warn!("closing: a compaction's manifest was not settled: {e}");
+        return;
+    }
+    let installed = w.read_state().manifest.clone();
+    if installed.version <= w.publisher.cleaned_up.load(Ordering::SeqCst) {
+        return;
+    }
+    match fenced_if_superseded(w, installed.version).await {
+        Ok(()) => clean_up_manifests(w, &installed).await,
+        Err(e) => tracing::info!("closing: old manifests left to the newer writer: {e}"),
+    }
+}
+
 /// Move LATEST to `m` and prune manifest versions beyond the retention (best effort).
 pub(crate) async fn clean_up_manifests(w: &Writer, m: &Manifest) {
     let settings = &w.reader.settings;
@@ -161,7 +186,5 @@ pub(crate) async fn clean_up_manifests(w: &Writer, m: &Manifest) {
             )
             .await;
     }
-    w.publisher
-        .cleaned_up
-        .fetch_max(version, std::sync::atomic::Ordering::SeqCst);
+    w.publisher.cleaned_up.fetch_max(version, Ordering::SeqCst);
 }
