@@ -875,6 +875,15 @@ async fn a_close_that_cuts_a_compactions_clean_up_still_prunes_old_manifests() {
     for g in 0..3 {
         flush(g).await;
     }
+    // flush() returns before the flusher cleans up: its prune is done before deletes are held.
+    let pruned = async {
+        while manifest_versions(&store).await.len() != 1 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), pruned)
+        .await
+        .expect("the third flush prunes the versions before it");
     let gate = Arc::new(Semaphore::new(0));
     store.on("delete", "manifest/", Action::Hold(gate.clone()));
     // The fourth flush: the compactor merges the four generations.
@@ -896,16 +905,7 @@ async fn a_close_that_cuts_a_compactions_clean_up_still_prunes_old_manifests() {
     let (closed, ()) = tokio::join!(index.close(), release);
     closed.unwrap();
     store.clear();
-    use futures::TryStreamExt;
-    use object_store::ObjectStore;
-    let versions: Vec<_> = store
-        .list(Some(&object_store::path::Path::from("idx/manifest")))
-        .try_collect::<Vec<_>>()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|m| m.location.to_string())
-        .collect();
+    let versions = manifest_versions(&store).await;
     assert_eq!(versions.len(), 1, "{versions:?}");
     let reopened = Index::open(loc, settings).await.unwrap();
     assert_eq!(live(&reopened).await.len(), 20);
