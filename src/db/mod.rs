@@ -158,10 +158,11 @@ pub struct Index {
     tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// The leak collection started at open (`gc::leaks`).
     collector: tokio::task::JoinHandle<()>,
-    /// The background compactor (`compaction::schedule`): stopped, not awaited, by `close()`; a
-    /// compaction cut off publishes nothing or a complete manifest version, which `close()`
-    /// then settles and cleans up after (`writer::publish::finish_cut_off`).
-    compactor: tokio::task::JoinHandle<()>,
+    /// The background compactor (`compaction::schedule`): stopped by `close()`, which waits
+    /// until it has stopped (not until it finishes); a compaction cut off publishes nothing or
+    /// a complete manifest version, which `close()` then settles and cleans up after
+    /// (`writer::publish::finish_cut_off`). Taken by `close()`.
+    compactor: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// The reading ahead of superseded rows ([`read_ahead`]): stopped, not awaited.
     read_ahead: tokio::task::JoinHandle<()>,
 }
@@ -359,7 +360,7 @@ impl Index {
             tx,
             tasks: std::sync::Mutex::new(tasks),
             collector,
-            compactor,
+            compactor: std::sync::Mutex::new(Some(compactor)),
             read_ahead,
         }
     }
@@ -502,7 +503,14 @@ impl Index {
             return Ok(());
         }
         self.collector.abort();
-        self.compactor.abort();
+        let compactor = self
+            .compactor
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(c) = &compactor {
+            c.abort();
+        }
         self.read_ahead.abort();
         self.inner.flushes.wake.notify_waiters();
         self.inner.flushes.backpressure.notify_waiters();
@@ -518,7 +526,13 @@ impl Index {
         for t in tasks {
             t.await?;
         }
-        // The compactor was stopped, maybe in the midst of publishing.
+        // The compactor was stopped, maybe in the midst of publishing. An abort takes effect
+        // when the poll under way on another thread ends, which may still take the publish
+        // lock and PUT a manifest: once it has ended, finish what the compactor cut off.
+        if let Some(c) = compactor {
+            // Cancelled (or panicked): nothing it did is left to report.
+            let _ = c.await;
+        }
         crate::writer::publish::finish_cut_off(&self.inner).await;
         self.inner.reader.generations.close().await?;
         last_write
@@ -669,7 +683,14 @@ impl Drop for Index {
         // The committer stops when its queue closes (dropping `tx`); stop the flusher too.
         self.inner.closed.store(true, Ordering::SeqCst);
         self.collector.abort();
-        self.compactor.abort();
+        if let Some(c) = self
+            .compactor
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            c.abort();
+        }
         self.read_ahead.abort();
         self.inner.flushes.wake.notify_waiters();
         self.inner.flushes.backpressure.notify_waiters();
