@@ -152,12 +152,16 @@ async fn taken_by(w: &Writer, m: &Manifest) -> Result<Taker> {
 /// flusher has finished: what the next publish would do, best effort. A compaction's manifest
 /// whose PUT may have landed is settled ([`settle`]), and the installed version is cleaned up
 /// after ([`clean_up_manifests`]) when its clean-up did not run to its end. Nothing when a
-/// newer writer took over.
+/// newer writer took over, or while a `compact()` holds the publish lock.
 pub(crate) async fn finish_cut_off(w: &Writer) {
     if w.fenced.load(Ordering::SeqCst) {
         return;
     }
-    let _publish = w.publisher.lock.lock().await;
+    // A `compact()` under way holds the lock: it settles and cleans up after itself (or,
+    // dropped, leaves both to the next publish or open). close() does not wait for it.
+    let Ok(_publish) = w.publisher.lock.try_lock() else {
+        return;
+    };
     if let Err(e) = settle(w).await {
         tracing::warn!("closing: a compaction's manifest was not settled: {e}");
         return;
