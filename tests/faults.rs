@@ -851,51 +851,23 @@ async fn a_close_that_cuts_a_compactions_clean_up_still_prunes_old_manifests() {
     // The background compactor publishes its manifest, then prunes older versions. A close()
     // that stops it in between (here: the prune's deletes held) must not leave the version
     // before it behind: a retention of 0 keeps the newest version only.
-    let (store, loc) = faulty();
-    let s = schema();
-    let settings = Settings {
-        memtable_max_rows: 1_000_000,
-        manifest_retention: 0,
-        ..Settings::default()
-    };
-    let index = Index::create(loc.clone(), s.clone(), settings.clone())
-        .await
-        .unwrap();
-    let flush = |g: usize| {
-        let index = &index;
-        let s = s.clone();
-        async move {
-            index
-                .append(&batch(&s, &rows(&format!("g{g}-"), 5)))
-                .await
-                .unwrap();
-            index.flush().await.unwrap();
-        }
-    };
+    let (store, loc, settings, index) = keeping_one_version().await;
     for g in 0..3 {
-        flush(g).await;
+        flush_generation(&index, g).await;
     }
     // flush() returns before the flusher cleans up: its prune is done before deletes are held.
-    let pruned = async {
-        while manifest_versions(&store).await.len() != 1 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(30), pruned)
-        .await
-        .expect("the third flush prunes the versions before it");
+    eventually("the third flush prunes the versions before it", || async {
+        manifest_versions(&store).await.len() == 1
+    })
+    .await;
     let gate = Arc::new(Semaphore::new(0));
     store.on("delete", "manifest/", Action::Hold(gate.clone()));
     // The fourth flush: the compactor merges the four generations.
-    flush(3).await;
-    let merged = async {
-        while index.stats().generations.len() != 1 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(30), merged)
-        .await
-        .expect("the compactor merges the four generations");
+    flush_generation(&index, 3).await;
+    eventually("the compactor merges the four generations", || async {
+        index.stats().generations.len() == 1
+    })
+    .await;
     // close() stops the compactor at once, then waits for the flusher, whose prune is held
     // too: let the deletes through once close() has begun.
     let release = async {
@@ -917,53 +889,73 @@ async fn a_close_that_cuts_a_compaction_after_its_manifest_landed_settles_it() {
     // installed that version nor cleaned up after it when close() stops it. close() settles
     // the version (as the next publish would) and cleans up after it: a retention of 0
     // keeps one version, the compaction's, and nothing is lost.
+    let (store, loc, settings, index) = keeping_one_version().await;
+    // Version 1 is the index's creation, 2 its writer's, 3 to 6 the four flushes, 7 the
+    // compaction's.
+    let compaction = "idx/manifest/00000000000000000007.manifest";
+    let gate = Arc::new(Semaphore::new(0));
+    store.on("put", compaction, Action::LandThenHoldOnce(gate.clone()));
+    for g in 0..4 {
+        flush_generation(&index, g).await;
+    }
+    eventually("the compactor's manifest lands", || async {
+        manifest_versions(&store).await.last().map(String::as_str) == Some(compaction)
+    })
+    .await;
+    assert_eq!(index.stats().generations.len(), 4, "not installed yet");
+    index.close().await.unwrap();
+    store.clear();
+    gate.add_permits(1);
+    assert_eq!(
+        manifest_versions(&store).await,
+        vec![compaction.to_string()]
+    );
+    let reopened = Index::open(loc, settings).await.unwrap();
+    assert_eq!(reopened.stats().generations.len(), 1);
+    assert_eq!(live(&reopened).await.len(), 20);
+}
+
+/// An index on a faulty store that keeps one manifest version (a retention of 0), compacts in
+/// the background and freezes only on `flush()`.
+async fn keeping_one_version() -> (Arc<FaultyStore>, Location, Settings, Index) {
     let (store, loc) = faulty();
-    let s = schema();
     let settings = Settings {
         memtable_max_rows: 1_000_000,
         manifest_retention: 0,
         ..Settings::default()
     };
-    let index = Index::create(loc.clone(), s.clone(), settings.clone())
+    let index = Index::create(loc.clone(), schema(), settings.clone())
         .await
         .unwrap();
-    // Version 1 is the index's creation, 2 its writer's, 3 to 6 the four flushes, 7 the
-    // compaction's.
-    let gate = Arc::new(Semaphore::new(0));
-    store.on(
-        "put",
-        "manifest/00000000000000000007.manifest",
-        Action::LandThenHoldOnce(gate.clone()),
-    );
-    for g in 0..4 {
-        index
-            .append(&batch(&s, &rows(&format!("g{g}-"), 5)))
-            .await
-            .unwrap();
-        index.flush().await.unwrap();
-    }
-    let landed = async {
-        while manifest_versions(&store).await.last().map(String::as_str)
-            != Some("idx/manifest/00000000000000000007.manifest")
-        {
+    (store, loc, settings, index)
+}
+
+/// Five rows `g{g}-...`, flushed as a generation of their own.
+async fn flush_generation(index: &Index, g: usize) {
+    index
+        .append(&batch(&schema(), &rows(&format!("g{g}-"), 5)))
+        .await
+        .unwrap();
+    index.flush().await.unwrap();
+}
+
+/// Wait until `done` says so, for at most 30 seconds (then fail, saying `what` did not happen).
+async fn eventually<F, Fut>(what: &str, mut done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let wait = async {
+        while !done().await {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     };
-    tokio::time::timeout(Duration::from_secs(30), landed)
+    if tokio::time::timeout(Duration::from_secs(30), wait)
         .await
-        .expect("the compactor's manifest lands");
-    assert_eq!(index.stats().generations.len(), 4, "not installed yet");
-    index.close().await.unwrap();
-    store.clear();
-    gate.add_permits(1);
-    let versions = manifest_versions(&store).await;
-    assert_eq!(
-        versions,
-        vec!["idx/manifest/00000000000000000007.manifest".to_string()]
-    );
-    let reopened = Index::open(loc, settings).await.unwrap();
-    assert_eq!(reopened.stats().generations.len(), 1);
-    assert_eq!(live(&reopened).await.len(), 20);
+        .is_err()
+    {
+        panic!("{what}: not within 30 s");
+    }
 }
 
 /// The manifest versions in the store, oldest first.
