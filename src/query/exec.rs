@@ -920,11 +920,7 @@ mod tests {
         // thread is free, the gathered job finds the pool saturated (two jobs, one thread) and
         // runs its arms in turn.
         let pool = QueryPool::new(1, 0).unwrap();
-        let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
-        let busy = pool.run(move |_| {
-            let _ = hold_rx.recv();
-            Ok(())
-        });
+        let (hold_tx, busy) = pool.hold_a_thread();
         let ordering = sort_ordering(&schema(), false, "_distance").unwrap();
         let leaf = Arc::new(ArmExec::new(
             "VectorArmExec",

@@ -182,6 +182,25 @@ impl QueryPool {
 }
 
 #[cfg(test)]
+impl QueryPool {
+    /// Hold one of the pool's threads (tests: the next job waits in the queue of a pool of
+    /// one): it is let go when the returned sender sends, and the future ends then.
+    pub(crate) fn hold_a_thread(
+        &self,
+    ) -> (
+        std::sync::mpsc::Sender<()>,
+        impl std::future::Future<Output = Result<()>>,
+    ) {
+        let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+        let busy = self.run(move |_| {
+            let _ = hold_rx.recv();
+            Ok(())
+        });
+        (hold_tx, busy)
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -217,11 +236,7 @@ mod tests {
     async fn a_dropped_arm_never_runs_and_a_panic_is_an_error() {
         let pool = QueryPool::new(1, 0).unwrap();
         // Hold the only thread so the next job waits in the queue.
-        let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
-        let busy = pool.run(move |_| {
-            let _ = hold_rx.recv();
-            Ok(())
-        });
+        let (hold_tx, busy) = pool.hold_a_thread();
         let ran = Arc::new(AtomicBool::new(false));
         let r = ran.clone();
         drop(pool.run(move |_| {
