@@ -503,14 +503,7 @@ impl Index {
             return Ok(());
         }
         self.collector.abort();
-        let compactor = self
-            .compactor
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(c) = &compactor {
-            c.abort();
-        }
+        let compactor = self.stop_compactor();
         self.read_ahead.abort();
         self.inner.flushes.wake.notify_waiters();
         self.inner.flushes.backpressure.notify_waiters();
@@ -536,6 +529,20 @@ impl Index {
         crate::writer::publish::finish_cut_off(&self.inner).await;
         self.inner.reader.generations.close().await?;
         last_write
+    }
+
+    /// Abort the background compactor (once): its handle, for `close()` to wait until it has
+    /// stopped.
+    fn stop_compactor(&self) -> Option<tokio::task::JoinHandle<()>> {
+        let compactor = self
+            .compactor
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(c) = &compactor {
+            c.abort();
+        }
+        compactor
     }
 
     /// What a read started now sees: the active memtable, the frozen ones (newest first) and
@@ -683,14 +690,7 @@ impl Drop for Index {
         // The committer stops when its queue closes (dropping `tx`); stop the flusher too.
         self.inner.closed.store(true, Ordering::SeqCst);
         self.collector.abort();
-        if let Some(c) = self
-            .compactor
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            c.abort();
-        }
+        self.stop_compactor();
         self.read_ahead.abort();
         self.inner.flushes.wake.notify_waiters();
         self.inner.flushes.backpressure.notify_waiters();
