@@ -40,6 +40,56 @@ pub(crate) struct CodeQuery {
     offset: f32,
 }
 
+/// A bound below the keys of a range of rows, as a function of a row's integer sum: the
+/// key's own operations with the least squared norm of the range (`l2`). A key never
+/// grows with the sum (the operations round monotonically), so the rows a scan would skip
+/// by their key are found among those whose sum is at most a threshold, without their key.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KeyFloor {
+    /// `l2`: the least squared norm less the noise; `None` for the other metrics.
+    base: Option<f32>,
+    offset: f32,
+    unscale: f64,
+    /// The largest magnitude of an integer sum.
+    most: i64,
+}
+
+impl KeyFloor {
+    /// The bound below the key of any row of the range whose sum is `sum`.
+    #[inline]
+    fn key(&self, sum: i64) -> f32 {
+        let dot = self.offset + (sum as f64 * self.unscale) as f32;
+        match self.base {
+            Some(base) => base - 2.0 * dot,
+            None => -dot,
+        }
+    }
+
+    /// The largest sum up to which `skip` holds of the bound, `skip` being true of every
+    /// key above some value (a key at or above a bar, for instance): every row of the range
+    /// whose sum is at most the threshold has a key `skip` holds of. `i64::MIN` when no sum
+    /// is.
+    pub(crate) fn skipped_up_to(&self, skip: impl Fn(f32) -> bool) -> i64 {
+        // The bound never grows with the sum, so `skip` holds of sums up to a threshold.
+        let (mut lo, mut hi) = (-self.most, self.most);
+        if !skip(self.key(lo)) {
+            return i64::MIN;
+        }
+        if skip(self.key(hi)) {
+            return hi;
+        }
+        // skip(lo) and not skip(hi).
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            match skip(self.key(mid)) {
+                true => lo = mid,
+                false => hi = mid,
+            }
+        }
+        lo
+    }
+}
+
 /// The largest magnitude of a query's integer weights: a code (at most 255) times a weight,
 /// two of them summed, stays below 2^23, so [`LANE_PAIRS`] such sums fit in an `i32`. Rounding
 /// a weight errs by at most 1 / 32,766 of the largest, far below the codes' own rounding (half
@@ -181,38 +231,62 @@ impl Codes {
         }
     }
 
-    /// [`Codes::key`] of each row of `rows`, appended to `out` (one dispatch for them all).
-    pub(crate) fn keys(
+    /// Row `row`'s key (see [`Codes::key`]) from its integer sum (see [`Codes::sums`]).
+    #[inline(always)]
+    pub(crate) fn key_of_sum(&self, metric: Metric, q: &CodeQuery, row: usize, sum: i64) -> f32 {
+        self.key_of_dot(metric, row, q.unscaled(sum))
+    }
+
+    /// The integer sum `Σ weights[d] c[d]` of each row of `rows` (one dispatch for them all),
+    /// appended to `out`: [`Codes::key_of_sum`] makes it the row's key, and a scan compares
+    /// it with [`KeyFloor::skipped_up_to`] before it does.
+    pub(crate) fn sums(&self, q: &CodeQuery, rows: std::ops::Range<usize>, out: &mut Vec<i64>) {
+        if self.dim == 0 {
+            out.extend(std::iter::repeat_n(0, rows.len()));
+            return;
+        }
+        let c = &self.codes[rows.start * self.dim..rows.end * self.dim];
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2, the only feature the function enables.
+            unsafe { avx2::sums(&q.weights, c, self.dim, out) };
+            return;
+        }
+        out.extend(c.chunks_exact(self.dim).map(|c| idot(&q.weights, c)));
+    }
+
+    /// A bound below the key of every row of `rows` for each integer sum, when every key
+    /// there is a number (not NaN) whatever the sum: `None` for a query or ranges beyond
+    /// f32 (the scan then keys every row).
+    pub(crate) fn floor(
         &self,
         metric: Metric,
         q: &CodeQuery,
         rows: std::ops::Range<usize>,
-        out: &mut Vec<f32>,
-    ) {
-        let from = out.len();
-        if self.dim == 0 {
-            out.extend(std::iter::repeat_n(q.offset, rows.len()));
-        } else {
-            let c = &self.codes[rows.start * self.dim..rows.end * self.dim];
-            #[cfg(target_arch = "x86_64")]
-            let done = std::arch::is_x86_feature_detected!("avx2");
-            #[cfg(not(target_arch = "x86_64"))]
-            let done = false;
-            #[cfg(target_arch = "x86_64")]
-            if done {
-                // SAFETY: the CPU supports AVX2, the only feature the function enables.
-                unsafe { avx2::dots(q, c, self.dim, out) };
-            }
-            if !done {
-                out.extend(
-                    c.chunks_exact(self.dim)
-                        .map(|c| q.unscaled(idot(&q.weights, c))),
-                );
-            }
+    ) -> Option<KeyFloor> {
+        if !(q.offset.is_finite() && q.unscale.is_finite()) {
+            return None;
         }
-        for (key, row) in out[from..].iter_mut().zip(rows) {
-            *key = self.key_of_dot(metric, row, *key);
-        }
+        let base = match metric {
+            Metric::L2 => {
+                let norms = self.sqnorms.get(rows)?;
+                if !norms.iter().all(|n| n.is_finite()) || !self.bias.is_finite() {
+                    return None;
+                }
+                // The same operations as the key's, on the least norm: never above a row's.
+                Some(norms.iter().copied().fold(f32::INFINITY, f32::min) - self.bias)
+            }
+            Metric::Cosine | Metric::Dot => None,
+        };
+        let most = (self.dim as i64)
+            .saturating_mul(255)
+            .saturating_mul(MAX_WEIGHT as i64);
+        Some(KeyFloor {
+            base,
+            offset: q.offset,
+            unscale: q.unscale,
+            most,
+        })
     }
 
     /// Bytes held in memory.
@@ -349,12 +423,12 @@ const _: () = assert!(I32_DIM >= 128);
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{CodeQuery, I32_DIM, LANE_PAIRS};
+    use super::{I32_DIM, LANE_PAIRS};
     use std::arch::x86_64::{
-        __m128i, __m256i, _mm256_add_epi32, _mm256_castsi256_si128, _mm256_cvtepu8_epi16,
-        _mm256_extracti128_si256, _mm256_hadd_epi32, _mm256_loadu_si256, _mm256_madd_epi16,
-        _mm256_setzero_si256, _mm256_storeu_si256, _mm_add_epi32, _mm_loadu_si128,
-        _mm_storeu_si128,
+        __m128i, __m256i, _mm256_add_epi32, _mm256_castsi256_si128, _mm256_cvtepi32_epi64,
+        _mm256_cvtepu8_epi16, _mm256_extracti128_si256, _mm256_hadd_epi32, _mm256_loadu_si256,
+        _mm256_madd_epi16, _mm256_setzero_si256, _mm256_storeu_si256, _mm_add_epi32,
+        _mm_loadu_si128,
     };
 
     /// [`super::idot`] sixteen dimensions at a time: the codes widened to 16 bits, multiplied by
@@ -392,23 +466,21 @@ mod avx2 {
         total + super::idot(&w[whole..len], &c[whole..len])
     }
 
-    /// `q·x` of each row of `codes` (`dim` a row, at least 1), appended to `out`. Up to
-    /// [`I32_DIM`] dimensions, four rows at a time: the weights are loaded once for the four,
-    /// each row's sum stays in `i32` lanes (it cannot overflow there), and the four rows'
-    /// lanes are summed together by horizontal adds, not stored and added one by one.
+    /// [`super::idot`] of each row of `codes` (`dim` a row, at least 1) with `w`, appended to
+    /// `out`. Up to [`I32_DIM`] dimensions, four rows at a time: the weights are loaded once
+    /// for the four, each row's sum stays in `i32` lanes (it cannot overflow there), and the
+    /// four rows' lanes are summed together by horizontal adds, not stored and added one by
+    /// one.
     #[target_feature(enable = "avx2")]
-    pub(super) fn dots(q: &CodeQuery, codes: &[u8], dim: usize, out: &mut Vec<f32>) {
-        if dim > I32_DIM || q.weights.len() < dim {
-            out.extend(
-                codes
-                    .chunks_exact(dim)
-                    .map(|c| q.unscaled(idot(&q.weights, c))),
-            );
+    pub(super) fn sums(w: &[i16], codes: &[u8], dim: usize, out: &mut Vec<i64>) {
+        if dim > I32_DIM || w.len() < dim {
+            out.extend(codes.chunks_exact(dim).map(|c| idot(w, c)));
             return;
         }
-        let w = &q.weights[..dim];
+        let w = &w[..dim];
         let whole = dim / 16 * 16;
         let mut fours = codes.chunks_exact(4 * dim);
+        out.reserve(codes.len() / dim);
         for four in &mut fours {
             let mut acc = [_mm256_setzero_si256(); 4];
             let mut i = 0;
@@ -430,29 +502,26 @@ mod avx2 {
                 i += 16;
             }
             // [r0 r0 r1 r1 | r0 r0 r1 r1] and the same of rows 2 and 3, then each row's four
-            // partial sums in one lane of each half.
+            // partial sums in one lane of each half, widened to i64.
             let pairs = _mm256_hadd_epi32(
                 _mm256_hadd_epi32(acc[0], acc[1]),
                 _mm256_hadd_epi32(acc[2], acc[3]),
             );
-            let sums = _mm_add_epi32(
+            let sums = _mm256_cvtepi32_epi64(_mm_add_epi32(
                 _mm256_castsi256_si128(pairs),
                 _mm256_extracti128_si256::<1>(pairs),
-            );
-            let mut lanes = [0i32; 4];
-            // SAFETY: `lanes` holds 16 bytes; the store is unaligned.
-            unsafe { _mm_storeu_si128(lanes.as_mut_ptr().cast::<__m128i>(), sums) };
-            for (j, lane) in lanes.iter().enumerate() {
-                let tail = super::idot(&w[whole..], &four[j * dim + whole..(j + 1) * dim]);
-                out.push(q.unscaled(i64::from(*lane) + tail));
+            ));
+            let mut lanes = [0i64; 4];
+            // SAFETY: `lanes` holds 32 bytes; the store is unaligned.
+            unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast::<__m256i>(), sums) };
+            if whole < dim {
+                for (j, lane) in lanes.iter_mut().enumerate() {
+                    *lane += super::idot(&w[whole..], &four[j * dim + whole..(j + 1) * dim]);
+                }
             }
+            out.extend_from_slice(&lanes);
         }
-        out.extend(
-            fours
-                .remainder()
-                .chunks_exact(dim)
-                .map(|c| q.unscaled(idot(w, c))),
-        );
+        out.extend(fours.remainder().chunks_exact(dim).map(|c| idot(w, c)));
     }
 }
 
@@ -527,12 +596,12 @@ mod tests {
                         sqnorms: Vec::new(),
                         bias: 0.0,
                     };
-                    let mut keys = Vec::new();
-                    c.keys(Metric::Dot, &q, 0..rows, &mut keys);
-                    let want: Vec<f32> = (0..rows)
-                        .map(|r| -q.unscaled(idot(&q.weights, &c.codes[r * dim..(r + 1) * dim])))
+                    let mut sums = Vec::new();
+                    c.sums(&q, 0..rows, &mut sums);
+                    let want: Vec<i64> = (0..rows)
+                        .map(|r| idot(&q.weights, &c.codes[r * dim..(r + 1) * dim]))
                         .collect();
-                    assert_eq!(keys, want, "dim {dim}, rows {rows}, extreme {extreme}");
+                    assert_eq!(sums, want, "dim {dim}, rows {rows}, extreme {extreme}");
                 }
             }
         }
@@ -554,12 +623,12 @@ mod tests {
             let codes = Codes::build(metric, dim, &v, &|r| r != 7);
             let back = Codes::decode(&codes.encode(), metric, rows, dim).unwrap();
             let cq = back.query(&q);
-            let mut keys = Vec::new();
-            back.keys(metric, &cq, 5..rows, &mut keys);
-            assert_eq!(keys.len(), rows - 5);
-            for (r, key) in (5..rows).zip(&keys) {
+            let mut sums = Vec::new();
+            back.sums(&cq, 5..rows, &mut sums);
+            assert_eq!(sums.len(), rows - 5);
+            for (r, sum) in (5..rows).zip(&sums) {
                 assert_eq!(
-                    key.to_bits(),
+                    back.key_of_sum(metric, &cq, r, *sum).to_bits(),
                     back.key(metric, &cq, r).to_bits(),
                     "{metric:?} {r}"
                 );
@@ -582,6 +651,81 @@ mod tests {
             }
             assert_eq!(back.encode(), codes.encode());
         }
+    }
+
+    #[test]
+    fn a_floors_threshold_skips_only_rows_whose_key_is_skipped() {
+        let mut next = xorshift(0x7a3b_9c1d_e5f2_0481);
+        for dim in [1usize, 16, 37, 128] {
+            let rows = 700;
+            let v = vectors(rows, dim);
+            for metric in [Metric::L2, Metric::Dot, Metric::Cosine] {
+                let codes = Codes::build(metric, dim, &v, &|r| r % 11 != 3);
+                for _ in 0..20 {
+                    let q: Vec<f32> = (0..dim)
+                        .map(|_| (next() % 2_000) as f32 / 1000.0 - 1.0)
+                        .collect();
+                    let cq = codes.query(&q);
+                    let (from, to) = (next() as usize % 300, 300 + next() as usize % 400);
+                    let mut sums = Vec::new();
+                    codes.sums(&cq, from..to, &mut sums);
+                    let mut keys: Vec<f32> = (from..to)
+                        .zip(&sums)
+                        .map(|(r, s)| codes.key_of_sum(metric, &cq, r, *s))
+                        .collect();
+                    keys.sort_by(f32::total_cmp);
+                    let floor = codes.floor(metric, &cq, from..to).unwrap();
+                    // Bars at keys of the range, and beyond every key both ways.
+                    let picks = [0, keys.len() / 100, keys.len() / 2, keys.len() - 1];
+                    let bars = picks.iter().map(|i| keys[*i]).chain([
+                        f32::MIN,
+                        f32::MAX,
+                        f32::NEG_INFINITY,
+                    ]);
+                    for bar in bars {
+                        let skip = |key: f32| key.total_cmp(&bar).is_ge();
+                        let up_to = floor.skipped_up_to(skip);
+                        let mut skipped = 0;
+                        for (r, s) in (from..to).zip(&sums) {
+                            if *s <= up_to {
+                                skipped += 1;
+                                let key = codes.key_of_sum(metric, &cq, r, *s);
+                                assert!(skip(key), "{metric:?} dim {dim} row {r}: {key} < {bar}");
+                            }
+                        }
+                        // The threshold is the floor's last sum to be skipped.
+                        match up_to {
+                            i64::MIN => assert!(!skip(floor.key(-floor.most))),
+                            s if s < floor.most => assert!(!skip(floor.key(s + 1))),
+                            _ => {}
+                        }
+                        if metric != Metric::L2 && bar == keys[keys.len() / 2] {
+                            // Without norms the floor is each row's key: it skips every row
+                            // at or above the bar.
+                            let at_or_above = keys.iter().filter(|k| skip(**k)).count();
+                            assert_eq!(skipped, at_or_above, "{metric:?} dim {dim}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn no_floor_where_keys_may_not_be_numbers() {
+        let v = [f32::MAX, -f32::MAX, 1.0, 0.0, 0.0, -1.0];
+        let codes = Codes::build(Metric::L2, 2, &v, &|_| true);
+        // The squared norms overflow f32.
+        assert!(codes
+            .floor(Metric::L2, &codes.query(&[0.0, 1.0]), 0..3)
+            .is_none());
+        let dot = Codes::build(Metric::Dot, 2, &v, &|_| true);
+        assert!(dot
+            .floor(Metric::Dot, &dot.query(&[1.0, f32::MAX]), 0..3)
+            .is_none());
+        assert!(dot
+            .floor(Metric::Dot, &dot.query(&[0.5, 1.0]), 0..3)
+            .is_some());
     }
 
     #[test]

@@ -738,14 +738,31 @@ impl FlatGraph {
         // may order before the bar's row).
         let above = |key: f32| outer_bar.is_some_and(|b| key.total_cmp(&b).is_gt());
         let mut bar: Option<f32> = None;
-        let mut keys = Vec::with_capacity(SCAN_CHUNK_ROWS.min(rows));
+        let skip = |key: f32, bar: Option<f32>| {
+            bar.is_some_and(|bar| key.total_cmp(&bar).is_ge()) || above(key)
+        };
+        let mut sums = Vec::with_capacity(SCAN_CHUNK_ROWS.min(rows));
         let mut start = 0;
         while start < rows {
             let end = (start + SCAN_CHUNK_ROWS).min(rows);
-            keys.clear();
-            codes.keys(self.metric, &cq, start..end, &mut keys);
-            for (r, key) in (start..end).zip(keys.iter().copied()) {
-                if bar.is_some_and(|bar| key.total_cmp(&bar).is_ge()) || above(key) {
+            sums.clear();
+            codes.sums(&cq, start..end, &mut sums);
+            // Rows whose sum is at most `least` would be skipped by their key: nearly every
+            // row once a bar is known, passed over without one.
+            let floor = codes.floor(self.metric, &cq, start..end);
+            let least = |bar: Option<f32>| match floor {
+                Some(f) if bar.is_some() || outer_bar.is_some() => {
+                    f.skipped_up_to(|key| skip(key, bar))
+                }
+                _ => i64::MIN,
+            };
+            let mut skipped_up_to = least(bar);
+            for (r, sum) in (start..end).zip(sums.iter().copied()) {
+                if sum <= skipped_up_to {
+                    continue;
+                }
+                let key = codes.key_of_sum(self.metric, &cq, r, sum);
+                if skip(key, bar) {
                     continue;
                 }
                 if !is_node(r) || !admit(r) {
@@ -756,6 +773,7 @@ impl FlatGraph {
                     found.select_nth_unstable(n - 1);
                     found.truncate(n);
                     bar = Some(found[n - 1].0);
+                    skipped_up_to = least(bar);
                 }
             }
             start = end;
