@@ -522,9 +522,9 @@ pub(crate) enum Spread {
     /// A partition per arm, each a job of the pool: full-text arms, which split the scoring
     /// of a large segment in pieces over the pool's threads.
     PerArm,
-    /// One partition: one job of the pool runs every arm, spread over the pool's threads by
-    /// work stealing while the pool has threads to spare (in turn on one thread when it has
-    /// not), and the arms' rows merged in the plan's order, the first `fetch` of them. For
+    /// One partition: as many jobs of the pool as it has threads take the arms in turn (a
+    /// thread that frees up late helps with those left), and the arms' rows are merged in
+    /// the plan's order, the first `fetch` of them. For
     /// arms of little work each (vector arms: a walk or a scan of codes), whose partitions
     /// cost more than their work: a job, a channel, a wake-up, a stream and a merge input
     /// each (64 generations, `bench generations`: half the CPU of a vector search).
@@ -579,29 +579,23 @@ impl ArmExec {
         }
     }
 
-    /// The one partition of a [`Spread::Gathered`] leaf: every arm run by one job of the
-    /// pool, what is left to do of each (reads, the re-ranking round) done concurrently, and
-    /// their rows merged, the first `fetch`.
+    /// The one partition of a [`Spread::Gathered`] leaf: its arms taken in turn by as many
+    /// jobs of the pool as it has threads ([`Gathered`]), what is left to do of each (reads,
+    /// the re-ranking round) done concurrently, and their rows merged, the first `fetch`.
     fn gathered(&self, fetch: usize) -> SendableRecordBatchStream {
-        let (arms, pool, kind) = (self.arms.clone(), self.pool.clone(), self.kind);
-        let job = self.pool.clone().run(move |stop| {
-            let one = |arm: &ArmSpec| {
-                stop.check()?;
-                run_arm(kind, arm, stop)
-            };
-            // Spread over the pool's threads only while it has threads to spare: a thread
-            // waiting for its share may take another query's job meanwhile, and that query's
-            // whole job would then hold up this one.
-            if arms.len() > 1 && !pool.saturated() {
-                use rayon::prelude::*;
-                arms.par_iter().map(one).collect::<crate::Result<Vec<_>>>()
-            } else {
-                arms.iter().map(one).collect::<crate::Result<Vec<_>>>()
-            }
-        });
+        let shared = Arc::new(Gathered::new(self.kind, self.arms.clone()));
+        let jobs: Vec<_> = (0..self.pool.threads().min(self.arms.len()).max(1))
+            .map(|_| {
+                let shared = shared.clone();
+                self.pool.run(move |stop| {
+                    shared.work(stop);
+                    Ok(())
+                })
+            })
+            .collect();
         let (schema, ordering) = (self.schema.clone(), self.ordering.clone());
         let fut = async move {
-            let rows = job.await?;
+            let rows = shared.rows(jobs).await?;
             let n = rows.len().max(1);
             let mut finished =
                 futures::stream::iter(rows.into_iter().map(ArmRows::finish)).buffer_unordered(n);
@@ -616,6 +610,102 @@ impl ArmExec {
             self.schema.clone(),
             futures::stream::once(fut),
         ))
+    }
+}
+
+/// The arms of a [`Spread::Gathered`] leaf and their rows, shared by the jobs that run them:
+/// each job takes the next arm no job took until none is left. The pool's threads that are
+/// free run the arms, one that frees up late helps with those left, and a job that starts
+/// after the last was taken ends at once. No thread waits for another: rayon's join would,
+/// running meanwhile whatever job is queued, another query's arm for one. (A hybrid search
+/// queues its vector arms behind its full-text arms: run by one job, they kept one thread
+/// busy after the full-text arms were done while the other had nothing to do.)
+struct Gathered {
+    kind: &'static str,
+    arms: Arc<[ArmSpec]>,
+    /// The next arm to take.
+    next: std::sync::atomic::AtomicUsize,
+    /// Each arm's rows, once run.
+    rows: Vec<std::sync::Mutex<Option<crate::Result<ArmRows>>>>,
+    /// Arms not yet run.
+    left: std::sync::atomic::AtomicUsize,
+    /// Told when every arm has run, or one failed.
+    done: tokio::sync::Notify,
+}
+
+impl Gathered {
+    fn new(kind: &'static str, arms: Arc<[ArmSpec]>) -> Self {
+        Gathered {
+            kind,
+            next: 0.into(),
+            rows: arms.iter().map(|_| Default::default()).collect(),
+            left: arms.len().into(),
+            arms,
+            done: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Run arms until none is left to take, or one failed, or the query stopped.
+    fn work(&self, stop: &crate::read::pool::Stop) {
+        use std::sync::atomic::Ordering;
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            let Some(arm) = self.arms.get(i) else {
+                return;
+            };
+            let out = stop.check().and_then(|()| {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    run_arm(self.kind, arm, stop)
+                }))
+                .unwrap_or_else(|_| Err(crate::Error::internal("a search arm panicked")))
+            });
+            let failed = out.is_err();
+            *self.rows[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(out);
+            if failed {
+                // No other arm is taken: the search fails.
+                self.next.store(self.arms.len(), Ordering::Relaxed);
+            }
+            if self.left.fetch_sub(1, Ordering::AcqRel) == 1 || failed {
+                self.done.notify_one();
+            }
+            if failed {
+                return;
+            }
+        }
+    }
+
+    /// Every arm's rows, in the arms' order, once `jobs` (those running [`Gathered::work`])
+    /// have run them all; the first error of an arm that failed. Jobs not started by then
+    /// are dropped, and skipped.
+    async fn rows(
+        &self,
+        jobs: Vec<impl std::future::Future<Output = crate::Result<()>>>,
+    ) -> crate::Result<Vec<ArmRows>> {
+        let ended = futures::future::join_all(jobs);
+        futures::pin_mut!(ended);
+        let told = self.done.notified();
+        futures::pin_mut!(told);
+        // The jobs end without telling only when one could not run its arm to the end.
+        if let futures::future::Either::Right((ended, _)) =
+            futures::future::select(told, ended).await
+        {
+            ended.into_iter().collect::<crate::Result<Vec<()>>>()?;
+        }
+        let mut rows = Vec::with_capacity(self.rows.len());
+        let mut missing = false;
+        for slot in &self.rows {
+            match slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                Some(Ok(r)) => rows.push(r),
+                Some(Err(e)) => return Err(e),
+                None => missing = true,
+            }
+        }
+        match missing {
+            true => Err(crate::Error::internal(
+                "a search arm stopped without an answer",
+            )),
+            false => Ok(rows),
+        }
     }
 }
 
@@ -917,8 +1007,7 @@ mod tests {
     #[tokio::test]
     async fn gathered_arms_run_in_turn_on_a_busy_pool() {
         // The pool's only thread is held, and a job queued behind the gathered one: when the
-        // thread is free, the gathered job finds the pool saturated (two jobs, one thread) and
-        // runs its arms in turn.
+        // thread is free, the gathered leaf's one job runs its arms in turn.
         let pool = QueryPool::new(1, 0).unwrap();
         let (hold_tx, busy) = pool.hold_a_thread();
         let ordering = sort_ordering(&schema(), false, "_distance").unwrap();
@@ -942,6 +1031,55 @@ mod tests {
         after.await.unwrap();
         let rows = rows_of(&gathered.await.unwrap().unwrap());
         assert_eq!(rows, search(arms(11, 30, 60), Spread::PerArm, 25).await);
+    }
+
+    #[tokio::test]
+    async fn a_thread_that_frees_up_runs_the_gathered_arms_left() {
+        // Both threads held, and a job queued behind the gathered leaf's. The first thread let
+        // go takes arm 0, which waits until arm 1 has started: only the second thread, let go
+        // later, can start it. A gathered leaf run by one job (in turn, as the pool is
+        // saturated) would wait for ever; this one's waits 10 s at most.
+        let pool = QueryPool::new(2, 0).unwrap();
+        let (hold_a, busy_a) = pool.hold_a_thread();
+        let (hold_b, busy_b) = pool.hold_a_thread();
+        let mut all = arms(12, 6, 40);
+        let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (first, second) = (all[0].work.clone(), all[1].work.clone());
+        let flag = started.clone();
+        all[0].work = Arc::new(move |stop| {
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while !flag.load(std::sync::atomic::Ordering::Acquire) {
+                if std::time::Instant::now() > until {
+                    return Err(crate::Error::internal("arm 1 never started"));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            first(stop)
+        });
+        all[1].work = Arc::new(move |stop| {
+            started.store(true, std::sync::atomic::Ordering::Release);
+            second(stop)
+        });
+        let ordering = sort_ordering(&schema(), false, "_distance").unwrap();
+        let leaf = Arc::new(ArmExec::new(
+            "VectorArmExec",
+            (schema(), ordering),
+            all,
+            Spread::Gathered { fetch: 30 },
+            pool.clone(),
+        ));
+        let ctx = datafusion::prelude::SessionContext::new();
+        let gathered = tokio::spawn(datafusion::physical_plan::collect(leaf, ctx.task_ctx()));
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let queued = pool.run(|_| Ok(()));
+        hold_a.send(()).unwrap();
+        busy_a.await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        hold_b.send(()).unwrap();
+        busy_b.await.unwrap();
+        queued.await.unwrap();
+        let rows = rows_of(&gathered.await.unwrap().unwrap());
+        assert_eq!(rows, search(arms(12, 6, 40), Spread::PerArm, 30).await);
     }
 
     #[tokio::test]
