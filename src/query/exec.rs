@@ -1072,6 +1072,9 @@ mod tests {
         let gathered = tokio::spawn(datafusion::physical_plan::collect(leaf, ctx.task_ctx()));
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         let queued = pool.run(|_| Ok(()));
+        // The gathered leaf's jobs are queued behind the held threads: the pool is saturated,
+        // so a leaf run by one job would run its arms in turn.
+        assert!(pool.saturated(), "the gathered leaf is queued");
         hold_a.send(()).unwrap();
         busy_a.await.unwrap();
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
