@@ -257,7 +257,8 @@ impl Codes {
 
     /// A bound below the key of every row of `rows` for each integer sum, when every key
     /// there is a number (not NaN) whatever the sum: `None` for a query or ranges beyond
-    /// f32 (the scan then keys every row).
+    /// f32, or (`l2`) a squared norm or noise that is not finite (the scan then keys every
+    /// row).
     pub(crate) fn floor(
         &self,
         metric: Metric,
@@ -566,7 +567,7 @@ mod tests {
     }
 
     #[test]
-    fn keys_of_many_rows_equal_each_rows_own_sum_at_every_dimension() {
+    fn sums_of_many_rows_equal_each_rows_own_sum_at_every_dimension() {
         let mut next = xorshift(0x51_7cc1_b727_220a);
         // Dimensions around the 16-wide steps and the largest whose sums stay in i32 lanes;
         // row counts with and without a remainder past the rows taken four at a time.

@@ -747,8 +747,9 @@ impl FlatGraph {
             let end = (start + SCAN_CHUNK_ROWS).min(rows);
             sums.clear();
             codes.sums(&cq, start..end, &mut sums);
-            // Rows whose sum is at most `least` would be skipped by their key: nearly every
-            // row once a bar is known, passed over without one.
+            // Rows whose sum is at most `skipped_up_to` (the largest sum whose key a bar
+            // skips: `least` of the bar) would be skipped by their key: nearly every row once
+            // a bar is known, passed over without one.
             let floor = codes.floor(self.metric, &cq, start..end);
             let least = |bar: Option<f32>| match floor {
                 Some(f) if bar.is_some() || outer_bar.is_some() => {
