@@ -682,9 +682,16 @@ mod tests {
                         f32::MIN,
                         f32::MAX,
                         f32::NEG_INFINITY,
+                        -0.0,
+                        f32::NAN,
+                        -f32::NAN,
                     ]);
-                    for bar in bars {
-                        let skip = |key: f32| key.total_cmp(&bar).is_ge();
+                    // A scan's own bar skips keys at or above it, the round's those above it.
+                    for (bar, strict) in bars.flat_map(|b| [(b, false), (b, true)]) {
+                        let skip = |key: f32| match strict {
+                            true => key.total_cmp(&bar).is_gt(),
+                            false => key.total_cmp(&bar).is_ge(),
+                        };
                         let up_to = floor.skipped_up_to(skip);
                         let mut skipped = 0;
                         for (r, s) in (from..to).zip(&sums) {
@@ -700,7 +707,7 @@ mod tests {
                             s if s < floor.most => assert!(!skip(floor.key(s + 1))),
                             _ => {}
                         }
-                        if metric != Metric::L2 && bar == keys[keys.len() / 2] {
+                        if metric != Metric::L2 && bar.to_bits() == keys[keys.len() / 2].to_bits() {
                             // Without norms the floor is each row's key: it skips every row
                             // at or above the bar.
                             let at_or_above = keys.iter().filter(|k| skip(**k)).count();
