@@ -627,7 +627,7 @@ struct Gathered {
     next: std::sync::atomic::AtomicUsize,
     /// Each arm's rows, once run.
     rows: Vec<std::sync::Mutex<Option<crate::Result<ArmRows>>>>,
-    /// Arms not yet run.
+    /// Arms not yet run (one that fails tells at once, without counting).
     left: std::sync::atomic::AtomicUsize,
     /// Told when every arm has run, or one failed.
     done: tokio::sync::Notify,
@@ -664,12 +664,11 @@ impl Gathered {
             if failed {
                 // No other arm is taken: the search fails.
                 self.next.store(self.arms.len(), Ordering::Relaxed);
-            }
-            if self.left.fetch_sub(1, Ordering::AcqRel) == 1 || failed {
                 self.done.notify_one();
-            }
-            if failed {
                 return;
+            }
+            if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                self.done.notify_one();
             }
         }
     }
