@@ -522,12 +522,12 @@ pub(crate) enum Spread {
     /// A partition per arm, each a job of the pool: full-text arms, which split the scoring
     /// of a large segment in pieces over the pool's threads.
     PerArm,
-    /// One partition: a job of the pool per thread (at most one an arm) takes the arms in turn (a
-    /// thread that frees up late helps with those left), and the arms' rows are merged in
-    /// the plan's order, the first `fetch` of them. For
-    /// arms of little work each (vector arms: a walk or a scan of codes), whose partitions
-    /// cost more than their work: a job, a channel, a wake-up, a stream and a merge input
-    /// each (64 generations, `bench generations`: half the CPU of a vector search).
+    /// One partition: a job of the pool per thread (at most one an arm) takes the arms in turn
+    /// (a thread that frees up late helps with those left), and the arms' rows are merged in
+    /// the plan's order, the first `fetch` of them. For arms of little work each (vector arms:
+    /// a walk or a scan of codes), whose partitions cost more than their work: a job, a
+    /// channel, a wake-up, a stream and a merge input each (64 generations,
+    /// `bench generations`: half the CPU of a vector search).
     Gathered {
         /// At most how many rows the partition yields (the search's `offset + k`).
         fetch: usize,
@@ -579,8 +579,8 @@ impl ArmExec {
         }
     }
 
-    /// The one partition of a [`Spread::Gathered`] leaf: its arms taken in turn by a job of
-    /// the pool per thread, at most one an arm ([`Gathered`]), what is left to do of each (reads,
+    /// The one partition of a [`Spread::Gathered`] leaf: its arms taken in turn by a job of the
+    /// pool per thread, at most one an arm ([`Gathered`]), what is left to do of each (reads,
     /// the re-ranking round) done concurrently, and their rows merged, the first `fetch`.
     fn gathered(&self, fetch: usize) -> SendableRecordBatchStream {
         let shared = Arc::new(Gathered::new(self.kind, self.arms.clone()));
