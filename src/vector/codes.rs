@@ -429,7 +429,7 @@ mod avx2 {
         __m128i, __m256i, _mm256_add_epi32, _mm256_castsi256_si128, _mm256_cvtepi32_epi64,
         _mm256_cvtepu8_epi16, _mm256_extracti128_si256, _mm256_hadd_epi32, _mm256_loadu_si256,
         _mm256_madd_epi16, _mm256_setzero_si256, _mm256_storeu_si256, _mm_add_epi32,
-        _mm_loadu_si128,
+        _mm_loadu_si128, _mm_prefetch, _MM_HINT_T0,
     };
 
     /// [`super::idot`] sixteen dimensions at a time: the codes widened to 16 bits, multiplied by
@@ -467,11 +467,18 @@ mod avx2 {
         total + super::idot(&w[whole..len], &c[whole..len])
     }
 
+    /// How far ahead of the rows being summed [`sums`] asks for the codes: the hardware's
+    /// stream prefetcher alone leaves a scan waiting on memory when other work has pushed
+    /// the codes out of the shared cache (a hybrid search's full-text part, measured on
+    /// `bench generations` at 18 generations: the sums took a third less time with 2,048
+    /// bytes ahead, against 1,024 or 4,096; hints other than `T0` did worse).
+    const PREFETCH_AHEAD: usize = 2048;
+
     /// [`super::idot`] of each row of `codes` (`dim` a row, at least 1) with `w`, appended to
     /// `out`. Up to [`I32_DIM`] dimensions, four rows at a time: the weights are loaded once
-    /// for the four, each row's sum stays in `i32` lanes (it cannot overflow there), and the
+    /// for the four, each row's sum stays in `i32` lanes (it cannot overflow there), the
     /// four rows' lanes are summed together by horizontal adds, not stored and added one by
-    /// one.
+    /// one, and the codes of the rows [`PREFETCH_AHEAD`] bytes on are asked for.
     #[target_feature(enable = "avx2")]
     pub(super) fn sums(w: &[i16], codes: &[u8], dim: usize, out: &mut Vec<i64>) {
         if dim > I32_DIM || w.len() < dim {
@@ -482,7 +489,17 @@ mod avx2 {
         let whole = dim / 16 * 16;
         let mut fours = codes.chunks_exact(4 * dim);
         out.reserve(codes.len() / dim);
+        // The lines `ahead` bytes past each four rows are asked for as the four are summed
+        // (at least the next four rows' bytes ahead, so that no prefetch falls on rows already
+        // being read).
+        let ahead = PREFETCH_AHEAD.max(4 * dim);
         for four in &mut fours {
+            let next = four.as_ptr().wrapping_add(ahead) as usize;
+            for line in ((next & !63)..next.saturating_add(4 * dim)).step_by(64) {
+                // A prefetch only hints the caches: it never faults, whatever the address
+                // (past the codes' end, it is wasted).
+                _mm_prefetch::<_MM_HINT_T0>(line as *const i8);
+            }
             let mut acc = [_mm256_setzero_si256(); 4];
             let mut i = 0;
             while i < whole {
