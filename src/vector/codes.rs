@@ -493,12 +493,14 @@ mod avx2 {
         let mut fours = codes.chunks_exact(4 * dim);
         out.reserve(codes.len() / dim);
         // The lines `ahead` bytes past each four rows are asked for as the four are summed
-        // (at least the next four rows' bytes ahead, so that no prefetch falls on rows already
-        // being read).
+        // (at least the next four rows' bytes ahead). Each step asks for the lines that start
+        // within its window of `4 dim` bytes: the windows follow each other, so every line is
+        // asked for once.
         let ahead = PREFETCH_AHEAD.max(4 * dim);
         for four in &mut fours {
             let next = four.as_ptr().wrapping_add(ahead) as usize;
-            for line in ((next & !63)..next.saturating_add(4 * dim)).step_by(64) {
+            let first = next.saturating_add(63) & !63;
+            for line in (first..next.saturating_add(4 * dim)).step_by(64) {
                 // A prefetch only hints the caches: it never faults, whatever the address
                 // (past the codes' end, it is wasted).
                 _mm_prefetch::<_MM_HINT_T0>(line as *const i8);
