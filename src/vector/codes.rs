@@ -481,7 +481,9 @@ mod avx2 {
     /// `out`. Up to [`I32_DIM`] dimensions, four rows at a time: the weights are loaded once
     /// for the four, each row's sum stays in `i32` lanes (it cannot overflow there), the
     /// four rows' lanes are summed together by horizontal adds, not stored and added one by
-    /// one, and the codes of the rows [`PREFETCH_AHEAD`] bytes on are asked for.
+    /// one, and the codes [`PREFETCH_AHEAD`] bytes on (four rows' bytes on, when they are
+    /// more) are asked for. Past [`I32_DIM`] dimensions each row is summed alone
+    /// ([`idot`]), with no prefetch.
     #[target_feature(enable = "avx2")]
     pub(super) fn sums(w: &[i16], codes: &[u8], dim: usize, out: &mut Vec<i64>) {
         if dim > I32_DIM || w.len() < dim {
