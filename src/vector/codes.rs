@@ -58,11 +58,7 @@ impl KeyFloor {
     /// The bound below the key of any row of the range whose sum is `sum`.
     #[inline]
     fn key(&self, sum: i64) -> f32 {
-        let dot = self.offset + (sum as f64 * self.unscale) as f32;
-        match self.base {
-            Some(base) => base - 2.0 * dot,
-            None => -dot,
-        }
+        key_of(self.base, dot_of_sum(self.offset, self.unscale, sum))
     }
 
     /// The largest sum up to which `skip` holds of the bound, `skip` being true of every
@@ -225,10 +221,11 @@ impl Codes {
     /// Row `row`'s key (see [`Codes::key`]) from its `q·x`.
     #[inline(always)]
     fn key_of_dot(&self, metric: Metric, row: usize, dot: f32) -> f32 {
-        match metric {
-            Metric::L2 => self.sqnorms[row] - self.bias - 2.0 * dot,
-            Metric::Cosine | Metric::Dot => -dot,
-        }
+        let norm = match metric {
+            Metric::L2 => Some(self.sqnorms[row] - self.bias),
+            Metric::Cosine | Metric::Dot => None,
+        };
+        key_of(norm, dot)
     }
 
     /// Row `row`'s key (see [`Codes::key`]) from its integer sum (see [`Codes::sums`]).
@@ -389,7 +386,24 @@ impl CodeQuery {
     /// `q·x` from the integer sum `Σ weights[d] c[d]`.
     #[inline(always)]
     fn unscaled(&self, sum: i64) -> f32 {
-        self.offset + (sum as f64 * self.unscale) as f32
+        dot_of_sum(self.offset, self.unscale, sum)
+    }
+}
+
+/// `q·x` from an integer sum, a query's offset and what scales its sums back: the one
+/// formula of a row's key and of a [`KeyFloor`], which must round alike.
+#[inline(always)]
+fn dot_of_sum(offset: f32, unscale: f64, sum: i64) -> f32 {
+    offset + (sum as f64 * unscale) as f32
+}
+
+/// A walk's key from `q·x`: `|x|² - 2 q·x` given `norm`, `|x|²` less the rounding's noise
+/// (`l2`), else `-q·x`: the one formula of a row's key and of a [`KeyFloor`].
+#[inline(always)]
+fn key_of(norm: Option<f32>, dot: f32) -> f32 {
+    match norm {
+        Some(norm) => norm - 2.0 * dot,
+        None => -dot,
     }
 }
 
