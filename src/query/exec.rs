@@ -653,12 +653,9 @@ impl Gathered {
             let Some(arm) = self.arms.get(i) else {
                 return;
             };
-            let out = stop.check().and_then(|()| {
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    run_arm(self.kind, arm, stop)
-                }))
-                .unwrap_or_else(|_| Err(crate::Error::internal("a search arm panicked")))
-            });
+            let out = stop
+                .check()
+                .and_then(|()| crate::read::pool::caught(|| run_arm(self.kind, arm, stop)));
             let failed = out.is_err();
             *self.rows[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(out);
             if failed {

@@ -83,6 +83,13 @@ impl Stop {
     }
 }
 
+/// `work`'s result, a panic in it an internal error: what the pool's threads run never
+/// unwinds into them.
+pub(crate) fn caught<T>(work: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
+        .unwrap_or_else(|_| Err(Error::internal("a search arm panicked")))
+}
+
 impl QueryPool {
     /// A pool of `threads` threads (0: one per core), whose full-text arms score segments in
     /// pieces of `piece_docs` documents at least (0: whole).
@@ -168,9 +175,7 @@ impl QueryPool {
                 return;
             }
             let stop = Stop(flag);
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&stop)))
-                .unwrap_or_else(|_| Err(Error::internal("a search arm panicked")));
-            let _ = tx.send(r);
+            let _ = tx.send(caught(|| work(&stop)));
         });
         let guard = CancelOnDrop(cancelled);
         async move {
